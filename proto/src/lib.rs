@@ -1,0 +1,37 @@
+//! The `ecoscan.v1` API: messages, tonic clients and servers, proto3-JSON serde impls, and the
+//! file descriptor set for server reflection.
+
+pub mod v1 {
+    #![allow(clippy::all, clippy::pedantic, missing_docs)]
+    tonic::include_proto!("ecoscan.v1");
+    include!(concat!(env!("OUT_DIR"), "/ecoscan.v1.serde.rs"));
+}
+
+/// Encoded `FileDescriptorSet` of every ecoscan proto (imports included), for reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ecoscan_descriptor");
+
+pub use pbjson_types::Timestamp;
+
+/// Converts a `SystemTime` into a protobuf timestamp.
+pub fn timestamp(t: std::time::SystemTime) -> Timestamp {
+    let d = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// The current time as a protobuf timestamp.
+pub fn now() -> Timestamp {
+    timestamp(std::time::SystemTime::now())
+}
+
+/// Converts a protobuf timestamp into a `SystemTime` (clamped at the Unix epoch).
+pub fn to_system_time(ts: &Timestamp) -> std::time::SystemTime {
+    if ts.seconds < 0 {
+        return std::time::UNIX_EPOCH;
+    }
+    std::time::UNIX_EPOCH + std::time::Duration::new(ts.seconds as u64, ts.nanos.max(0) as u32)
+}

@@ -1,0 +1,71 @@
+//! Clients: one lazily connected, shared HTTP/2 channel per target, a trace-context interceptor,
+//! and per-call deadlines.
+
+use std::time::Duration;
+
+use opentelemetry::propagation::Injector;
+use tonic::{
+    Request, Status,
+    metadata::{MetadataKey, MetadataMap, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::{Channel, Endpoint},
+};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// A channel that carries the caller's trace context on every call.
+pub type TracedChannel = InterceptedService<Channel, TraceContext>;
+
+/// Injects the current span's W3C trace context (and baggage) into outgoing metadata.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TraceContext;
+
+impl Interceptor for TraceContext {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        let cx = tracing::Span::current().context();
+        opentelemetry::global::get_text_map_propagator(|p| {
+            p.inject_context(&cx, &mut MetadataInjector(req.metadata_mut()));
+        });
+        Ok(req)
+    }
+}
+
+struct MetadataInjector<'a>(&'a mut MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(k), Ok(v)) = (
+            MetadataKey::from_bytes(key.as_bytes()),
+            MetadataValue::try_from(value.as_str()),
+        ) {
+            self.0.insert(k, v);
+        }
+    }
+}
+
+/// A shared channel to `uri` (`http://127.0.0.1:50052`). It connects on first use and reconnects
+/// by itself, so services may start in any order. Clone it freely: clones share one connection.
+pub fn channel(uri: &str) -> anyhow::Result<TracedChannel> {
+    let endpoint = Endpoint::from_shared(uri.to_owned())?
+        .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    Ok(InterceptedService::new(endpoint.connect_lazy(), TraceContext))
+}
+
+/// A request with a deadline (sent as `grpc-timeout`, enforced by the server too).
+pub fn request<T>(message: T, deadline: Duration) -> Request<T> {
+    let mut req = Request::new(message);
+    req.set_timeout(deadline);
+    req
+}
+
+/// A request with a deadline that acts on behalf of `user_id`.
+pub fn request_as<T>(message: T, deadline: Duration, user_id: &str) -> Request<T> {
+    let mut req = request(message, deadline);
+    if let Ok(v) = MetadataValue::try_from(user_id) {
+        req.metadata_mut().insert(crate::USER_ID_HEADER, v);
+    }
+    req
+}

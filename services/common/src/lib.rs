@@ -1,0 +1,16 @@
+//! What every ecoscan service shares, and nothing more: configuration from the environment,
+//! telemetry setup, the gRPC serving helper (health, reflection, trace context, graceful
+//! shutdown), shared client channels, and the one table that maps gRPC codes to HTTP statuses.
+
+pub mod client;
+pub mod codes;
+pub mod config;
+pub mod server;
+pub mod shutdown;
+pub mod telemetry;
+pub mod testing;
+
+/// Metadata key that carries the acting user's id on internal calls.
+pub const USER_ID_HEADER: &str = "x-user-id";
+
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,94 @@
+//! Helpers for tests: spawn a server on an ephemeral loopback port, and check that a server
+//! answers health and reflection the way every ecoscan server must.
+
+use std::{future::Future, net::SocketAddr};
+
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+use tonic_reflection::pb::v1::{
+    ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+    server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+};
+
+/// A server running on `127.0.0.1:<ephemeral>`; cancelled and awaited on `shutdown()`.
+pub struct Spawned {
+    pub addr: SocketAddr,
+    pub shutdown: CancellationToken,
+    pub handle: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Spawned {
+    /// `http://127.0.0.1:PORT`
+    pub fn uri(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Cancels the server and waits for it to stop, returning its result.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.handle.await?
+    }
+}
+
+/// Binds `127.0.0.1:0` first, then spawns `serve(listener, shutdown)`: the address is known
+/// before the server runs, so tests never sleep or race.
+pub async fn spawn<F, Fut>(serve: F) -> Spawned
+where
+    F: FnOnce(TcpListener, CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    crate::telemetry::init_for_tests();
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("failed to bind an ephemeral port");
+    let addr = listener.local_addr().expect("bound listener has an address");
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(serve(listener, shutdown.clone()));
+    Spawned {
+        addr,
+        shutdown,
+        handle,
+    }
+}
+
+/// Asserts that the server at `uri` reports `service` SERVING over `grpc.health.v1` and lists it
+/// over reflection v1.
+pub async fn assert_health_and_reflection(uri: &str, service: &str) {
+    let channel = tonic::transport::Endpoint::from_shared(uri.to_owned())
+        .expect("valid uri")
+        .connect()
+        .await
+        .expect("server accepts connections");
+
+    let status = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .expect("health check answers")
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::Serving as i32, "{service} is not SERVING");
+
+    let mut client = ServerReflectionClient::new(channel);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await
+        .expect("reflection answers")
+        .into_inner();
+    let Some(Ok(res)) = stream.next().await else {
+        panic!("reflection returned no answer");
+    };
+    let Some(MessageResponse::ListServicesResponse(list)) = res.message_response else {
+        panic!("reflection did not answer a list request with a list");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.iter().any(|n| n == service), "{service} not in reflection list {names:?}");
+    assert!(names.iter().any(|n| n == "grpc.health.v1.Health"), "health not in reflection list {names:?}");
+}
