@@ -14,9 +14,7 @@ pub use pbjson_types::Timestamp;
 
 /// Converts a `SystemTime` into a protobuf timestamp.
 pub fn timestamp(t: std::time::SystemTime) -> Timestamp {
-    let d = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     Timestamp {
         seconds: d.as_secs() as i64,
         nanos: d.subsec_nanos() as i32,

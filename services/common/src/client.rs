@@ -51,7 +51,10 @@ pub fn channel(uri: &str) -> anyhow::Result<TracedChannel> {
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    Ok(InterceptedService::new(endpoint.connect_lazy(), TraceContext))
+    Ok(InterceptedService::new(
+        endpoint.connect_lazy(),
+        TraceContext,
+    ))
 }
 
 /// A request with a deadline (sent as `grpc-timeout`, enforced by the server too).

@@ -26,9 +26,13 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_service_status("", ServingStatus::Serving).await;
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
     for name in service_names {
-        reporter.set_service_status(*name, ServingStatus::Serving).await;
+        reporter
+            .set_service_status(*name, ServingStatus::Serving)
+            .await;
     }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ecoscan_proto::FILE_DESCRIPTOR_SET)

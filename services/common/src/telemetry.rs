@@ -72,7 +72,8 @@ pub fn init_for_tests() {
             return;
         };
         let filter = if std::env::var_os("TEST_LOG").is_some() {
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("debug,h2=warn,hyper=warn"))
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("debug,h2=warn,hyper=warn"))
         } else {
             EnvFilter::new("off")
         };

@@ -6,7 +6,9 @@ use std::{future::Future, net::SocketAddr};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
-use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 use tonic_reflection::pb::v1::{
     ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
     server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
@@ -43,7 +45,9 @@ where
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("failed to bind an ephemeral port");
-    let addr = listener.local_addr().expect("bound listener has an address");
+    let addr = listener
+        .local_addr()
+        .expect("bound listener has an address");
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(serve(listener, shutdown.clone()));
     Spawned {
@@ -70,7 +74,11 @@ pub async fn assert_health_and_reflection(uri: &str, service: &str) {
         .expect("health check answers")
         .into_inner()
         .status;
-    assert_eq!(status, ServingStatus::Serving as i32, "{service} is not SERVING");
+    assert_eq!(
+        status,
+        ServingStatus::Serving as i32,
+        "{service} is not SERVING"
+    );
 
     let mut client = ServerReflectionClient::new(channel);
     let req = ServerReflectionRequest {
@@ -89,6 +97,12 @@ pub async fn assert_health_and_reflection(uri: &str, service: &str) {
         panic!("reflection did not answer a list request with a list");
     };
     let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.iter().any(|n| n == service), "{service} not in reflection list {names:?}");
-    assert!(names.iter().any(|n| n == "grpc.health.v1.Health"), "health not in reflection list {names:?}");
+    assert!(
+        names.iter().any(|n| n == service),
+        "{service} not in reflection list {names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n == "grpc.health.v1.Health"),
+        "health not in reflection list {names:?}"
+    );
 }

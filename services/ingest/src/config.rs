@@ -1,0 +1,88 @@
+//! Configuration from the environment.
+
+use std::{path::PathBuf, time::Duration};
+
+use ecoscan_common::config::{env_duration, env_opt, env_or};
+
+/// Ingest settings. Environment variables (defaults in brackets):
+///
+/// | variable | meaning |
+/// |---|---|
+/// | `VISION_URL` `RULE_URL` `ANSWER_URL` `REWARD_URL` `NOTIFICATION_URL` | stage services [`http://127.0.0.1:5005{2,3,4,5,7}`] |
+/// | `INGEST_DATABASE_URL` | job rows [`sqlite://./data/ingest.db?mode=rwc`] |
+/// | `INGEST_OBJECT_DIR` | image store [`./data/objects`] |
+/// | `INGEST_WORKERS` | concurrent pipeline workers [256] |
+/// | `INGEST_LEASE` | a claimed job's lease, renewed while it runs [30s] |
+/// | `INGEST_MAX_BACKLOG` | jobs waiting or running past which `Submit` sheds load [5000] |
+/// | `INGEST_RETRY_AFTER` | retry delay suggested when shedding [5s] |
+/// | `INGEST_STAGE_TIMEOUT` | deadline of one stage call [120s] |
+/// | `INGEST_STAGE_RETRIES` | retries of a stage call that failed transiently [3] |
+/// | `INGEST_MAX_IMAGE_BYTES` | largest image accepted [10485760] |
+/// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
+/// | `INGEST_RESULT_URL_PREFIX` | prefix of the result URL in `done` events [`/api/v1/scan/`] |
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub vision_url: String,
+    pub rule_url: String,
+    pub answer_url: String,
+    pub reward_url: String,
+    pub notification_url: String,
+    pub database_url: String,
+    pub object_dir: PathBuf,
+    pub workers: usize,
+    pub lease: Duration,
+    pub max_backlog: u64,
+    pub retry_after: Duration,
+    pub stage_timeout: Duration,
+    pub stage_retries: usize,
+    pub max_image_bytes: usize,
+    pub event_ttl: Duration,
+    pub result_url_prefix: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            vision_url: "http://127.0.0.1:50052".into(),
+            rule_url: "http://127.0.0.1:50053".into(),
+            answer_url: "http://127.0.0.1:50054".into(),
+            reward_url: "http://127.0.0.1:50055".into(),
+            notification_url: "http://127.0.0.1:50057".into(),
+            database_url: "sqlite://./data/ingest.db?mode=rwc".into(),
+            object_dir: PathBuf::from("./data/objects"),
+            workers: 256,
+            lease: Duration::from_secs(30),
+            max_backlog: 5000,
+            retry_after: Duration::from_secs(5),
+            stage_timeout: Duration::from_secs(120),
+            stage_retries: 3,
+            max_image_bytes: 10 * 1024 * 1024,
+            event_ttl: Duration::from_secs(3600),
+            result_url_prefix: "/api/v1/scan/".into(),
+        }
+    }
+}
+
+impl Config {
+    pub fn from_env() -> anyhow::Result<Self> {
+        let d = Self::default();
+        Ok(Self {
+            vision_url: env_opt("VISION_URL").unwrap_or(d.vision_url),
+            rule_url: env_opt("RULE_URL").unwrap_or(d.rule_url),
+            answer_url: env_opt("ANSWER_URL").unwrap_or(d.answer_url),
+            reward_url: env_opt("REWARD_URL").unwrap_or(d.reward_url),
+            notification_url: env_opt("NOTIFICATION_URL").unwrap_or(d.notification_url),
+            database_url: env_opt("INGEST_DATABASE_URL").unwrap_or(d.database_url),
+            object_dir: env_opt("INGEST_OBJECT_DIR").map_or(d.object_dir, PathBuf::from),
+            workers: env_or("INGEST_WORKERS", d.workers)?.max(1),
+            lease: env_duration("INGEST_LEASE", d.lease)?,
+            max_backlog: env_or("INGEST_MAX_BACKLOG", d.max_backlog)?,
+            retry_after: env_duration("INGEST_RETRY_AFTER", d.retry_after)?,
+            stage_timeout: env_duration("INGEST_STAGE_TIMEOUT", d.stage_timeout)?,
+            stage_retries: env_or("INGEST_STAGE_RETRIES", d.stage_retries)?,
+            max_image_bytes: env_or("INGEST_MAX_IMAGE_BYTES", d.max_image_bytes)?,
+            event_ttl: env_duration("INGEST_EVENT_TTL", d.event_ttl)?,
+            result_url_prefix: env_opt("INGEST_RESULT_URL_PREFIX").unwrap_or(d.result_url_prefix),
+        })
+    }
+}

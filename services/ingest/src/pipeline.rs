@@ -1,0 +1,755 @@
+//! Pipeline workers: claim a job with a lease, run each stage that has no checkpoint yet,
+//! append every streamed message to the job's event log, checkpoint each stage's output on the
+//! row, then tell the owner and acknowledge. A job whose worker died is claimed again when its
+//! lease runs out and resumes at its first unfinished stage; stages are idempotent per job.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use backon::{ExponentialBuilder, Retryable};
+use ecoscan_common::{
+    CancellationToken,
+    client::{TracedChannel, channel, request, request_as},
+    codes,
+};
+use ecoscan_proto::v1::{
+    Answer, Classification, ClassifyRequest, DisposalRules, ErrorInfo, EvaluateRequest,
+    EventStatus, GenerateRequest, JobStatus, LookupRequest, NotifyRequest, Progress,
+    RewardDecision, ScanEvent, Stage, answer_service_client::AnswerServiceClient, classify_event,
+    generate_event, lookup_event, notification_service_client::NotificationServiceClient,
+    reward_service_client::RewardServiceClient, rule_service_client::RuleServiceClient,
+    scan_event::Payload, vision_service_client::VisionServiceClient,
+};
+use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
+use tonic::{Status, Streaming};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::{
+    Config, Stores,
+    error::StoreError,
+    store::{Job, Lease, jobs::Checkpoint},
+};
+
+/// Answer text is coalesced so a job emits at most ~20 delta events per second.
+const DELTA_WINDOW: Duration = Duration::from_millis(50);
+
+/// One shared channel per stage service.
+#[derive(Clone)]
+pub struct StageClients {
+    vision: VisionServiceClient<TracedChannel>,
+    rule: RuleServiceClient<TracedChannel>,
+    answer: AnswerServiceClient<TracedChannel>,
+    reward: RewardServiceClient<TracedChannel>,
+    notification: NotificationServiceClient<TracedChannel>,
+}
+
+impl StageClients {
+    pub fn connect(config: &Config) -> anyhow::Result<Self> {
+        let max = ecoscan_common::server::MAX_MESSAGE_BYTES;
+        Ok(Self {
+            vision: VisionServiceClient::new(channel(&config.vision_url)?)
+                .max_encoding_message_size(max)
+                .max_decoding_message_size(max),
+            rule: RuleServiceClient::new(channel(&config.rule_url)?),
+            answer: AnswerServiceClient::new(channel(&config.answer_url)?),
+            reward: RewardServiceClient::new(channel(&config.reward_url)?),
+            notification: NotificationServiceClient::new(channel(&config.notification_url)?),
+        })
+    }
+}
+
+/// The running workers.
+pub struct Workers {
+    set: JoinSet<()>,
+}
+
+impl Workers {
+    /// Waits until every worker has stopped (after shutdown, once their current job is done).
+    pub async fn wait(mut self) {
+        while self.set.join_next().await.is_some() {}
+    }
+}
+
+/// Starts `config.workers` workers; they stop taking jobs when `shutdown` is cancelled.
+pub fn spawn_workers(
+    config: &Config,
+    stores: Stores,
+    stages: StageClients,
+    shutdown: CancellationToken,
+) -> Workers {
+    let ctx = Arc::new(Ctx {
+        config: config.clone(),
+        stores,
+        stages,
+    });
+    let mut set = JoinSet::new();
+    for _ in 0..config.workers {
+        let ctx = ctx.clone();
+        let shutdown = shutdown.clone();
+        set.spawn(async move {
+            while !shutdown.is_cancelled() {
+                let claimed = tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    c = ctx.stores.queue.claim(ctx.config.lease, Duration::from_secs(1)) => c,
+                };
+                match claimed {
+                    Ok(Some(lease)) => ctx.process(lease).await,
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "failed to claim a job; backing off");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+    }
+    Workers { set }
+}
+
+struct Ctx {
+    config: Config,
+    stores: Stores,
+    stages: StageClients,
+}
+
+/// A stage failed for good; the job fails with this.
+struct StageFailure {
+    stage: Stage,
+    status: Status,
+}
+
+/// Builds an event; the log assigns `event_id` and `seq`.
+pub fn event(
+    job_id: &str,
+    stage: Stage,
+    status: EventStatus,
+    progress: f32,
+    message: &str,
+    payload: Option<Payload>,
+) -> ScanEvent {
+    ScanEvent {
+        event_id: String::new(),
+        job_id: job_id.to_owned(),
+        seq: 0,
+        stage: stage as i32,
+        status: status as i32,
+        progress,
+        message: message.to_owned(),
+        ts: Some(ecoscan_proto::now()),
+        trace_id: ecoscan_common::telemetry::current_trace_id(),
+        payload,
+    }
+}
+
+fn result_url(config: &Config, job_id: &str) -> String {
+    format!("{}{job_id}", config.result_url_prefix)
+}
+
+/// The final event of a finished job, rebuilt from its row.
+pub fn terminal_event_from_row(job: &Job, config: &Config) -> ScanEvent {
+    if job.status == JobStatus::Succeeded {
+        event(
+            &job.id,
+            Stage::Done,
+            EventStatus::Completed,
+            1.0,
+            "scan complete",
+            Some(Payload::ResultUrl(result_url(config, &job.id))),
+        )
+    } else {
+        let error = job.error.clone().unwrap_or_else(|| ErrorInfo {
+            code: "UNKNOWN".into(),
+            http_status: 500,
+            message: "the scan failed".into(),
+            retryable: false,
+        });
+        event(
+            &job.id,
+            Stage::Done,
+            EventStatus::Failed,
+            1.0,
+            &error.message.clone(),
+            Some(Payload::Error(error)),
+        )
+    }
+}
+
+/// Where each stage sits in the job's overall progress.
+fn progress_range(stage: Stage) -> (f32, f32) {
+    match stage {
+        Stage::Vision => (0.05, 0.35),
+        Stage::Rule => (0.35, 0.5),
+        Stage::Answer => (0.5, 0.85),
+        Stage::Reward => (0.85, 0.95),
+        Stage::Done => (1.0, 1.0),
+        Stage::Queued | Stage::Unspecified => (0.0, 0.0),
+    }
+}
+
+fn stage_name(stage: Stage) -> &'static str {
+    match stage {
+        Stage::Vision => "vision",
+        Stage::Rule => "rule",
+        Stage::Answer => "answer",
+        Stage::Reward => "reward",
+        Stage::Done => "done",
+        Stage::Queued => "queued",
+        Stage::Unspecified => "unspecified",
+    }
+}
+
+impl Ctx {
+    async fn process(&self, lease: Lease) {
+        let job_id = lease.entry.job_id.clone();
+        let span = tracing::info_span!(
+            "pipeline",
+            otel.name = "pipeline",
+            job.id = %job_id,
+            job.deliveries = lease.entry.deliveries,
+        );
+        // The pipeline joins the trace of the request that submitted the job.
+        let _ = span.set_parent(ecoscan_common::telemetry::context_from_carrier(
+            &lease.entry.carrier,
+        ));
+
+        // Keep the lease while the job runs; if this process dies, the lease runs out and
+        // another worker resumes the job.
+        let heartbeat = {
+            let queue = self.stores.queue.clone();
+            let lease = lease.clone();
+            let every = self.config.lease / 3;
+            let hold = self.config.lease;
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    match queue.extend(&lease, hold).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(job.id = %lease.entry.job_id, "lease lost");
+                            break;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "failed to extend lease"),
+                    }
+                }
+            })
+        };
+        let outcome = self
+            .run(&job_id, lease.entry.deliveries == 0)
+            .instrument(span)
+            .await;
+        heartbeat.abort();
+        match outcome {
+            Ok(()) => {
+                if let Err(e) = self.stores.queue.ack(&lease).await {
+                    tracing::warn!(job.id = %job_id, error = %e, "failed to acknowledge job; it will run again and find its checkpoints");
+                }
+            }
+            // The job is left claimed: when the lease runs out it is tried again.
+            Err(e) => {
+                tracing::error!(job.id = %job_id, error = %e, "storage failed while running job; it will be retried")
+            }
+        }
+    }
+
+    async fn append(&self, ev: ScanEvent) -> Result<ScanEvent, StoreError> {
+        self.stores.events.append(ev).await
+    }
+
+    async fn run(&self, job_id: &str, first_delivery: bool) -> Result<(), StoreError> {
+        let Some(job) = self.stores.jobs.get(job_id).await? else {
+            tracing::warn!(job.id = %job_id, "queued job has no row; dropping the queue entry");
+            return Ok(());
+        };
+        if job.is_terminal() {
+            // Finished before, but the final event may not have made it to the log.
+            let events = self.stores.events.read_after(job_id, None).await?;
+            if !events.iter().any(|e| e.stage == Stage::Done as i32) {
+                self.append(terminal_event_from_row(&job, &self.config))
+                    .await?;
+            }
+            return Ok(());
+        }
+        self.stores
+            .jobs
+            .mark_running(job_id, Stage::Vision, true)
+            .await?;
+        if !first_delivery {
+            tracing::info!(job.id = %job_id, "resuming job from its last checkpoint");
+        }
+        match self.stages(&job).await? {
+            Ok(()) => {
+                self.stores
+                    .jobs
+                    .finish(job_id, JobStatus::Succeeded, None)
+                    .await?;
+                self.append(terminal_event_from_row(
+                    &Job {
+                        status: JobStatus::Succeeded,
+                        ..job.clone()
+                    },
+                    &self.config,
+                ))
+                .await?;
+                tracing::info!(job.id = %job_id, "scan complete");
+            }
+            Err(StageFailure { stage, status }) => {
+                let error = ErrorInfo {
+                    code: codes::code_name(status.code()).to_owned(),
+                    http_status: u32::from(codes::http_status(status.code())),
+                    message: format!("{} stage failed: {}", stage_name(stage), status.message()),
+                    retryable: codes::retryable(status.code()),
+                };
+                tracing::warn!(job.id = %job_id, stage = stage_name(stage), code = %error.code, error = %status.message(), "scan failed");
+                let (_, hi) = progress_range(stage);
+                self.append(event(
+                    job_id,
+                    stage,
+                    EventStatus::Failed,
+                    hi,
+                    &error.message,
+                    Some(Payload::Error(error.clone())),
+                ))
+                .await?;
+                self.stores
+                    .jobs
+                    .finish(job_id, JobStatus::Failed, Some(error.clone()))
+                    .await?;
+                let message = error.message.clone();
+                self.append(event(
+                    job_id,
+                    Stage::Done,
+                    EventStatus::Failed,
+                    1.0,
+                    &message,
+                    Some(Payload::Error(error)),
+                ))
+                .await?;
+            }
+        }
+        self.stores
+            .events
+            .expire(job_id, self.config.event_ttl)
+            .await?;
+        Ok(())
+    }
+
+    /// Runs every stage without a checkpoint. The outer error is a storage failure (retry the
+    /// job later); the inner one a stage that failed for good (fail the job).
+    async fn stages(&self, job: &Job) -> Result<Result<(), StageFailure>, StoreError> {
+        let id = job.id.as_str();
+
+        let classification = match &job.classification {
+            Some(c) => c.clone(),
+            None => match self.stage(job, Stage::Vision, || self.vision(job)).await? {
+                Ok(c) => {
+                    self.stores
+                        .jobs
+                        .checkpoint(id, Checkpoint::Classification(c.clone()))
+                        .await?;
+                    self.completed(
+                        id,
+                        Stage::Vision,
+                        "classified",
+                        Payload::Classification(c.clone()),
+                    )
+                    .await?;
+                    c
+                }
+                Err(f) => return Ok(Err(f)),
+            },
+        };
+
+        let rules = match &job.rules {
+            Some(r) => r.clone(),
+            None => match self
+                .stage(job, Stage::Rule, || self.rule(job, &classification))
+                .await?
+            {
+                Ok(r) => {
+                    self.stores
+                        .jobs
+                        .checkpoint(id, Checkpoint::Rules(r.clone()))
+                        .await?;
+                    self.completed(id, Stage::Rule, "rules found", Payload::Rules(r.clone()))
+                        .await?;
+                    r
+                }
+                Err(f) => return Ok(Err(f)),
+            },
+        };
+
+        if job.answer.is_none() {
+            match self
+                .stage(job, Stage::Answer, || {
+                    self.answer(job, &classification, &rules)
+                })
+                .await?
+            {
+                Ok(a) => {
+                    self.stores
+                        .jobs
+                        .checkpoint(id, Checkpoint::Answer(a.clone()))
+                        .await?;
+                    self.completed(id, Stage::Answer, "answer written", Payload::Answer(a))
+                        .await?;
+                }
+                Err(f) => return Ok(Err(f)),
+            }
+        }
+
+        let reward = match &job.reward {
+            Some(r) => r.clone(),
+            None => match self
+                .stage(job, Stage::Reward, || {
+                    self.reward(job, &classification, &rules)
+                })
+                .await?
+            {
+                Ok(r) => {
+                    self.stores
+                        .jobs
+                        .checkpoint(id, Checkpoint::Reward(r.clone()))
+                        .await?;
+                    self.completed(
+                        id,
+                        Stage::Reward,
+                        "reward evaluated",
+                        Payload::Reward(r.clone()),
+                    )
+                    .await?;
+                    r
+                }
+                Err(f) => return Ok(Err(f)),
+            },
+        };
+
+        self.notify(job, &classification, &reward).await;
+        Ok(Ok(()))
+    }
+
+    async fn completed(
+        &self,
+        id: &str,
+        stage: Stage,
+        message: &str,
+        payload: Payload,
+    ) -> Result<(), StoreError> {
+        let (_, hi) = progress_range(stage);
+        self.append(event(
+            id,
+            stage,
+            EventStatus::Completed,
+            hi,
+            message,
+            Some(payload),
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// Runs one stage in its own span: a `started` event, then the call, retried with backoff
+    /// while it fails transiently.
+    async fn stage<T, F, Fut>(
+        &self,
+        job: &Job,
+        stage: Stage,
+        call: F,
+    ) -> Result<Result<T, StageFailure>, StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, StageError>>,
+    {
+        let span = tracing::info_span!(
+            "stage",
+            otel.name = %format!("stage {}", stage_name(stage)),
+            job.id = %job.id,
+            stage = stage_name(stage),
+            attempt = job.attempts + 1,
+            otel.status_code = tracing::field::Empty,
+        );
+        async {
+            self.stores.jobs.mark_running(&job.id, stage, false).await?;
+            let (lo, _) = progress_range(stage);
+            self.append(event(&job.id, stage, EventStatus::Started, lo, &format!("{} started", stage_name(stage)), None))
+                .await?;
+            let result = call
+                .retry(
+                    ExponentialBuilder::default()
+                        .with_min_delay(Duration::from_millis(200))
+                        .with_max_delay(Duration::from_secs(5))
+                        .with_max_times(self.config.stage_retries)
+                        .with_jitter(),
+                )
+                .when(|e: &StageError| matches!(e, StageError::Call(s) if codes::retryable(s.code())))
+                .notify(|e, after| tracing::warn!(stage = stage_name(stage), error = %e, retry_in = ?after, "stage call failed; retrying"))
+                .await;
+            match result {
+                Ok(v) => Ok(Ok(v)),
+                Err(StageError::Store(e)) => Err(e),
+                Err(StageError::Call(status)) => {
+                    tracing::Span::current().record("otel.status_code", "ERROR");
+                    Ok(Err(StageFailure { stage, status }))
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn progress(&self, id: &str, stage: Stage, p: &Progress) -> Result<(), StoreError> {
+        let (lo, hi) = progress_range(stage);
+        let fraction = lo + (hi - lo) * p.fraction.clamp(0.0, 1.0);
+        tracing::debug!(stage = stage_name(stage), step = %p.step, "stage progress");
+        self.append(event(
+            id,
+            stage,
+            EventStatus::Progress,
+            fraction,
+            &p.message,
+            None,
+        ))
+        .await?;
+        Ok(())
+    }
+
+    async fn vision(&self, job: &Job) -> Result<Classification, StageError> {
+        let image = self
+            .stores
+            .objects
+            .get(&job.image_key)
+            .await?
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "image {} of job {} is missing",
+                    job.image_key, job.id
+                ))
+            })?;
+        let req = ClassifyRequest {
+            job_id: job.id.clone(),
+            image: image.to_vec(),
+            content_type: job.content_type.clone(),
+            hint: job.hint.clone(),
+        };
+        let mut stream = self
+            .stages
+            .vision
+            .clone()
+            .classify(request_as(req, self.config.stage_timeout, &job.user_id))
+            .await?
+            .into_inner();
+        let mut out = None;
+        while let Some(msg) = next(&mut stream).await? {
+            match msg.event {
+                Some(classify_event::Event::Progress(p)) => {
+                    self.progress(&job.id, Stage::Vision, &p).await?
+                }
+                Some(classify_event::Event::Classification(c)) => out = Some(c),
+                None => {}
+            }
+        }
+        out.ok_or_else(|| {
+            StageError::Call(Status::internal(
+                "vision ended its stream without a classification",
+            ))
+        })
+    }
+
+    async fn rule(
+        &self,
+        job: &Job,
+        classification: &Classification,
+    ) -> Result<DisposalRules, StageError> {
+        let req = LookupRequest {
+            classification: Some(classification.clone()),
+            locale: job.locale.clone(),
+        };
+        let mut stream = self
+            .stages
+            .rule
+            .clone()
+            .lookup(request_as(req, self.config.stage_timeout, &job.user_id))
+            .await?
+            .into_inner();
+        let mut out = None;
+        while let Some(msg) = next(&mut stream).await? {
+            match msg.event {
+                Some(lookup_event::Event::Progress(p)) => {
+                    self.progress(&job.id, Stage::Rule, &p).await?
+                }
+                Some(lookup_event::Event::Rules(r)) => out = Some(r),
+                None => {}
+            }
+        }
+        out.ok_or_else(|| StageError::Call(Status::internal("rule ended its stream without rules")))
+    }
+
+    async fn answer(
+        &self,
+        job: &Job,
+        classification: &Classification,
+        rules: &DisposalRules,
+    ) -> Result<Answer, StageError> {
+        let req = GenerateRequest {
+            job_id: job.id.clone(),
+            classification: Some(classification.clone()),
+            rules: Some(rules.clone()),
+            locale: job.locale.clone(),
+        };
+        let mut stream = self
+            .stages
+            .answer
+            .clone()
+            .generate(request_as(req, self.config.stage_timeout, &job.user_id))
+            .await?
+            .into_inner();
+        let (lo, hi) = progress_range(Stage::Answer);
+        let mut out = None;
+        let mut pending = String::new();
+        let mut streamed_chars = 0usize;
+        let mut flush_at = tokio::time::Instant::now() + DELTA_WINDOW;
+        loop {
+            // Deltas are buffered and flushed at most every DELTA_WINDOW.
+            let msg = if pending.is_empty() {
+                next(&mut stream).await?
+            } else {
+                tokio::select! {
+                    m = next(&mut stream) => m?,
+                    () = tokio::time::sleep_until(flush_at) => {
+                        streamed_chars += pending.chars().count();
+                        let text = std::mem::take(&mut pending);
+                        let p = (lo + (hi - lo) * (streamed_chars as f32 / 600.0).min(0.95)).min(hi);
+                        self.append(event(&job.id, Stage::Answer, EventStatus::Delta, p, "", Some(Payload::Delta(text)))).await?;
+                        flush_at = tokio::time::Instant::now() + DELTA_WINDOW;
+                        continue;
+                    }
+                }
+            };
+            let Some(msg) = msg else { break };
+            match msg.event {
+                Some(generate_event::Event::Progress(p)) => {
+                    self.progress(&job.id, Stage::Answer, &p).await?
+                }
+                Some(generate_event::Event::Delta(d)) => {
+                    if pending.is_empty() {
+                        flush_at = tokio::time::Instant::now() + DELTA_WINDOW;
+                    }
+                    pending.push_str(&d);
+                }
+                Some(generate_event::Event::Answer(a)) => out = Some(a),
+                None => {}
+            }
+        }
+        if !pending.is_empty() {
+            self.append(event(
+                &job.id,
+                Stage::Answer,
+                EventStatus::Delta,
+                hi,
+                "",
+                Some(Payload::Delta(pending)),
+            ))
+            .await?;
+        }
+        out.ok_or_else(|| {
+            StageError::Call(Status::internal(
+                "answer ended its stream without an answer",
+            ))
+        })
+    }
+
+    async fn reward(
+        &self,
+        job: &Job,
+        classification: &Classification,
+        rules: &DisposalRules,
+    ) -> Result<RewardDecision, StageError> {
+        let req = EvaluateRequest {
+            job_id: job.id.clone(),
+            user_id: job.user_id.clone(),
+            classification: Some(classification.clone()),
+            rules: Some(rules.clone()),
+        };
+        Ok(self
+            .stages
+            .reward
+            .clone()
+            .evaluate(request_as(req, self.config.stage_timeout, &job.user_id))
+            .await?
+            .into_inner())
+    }
+
+    /// Tells the owner the scan finished. Best effort: the scan's result does not depend on it,
+    /// and the dedupe key makes a repeat after a resume harmless.
+    async fn notify(&self, job: &Job, classification: &Classification, reward: &RewardDecision) {
+        let item = if classification.item_name.is_empty() {
+            classification.minor_category.clone()
+        } else {
+            classification.item_name.clone()
+        };
+        let character = reward.character.as_ref().filter(|_| reward.newly_granted);
+        let (title, body) = match (job.locale.as_str(), character) {
+            ("en", Some(c)) => (
+                "Your scan is ready".to_owned(),
+                format!(
+                    "How to dispose of {item} is ready. New character: {}!",
+                    c.name_en
+                ),
+            ),
+            ("en", None) => (
+                "Your scan is ready".to_owned(),
+                format!("How to dispose of {item} is ready."),
+            ),
+            (_, Some(c)) => (
+                "분리배출 안내가 준비됐어요".to_owned(),
+                format!(
+                    "{item} 배출 방법을 확인하세요. 새 캐릭터 {}을(를) 얻었어요!",
+                    c.name_ko
+                ),
+            ),
+            (_, None) => (
+                "분리배출 안내가 준비됐어요".to_owned(),
+                format!("{item} 배출 방법을 확인하세요."),
+            ),
+        };
+        let req = NotifyRequest {
+            user_id: job.user_id.clone(),
+            kind: "scan_completed".into(),
+            title,
+            body,
+            job_id: job.id.clone(),
+            dedupe_key: format!("scan:{}", job.id),
+        };
+        let call = || {
+            let mut client = self.stages.notification.clone();
+            let req = req.clone();
+            async move { client.notify(request(req, Duration::from_secs(5))).await }
+        };
+        let sent = call
+            .retry(ExponentialBuilder::default().with_max_times(3))
+            .when(|s: &Status| codes::retryable(s.code()))
+            .await;
+        if let Err(status) = sent {
+            tracing::warn!(job.id = %job.id, code = ?status.code(), error = %status.message(), "failed to notify the owner");
+        }
+    }
+}
+
+/// A stage call's failure: the remote call, or our own storage.
+#[derive(Debug, thiserror::Error)]
+enum StageError {
+    #[error("{}: {}", codes::code_name(.0.code()), .0.message())]
+    Call(Status),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<Status> for StageError {
+    fn from(s: Status) -> Self {
+        Self::Call(s)
+    }
+}
+
+async fn next<T>(stream: &mut Streaming<T>) -> Result<Option<T>, StageError> {
+    Ok(stream.next().await.transpose()?)
+}

@@ -1,0 +1,411 @@
+//! `ScanService`: intake (`Submit`, `Scan`), watching (`Watch`) and results (`GetResult`).
+
+use std::{pin::Pin, sync::Arc};
+
+use bytes::Bytes;
+use ecoscan_common::CancellationToken;
+use ecoscan_proto::v1::{
+    EventStatus, GetResultRequest, ScanEvent, ScanResult, Stage, SubmitRequest, SubmitResponse,
+    WatchRequest, scan_service_server::ScanService,
+};
+use sha2::{Digest, Sha256};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::{
+    Config, Stores,
+    error::Error,
+    hub::Hub,
+    image,
+    pipeline::{event, terminal_event_from_row},
+    store::{EventId, Job, NewJob, QueueEntry},
+};
+
+pub struct ScanApi {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    stores: Stores,
+    hub: Hub,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<ScanEvent, Status>> + Send>>;
+
+impl ScanApi {
+    pub fn new(config: Config, stores: Stores, hub: Hub, shutdown: CancellationToken) -> Self {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::limited(3))
+            .build()
+            .expect("a default reqwest client always builds");
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                stores,
+                hub,
+                http,
+                shutdown,
+            }),
+        }
+    }
+}
+
+/// The acting user: the request field, else `x-user-id` metadata.
+fn user_of<T>(req: &Request<T>, field: &str) -> Result<String, Error> {
+    let user = if field.is_empty() {
+        req.metadata()
+            .get(ecoscan_common::USER_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    } else {
+        field.to_owned()
+    };
+    if user.is_empty() {
+        return Err(Error::InvalidArgument(
+            "user_id is required (field `user_id` or `x-user-id` metadata)".into(),
+        ));
+    }
+    if user.len() > 128
+        || !user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.@-".contains(&b))
+    {
+        return Err(Error::InvalidArgument(
+            "user_id must be 1-128 characters of letters, digits, '_', '.', '@' or '-'".into(),
+        ));
+    }
+    Ok(user)
+}
+
+fn parse_job_id(id: &str) -> Result<String, Error> {
+    uuid::Uuid::parse_str(id)
+        .map(|u| u.to_string())
+        .map_err(|_| Error::InvalidArgument(format!("job id {id:?} is not a UUID")))
+}
+
+impl Inner {
+    async fn submit(&self, user_id: String, req: SubmitRequest) -> Result<(Job, bool), Error> {
+        if self.shutdown.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        let locale = match req.locale.as_str() {
+            "" | "ko" => "ko",
+            "en" => "en",
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "locale {other:?} is not supported; use \"ko\" or \"en\""
+                )));
+            }
+        };
+        if req.hint.chars().count() > 500 {
+            return Err(Error::InvalidArgument(
+                "hint is longer than 500 characters".into(),
+            ));
+        }
+        if req.idempotency_key.len() > 128 {
+            return Err(Error::InvalidArgument(
+                "idempotency_key is longer than 128 bytes".into(),
+            ));
+        }
+        let idempotency_key =
+            (!req.idempotency_key.is_empty()).then(|| req.idempotency_key.clone());
+        if let Some(key) = &idempotency_key
+            && let Some(job) = self
+                .stores
+                .jobs
+                .find_by_idempotency_key(&user_id, key)
+                .await?
+        {
+            return Ok((job, false));
+        }
+
+        // Shed load before doing any work, so a refused scan leaves nothing behind.
+        let backlog = self.stores.queue.backlog().await?;
+        if backlog >= self.config.max_backlog {
+            return Err(Error::Overloaded {
+                backlog,
+                retry_after: self.config.retry_after,
+            });
+        }
+
+        let max = self.config.max_image_bytes;
+        let bytes: Bytes = match (req.image.is_empty(), req.image_url.is_empty()) {
+            (false, false) => {
+                return Err(Error::InvalidArgument(
+                    "send either `image` or `image_url`, not both".into(),
+                ));
+            }
+            (true, true) => {
+                return Err(Error::InvalidArgument(
+                    "image is empty; send the photo's bytes in `image` or a URL in `image_url`"
+                        .into(),
+                ));
+            }
+            (false, true) => req.image.into(),
+            (true, false) => image::fetch(&self.http, &req.image_url, max).await?,
+        };
+        let content_type = image::validate(&bytes, &req.content_type, max)?;
+
+        // Content-addressed: the same photo sent twice is stored once.
+        let digest = hex(&Sha256::digest(&bytes));
+        let image_key = format!("images/{}/{digest}", &digest[..2]);
+        self.stores.objects.put(&image_key, bytes).await?;
+
+        let (job, inserted) = self
+            .stores
+            .jobs
+            .insert(NewJob {
+                id: uuid::Uuid::now_v7().to_string(),
+                user_id,
+                image_key,
+                content_type: content_type.to_owned(),
+                hint: req.hint,
+                locale: locale.to_owned(),
+                idempotency_key,
+                trace_carrier: ecoscan_common::telemetry::current_carrier(),
+            })
+            .await?;
+        if !inserted {
+            return Ok((job, false));
+        }
+        self.stores
+            .events
+            .append(event(
+                &job.id,
+                Stage::Queued,
+                EventStatus::Completed,
+                0.0,
+                "scan accepted",
+                None,
+            ))
+            .await?;
+        self.stores
+            .queue
+            .enqueue(QueueEntry {
+                job_id: job.id.clone(),
+                carrier: job.trace_carrier.clone(),
+                deliveries: 0,
+                enqueued_at: std::time::SystemTime::now(),
+            })
+            .await?;
+        tracing::info!(job.id = %job.id, "scan accepted");
+        Ok((job, true))
+    }
+
+    async fn job_for(&self, job_id: &str, user_id: &str) -> Result<Job, Error> {
+        let id = parse_job_id(job_id)?;
+        match self.stores.jobs.get(&id).await? {
+            // Another user's job is reported as missing: its existence is not theirs to know.
+            Some(job) if job.user_id == user_id => Ok(job),
+            _ => Err(Error::JobNotFound(id)),
+        }
+    }
+
+    /// Streams a job's events after `after` until its final event: subscribe to the hub first,
+    /// then read the backlog from the log, then forward live events, skipping any already sent.
+    fn watch(self: &Arc<Self>, job: Job, after: Option<EventId>) -> EventStream {
+        let (tx, rx) = mpsc::channel(32);
+        let this = self.clone();
+        let span = tracing::info_span!("watch", job.id = %job.id);
+        tokio::spawn(
+            async move {
+                if let Err(status) = this.forward(&job, after, &tx).await {
+                    let _ = tx.send(Err(status)).await;
+                }
+            }
+            .instrument(span),
+        );
+        Box::pin(ReceiverStream::new(rx))
+    }
+
+    async fn forward(
+        &self,
+        job: &Job,
+        after: Option<EventId>,
+        tx: &mpsc::Sender<Result<ScanEvent, Status>>,
+    ) -> Result<(), Status> {
+        let mut sub = self.hub.subscribe(&job.id);
+        let mut last = after;
+        let mut last_seq: Option<u64> = None;
+
+        // Drops events at or before the last one sent, remembering the newest.
+        let send_all =
+            |events: Vec<ScanEvent>, last: &mut Option<EventId>, last_seq: &mut Option<u64>| {
+                let mut out = Vec::new();
+                for ev in events {
+                    let Ok(id) = ev.event_id.parse::<EventId>() else {
+                        continue;
+                    };
+                    if last.is_some_and(|l| id <= l) {
+                        continue;
+                    }
+                    *last = Some(id);
+                    *last_seq = Some(ev.seq);
+                    out.push(ev);
+                }
+                out
+            };
+
+        let backlog = self
+            .stores
+            .events
+            .read_after(&job.id, after)
+            .await
+            .map_err(Error::from)?;
+        let log_empty = backlog.is_empty() && after.is_none();
+        for ev in send_all(backlog, &mut last, &mut last_seq) {
+            let end = ev.stage == Stage::Done as i32;
+            tracing::debug!(event.id = %ev.event_id, "event sent");
+            if tx.send(Ok(ev)).await.is_err() || end {
+                return Ok(());
+            }
+        }
+        if log_empty {
+            // The log of a finished job may have expired; the row still has the outcome.
+            if let Some(row) = self.stores.jobs.get(&job.id).await.map_err(Error::from)?
+                && row.is_terminal()
+                && self
+                    .stores
+                    .events
+                    .read_after(&job.id, None)
+                    .await
+                    .map_err(Error::from)?
+                    .is_empty()
+            {
+                let _ = tx
+                    .send(Ok(terminal_event_from_row(&row, &self.config)))
+                    .await;
+                return Ok(());
+            }
+        }
+
+        loop {
+            let received = tokio::select! {
+                () = self.shutdown.cancelled() => {
+                    return Err(Status::unavailable("ingest is shutting down; reconnect with the last event id"));
+                }
+                () = tx.closed() => return Ok(()),
+                r = sub.rx.recv() => r,
+            };
+            let events = match received {
+                Ok(ev) if last_seq.is_none_or(|s| ev.seq == s + 1) => vec![ev],
+                // A gap (or a lag of our own receiver): catch up from the log.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self
+                    .stores
+                    .events
+                    .read_after(&job.id, last)
+                    .await
+                    .map_err(Error::from)?,
+                Err(broadcast::error::RecvError::Closed) => {
+                    return Err(Status::unavailable(
+                        "event hub closed; reconnect with the last event id",
+                    ));
+                }
+            };
+            for ev in send_all(events, &mut last, &mut last_seq) {
+                let end = ev.stage == Stage::Done as i32;
+                if tx.send(Ok(ev)).await.is_err() || end {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+fn result_of(job: Job) -> ScanResult {
+    ScanResult {
+        job_id: job.id,
+        user_id: job.user_id,
+        status: job.status as i32,
+        stage: job.stage as i32,
+        classification: job.classification,
+        rules: job.rules,
+        answer: job.answer,
+        reward: job.reward,
+        error: job.error,
+        created_at: Some(ecoscan_proto::timestamp(job.created_at)),
+        finished_at: job.finished_at.map(ecoscan_proto::timestamp),
+        hint: job.hint,
+        locale: job.locale,
+    }
+}
+
+#[tonic::async_trait]
+impl ScanService for ScanApi {
+    #[tracing::instrument(skip_all, fields(job.id, user.id))]
+    async fn submit(
+        &self,
+        request: Request<SubmitRequest>,
+    ) -> Result<Response<SubmitResponse>, Status> {
+        let user = user_of(&request, &request.get_ref().user_id)?;
+        tracing::Span::current().record("user.id", user.as_str());
+        let (job, inserted) = self.inner.submit(user, request.into_inner()).await?;
+        tracing::Span::current().record("job.id", job.id.as_str());
+        Ok(Response::new(SubmitResponse {
+            job_id: job.id,
+            status: job.status as i32,
+            duplicate: !inserted,
+        }))
+    }
+
+    type ScanStream = EventStream;
+
+    #[tracing::instrument(skip_all, fields(job.id, user.id))]
+    async fn scan(
+        &self,
+        request: Request<SubmitRequest>,
+    ) -> Result<Response<Self::ScanStream>, Status> {
+        let user = user_of(&request, &request.get_ref().user_id)?;
+        let (job, _) = self.inner.submit(user, request.into_inner()).await?;
+        tracing::Span::current().record("job.id", job.id.as_str());
+        Ok(Response::new(self.inner.watch(job, None)))
+    }
+
+    type WatchStream = EventStream;
+
+    #[tracing::instrument(skip_all, fields(job.id = %request.get_ref().job_id))]
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let user = user_of(&request, &request.get_ref().user_id)?;
+        let req = request.into_inner();
+        let after = if req.after_event_id.is_empty() {
+            None
+        } else {
+            Some(
+                req.after_event_id
+                    .parse::<EventId>()
+                    .map_err(Error::InvalidArgument)?,
+            )
+        };
+        let job = self.inner.job_for(&req.job_id, &user).await?;
+        Ok(Response::new(self.inner.watch(job, after)))
+    }
+
+    #[tracing::instrument(skip_all, fields(job.id = %request.get_ref().job_id))]
+    async fn get_result(
+        &self,
+        request: Request<GetResultRequest>,
+    ) -> Result<Response<ScanResult>, Status> {
+        let user = user_of(&request, &request.get_ref().user_id)?;
+        let job = self.inner.job_for(&request.get_ref().job_id, &user).await?;
+        Ok(Response::new(result_of(job)))
+    }
+}

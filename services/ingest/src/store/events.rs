@@ -1,0 +1,174 @@
+//! The per-job event log: append-only, resumable by event id, with a feed of new events for the
+//! process's hub.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    str::FromStr,
+    sync::Mutex,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use async_trait::async_trait;
+use ecoscan_proto::v1::ScanEvent;
+use tokio::sync::broadcast;
+
+use crate::error::StoreError;
+
+/// An event's position in its job's log, `<milliseconds>-<sequence>` like a Redis stream id, so
+/// the same ids work whichever log stores them. Ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventId {
+    pub ms: u64,
+    pub n: u64,
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.n)
+    }
+}
+
+impl FromStr for EventId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            format!(
+                "event id {s:?} is malformed; expected <milliseconds>-<sequence>, e.g. 1732950000000-0"
+            )
+        };
+        let (ms, n) = s.split_once('-').ok_or_else(bad)?;
+        if ms.is_empty() || n.is_empty() || !ms.bytes().chain(n.bytes()).all(|b| b.is_ascii_digit())
+        {
+            return Err(bad());
+        }
+        Ok(Self {
+            ms: ms.parse().map_err(|_| bad())?,
+            n: n.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// Append-only event log per job.
+#[async_trait]
+pub trait EventLog: Send + Sync + 'static {
+    /// Appends `event` to its job's log, assigning `event_id` and `seq`; returns the stored event.
+    async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError>;
+    /// The job's events strictly after `after` (all of them when `None`), in order.
+    async fn read_after(
+        &self,
+        job_id: &str,
+        after: Option<EventId>,
+    ) -> Result<Vec<ScanEvent>, StoreError>;
+    /// Every event appended from now on, for the process's hub (its one reader).
+    fn feed(&self) -> broadcast::Receiver<ScanEvent>;
+    /// Lets the job's log expire `ttl` from now (called when the job has finished).
+    async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError>;
+}
+
+/// In-memory log for the embedded suite: a bounded ring per job, dropped some time after the job
+/// ends.
+pub struct MemoryEventLog {
+    inner: Mutex<HashMap<String, JobLog>>,
+    feed: broadcast::Sender<ScanEvent>,
+    max_len: usize,
+}
+
+struct JobLog {
+    events: std::collections::VecDeque<ScanEvent>,
+    last_id: EventId,
+    seq: u64,
+    expires_at: Option<Instant>,
+}
+
+impl MemoryEventLog {
+    /// A log keeping at most `max_len` events per job (the oldest are dropped, like `XADD MAXLEN`).
+    pub fn new(max_len: usize) -> Self {
+        let (feed, _) = broadcast::channel(4096);
+        Self {
+            inner: Mutex::new(HashMap::new()),
+            feed,
+            max_len: max_len.max(1),
+        }
+    }
+
+    fn sweep(map: &mut HashMap<String, JobLog>) {
+        let now = Instant::now();
+        map.retain(|_, log| log.expires_at.is_none_or(|t| t > now));
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[async_trait]
+impl EventLog for MemoryEventLog {
+    async fn append(&self, mut event: ScanEvent) -> Result<ScanEvent, StoreError> {
+        {
+            let mut map = self.inner.lock().expect("event log lock poisoned");
+            let log = map.entry(event.job_id.clone()).or_insert_with(|| JobLog {
+                events: Default::default(),
+                last_id: EventId { ms: 0, n: 0 },
+                seq: 0,
+                expires_at: None,
+            });
+            let ms = now_ms().max(log.last_id.ms);
+            let id = if ms == log.last_id.ms && log.seq > 0 {
+                EventId {
+                    ms,
+                    n: log.last_id.n + 1,
+                }
+            } else {
+                EventId { ms, n: 0 }
+            };
+            log.last_id = id;
+            log.seq += 1;
+            event.event_id = id.to_string();
+            event.seq = log.seq;
+            log.events.push_back(event.clone());
+            while log.events.len() > self.max_len {
+                log.events.pop_front();
+            }
+        }
+        // No receiver simply means no one is watching right now.
+        let _ = self.feed.send(event.clone());
+        Ok(event)
+    }
+
+    async fn read_after(
+        &self,
+        job_id: &str,
+        after: Option<EventId>,
+    ) -> Result<Vec<ScanEvent>, StoreError> {
+        let map = self.inner.lock().expect("event log lock poisoned");
+        let Some(log) = map.get(job_id) else {
+            return Ok(Vec::new());
+        };
+        Ok(log
+            .events
+            .iter()
+            .filter(|e| match after {
+                None => true,
+                Some(a) => e.event_id.parse::<EventId>().is_ok_and(|id| id > a),
+            })
+            .cloned()
+            .collect())
+    }
+
+    fn feed(&self) -> broadcast::Receiver<ScanEvent> {
+        self.feed.subscribe()
+    }
+
+    async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError> {
+        let mut map = self.inner.lock().expect("event log lock poisoned");
+        if let Some(log) = map.get_mut(job_id) {
+            log.expires_at = Some(Instant::now() + ttl);
+        }
+        Self::sweep(&mut map);
+        Ok(())
+    }
+}

@@ -1,0 +1,332 @@
+//! Job rows: the truth about every scan, with a checkpoint per finished stage.
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    str::FromStr,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use async_trait::async_trait;
+use ecoscan_proto::v1::{
+    Answer, Classification, DisposalRules, ErrorInfo, JobStatus, RewardDecision, Stage,
+};
+use prost::Message;
+use sqlx::{
+    Row, SqlitePool,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow},
+};
+
+use crate::error::StoreError;
+
+/// A job as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    pub id: String,
+    pub user_id: String,
+    pub status: JobStatus,
+    pub stage: Stage,
+    pub image_key: String,
+    pub content_type: String,
+    pub hint: String,
+    pub locale: String,
+    pub idempotency_key: Option<String>,
+    pub trace_carrier: HashMap<String, String>,
+    pub classification: Option<Classification>,
+    pub rules: Option<DisposalRules>,
+    pub answer: Option<Answer>,
+    pub reward: Option<RewardDecision>,
+    pub error: Option<ErrorInfo>,
+    pub attempts: u32,
+    pub created_at: SystemTime,
+    pub finished_at: Option<SystemTime>,
+}
+
+impl Job {
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.status, JobStatus::Succeeded | JobStatus::Failed)
+    }
+}
+
+/// What `insert` needs.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub id: String,
+    pub user_id: String,
+    pub image_key: String,
+    pub content_type: String,
+    pub hint: String,
+    pub locale: String,
+    pub idempotency_key: Option<String>,
+    pub trace_carrier: HashMap<String, String>,
+}
+
+/// A stage's output, checkpointed on the job row.
+#[derive(Clone, Debug)]
+pub enum Checkpoint {
+    Classification(Classification),
+    Rules(DisposalRules),
+    Answer(Answer),
+    Reward(RewardDecision),
+}
+
+#[async_trait]
+pub trait JobStore: Send + Sync + 'static {
+    /// Inserts a queued job. With an idempotency key already used by the same user, inserts nothing
+    /// and returns the existing job with `false`.
+    async fn insert(&self, job: NewJob) -> Result<(Job, bool), StoreError>;
+    async fn get(&self, id: &str) -> Result<Option<Job>, StoreError>;
+    async fn find_by_idempotency_key(
+        &self,
+        user_id: &str,
+        key: &str,
+    ) -> Result<Option<Job>, StoreError>;
+    /// Marks the job running at `stage` and counts the attempt when `new_attempt`.
+    async fn mark_running(
+        &self,
+        id: &str,
+        stage: Stage,
+        new_attempt: bool,
+    ) -> Result<(), StoreError>;
+    /// Stores a stage's output. Only the first checkpoint of a stage is kept, so a resumed
+    /// worker can never overwrite an output that watchers have already seen.
+    async fn checkpoint(&self, id: &str, checkpoint: Checkpoint) -> Result<(), StoreError>;
+    /// Moves the job to a terminal status (once; later calls change nothing).
+    async fn finish(
+        &self,
+        id: &str,
+        status: JobStatus,
+        error: Option<ErrorInfo>,
+    ) -> Result<(), StoreError>;
+}
+
+/// Jobs in SQLite (the embedded default).
+pub struct SqliteJobStore {
+    pool: SqlitePool,
+}
+
+fn ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn from_ms(v: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(v.max(0) as u64)
+}
+
+impl SqliteJobStore {
+    /// Opens (creating when needed) the database at `url` and applies the schema.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let opts = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        let memory = url.contains(":memory:") || url.contains("mode=memory");
+        if !memory {
+            let file = opts.get_filename();
+            if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
+                tokio::fs::create_dir_all(parent).await?;
+            }
+        }
+        // One connection for an in-memory database: each connection would get its own.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(if memory { 1 } else { 8 })
+            .connect_with(opts)
+            .await?;
+        sqlx::raw_sql(include_str!("../../migrations/0001_init.sql"))
+            .execute(&pool)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    /// Opens a file database inside `dir` (for tests and the suite).
+    pub async fn open_in(dir: &Path) -> Result<Self, StoreError> {
+        Self::open(&format!(
+            "sqlite://{}?mode=rwc",
+            dir.join("ingest.db").display()
+        ))
+        .await
+    }
+}
+
+fn decode<M: Message + Default>(row: &SqliteRow, col: &str) -> Result<Option<M>, StoreError> {
+    let bytes: Option<Vec<u8>> = row.try_get(col)?;
+    bytes
+        .map(|b| M::decode(b.as_slice()).map_err(|e| StoreError::Corrupt(format!("{col}: {e}"))))
+        .transpose()
+}
+
+fn job_from_row(row: &SqliteRow) -> Result<Job, StoreError> {
+    let carrier: String = row.try_get("trace_carrier")?;
+    let status: i32 = row.try_get("status")?;
+    let stage: i32 = row.try_get("stage")?;
+    let attempts: i64 = row.try_get("attempts")?;
+    let finished: Option<i64> = row.try_get("finished_at_ms")?;
+    Ok(Job {
+        id: row.try_get("id")?,
+        user_id: row.try_get("user_id")?,
+        status: JobStatus::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("unknown job status {status}")))?,
+        stage: Stage::try_from(stage)
+            .map_err(|_| StoreError::Corrupt(format!("unknown stage {stage}")))?,
+        image_key: row.try_get("image_key")?,
+        content_type: row.try_get("content_type")?,
+        hint: row.try_get("hint")?,
+        locale: row.try_get("locale")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        trace_carrier: serde_json::from_str(&carrier).unwrap_or_default(),
+        classification: decode(row, "classification")?,
+        rules: decode(row, "rules")?,
+        answer: decode(row, "answer")?,
+        reward: decode(row, "reward")?,
+        error: decode(row, "error")?,
+        attempts: attempts.max(0) as u32,
+        created_at: from_ms(row.try_get("created_at_ms")?),
+        finished_at: finished.map(from_ms),
+    })
+}
+
+#[async_trait]
+impl JobStore for SqliteJobStore {
+    async fn insert(&self, job: NewJob) -> Result<(Job, bool), StoreError> {
+        let now = ms(SystemTime::now());
+        let carrier = serde_json::to_string(&job.trace_carrier).unwrap_or_else(|_| "{}".into());
+        let done = sqlx::query(
+            "INSERT INTO jobs (id, user_id, status, stage, image_key, content_type, hint, locale, \
+             idempotency_key, trace_carrier, created_at_ms, updated_at_ms) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .bind(&job.id)
+        .bind(&job.user_id)
+        .bind(JobStatus::Queued as i32)
+        .bind(Stage::Queued as i32)
+        .bind(&job.image_key)
+        .bind(&job.content_type)
+        .bind(&job.hint)
+        .bind(&job.locale)
+        .bind(&job.idempotency_key)
+        .bind(carrier)
+        .bind(now)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 1 {
+            let stored = self
+                .get(&job.id)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt("inserted job vanished".into()))?;
+            return Ok((stored, true));
+        }
+        // The only other unique key is (user, idempotency key): someone got there first.
+        let key = job
+            .idempotency_key
+            .as_deref()
+            .ok_or_else(|| StoreError::Corrupt(format!("job id {} already exists", job.id)))?;
+        let existing = self
+            .find_by_idempotency_key(&job.user_id, key)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("idempotency conflict without a job".into()))?;
+        Ok((existing, false))
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        sqlx::query("SELECT * FROM jobs WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(job_from_row)
+            .transpose()
+    }
+
+    async fn find_by_idempotency_key(
+        &self,
+        user_id: &str,
+        key: &str,
+    ) -> Result<Option<Job>, StoreError> {
+        sqlx::query("SELECT * FROM jobs WHERE user_id = ? AND idempotency_key = ?")
+            .bind(user_id)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(job_from_row)
+            .transpose()
+    }
+
+    async fn mark_running(
+        &self,
+        id: &str,
+        stage: Stage,
+        new_attempt: bool,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE jobs SET status = ?, stage = ?, attempts = attempts + ?, updated_at_ms = ? \
+             WHERE id = ? AND status IN (?, ?)",
+        )
+        .bind(JobStatus::Running as i32)
+        .bind(stage as i32)
+        .bind(i64::from(new_attempt))
+        .bind(ms(SystemTime::now()))
+        .bind(id)
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn checkpoint(&self, id: &str, checkpoint: Checkpoint) -> Result<(), StoreError> {
+        // Only the first checkpoint of a stage is kept (`IS NULL`).
+        let (sql, bytes) = match &checkpoint {
+            Checkpoint::Classification(m) => (
+                "UPDATE jobs SET classification = ?, updated_at_ms = ? WHERE id = ? AND classification IS NULL",
+                m.encode_to_vec(),
+            ),
+            Checkpoint::Rules(m) => (
+                "UPDATE jobs SET rules = ?, updated_at_ms = ? WHERE id = ? AND rules IS NULL",
+                m.encode_to_vec(),
+            ),
+            Checkpoint::Answer(m) => (
+                "UPDATE jobs SET answer = ?, updated_at_ms = ? WHERE id = ? AND answer IS NULL",
+                m.encode_to_vec(),
+            ),
+            Checkpoint::Reward(m) => (
+                "UPDATE jobs SET reward = ?, updated_at_ms = ? WHERE id = ? AND reward IS NULL",
+                m.encode_to_vec(),
+            ),
+        };
+        sqlx::query(sql)
+            .bind(bytes)
+            .bind(ms(SystemTime::now()))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        status: JobStatus,
+        error: Option<ErrorInfo>,
+    ) -> Result<(), StoreError> {
+        let now = ms(SystemTime::now());
+        sqlx::query(
+            "UPDATE jobs SET status = ?, stage = COALESCE(?, stage), error = ?, finished_at_ms = ?, updated_at_ms = ? \
+             WHERE id = ? AND status IN (?, ?)",
+        )
+        .bind(status as i32)
+        // A failed job keeps the stage it failed at.
+        .bind((status == JobStatus::Succeeded).then_some(Stage::Done as i32))
+        .bind(error.map(|e| e.encode_to_vec()))
+        .bind(now)
+        .bind(now)
+        .bind(id)
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

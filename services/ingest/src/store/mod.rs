@@ -1,0 +1,12 @@
+//! Storage behind small traits. Each has an embedded implementation here; production ones
+//! (Redis Streams, PostgreSQL, S3) implement the same traits and pass the same conformance tests.
+
+pub mod events;
+pub mod jobs;
+pub mod objects;
+pub mod queue;
+
+pub use events::{EventId, EventLog, MemoryEventLog};
+pub use jobs::{Job, JobStore, NewJob, SqliteJobStore};
+pub use objects::{LocalObjectStore, ObjectStore};
+pub use queue::{Lease, MemoryQueue, Queue, QueueEntry};

@@ -1,0 +1,151 @@
+//! The dispatch queue: at-least-once delivery with leases. A claimed entry that is not
+//! acknowledged before its lease runs out is handed to another worker.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Mutex,
+    time::{Duration, Instant, SystemTime},
+};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::error::StoreError;
+
+/// What a queue entry carries: the job and the trace context of the request that submitted it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueEntry {
+    pub job_id: String,
+    /// W3C `traceparent`/`tracestate`/`baggage`, so the worker's span joins the request's trace.
+    pub carrier: HashMap<String, String>,
+    /// How many times the entry was claimed before (0 on the first claim).
+    pub deliveries: u32,
+    pub enqueued_at: SystemTime,
+}
+
+/// A claimed entry; valid until acknowledged or until the lease runs out.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    pub entry: QueueEntry,
+    pub id: u64,
+}
+
+#[async_trait]
+pub trait Queue: Send + Sync + 'static {
+    async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError>;
+    /// Claims the next entry for `lease`, waiting up to `wait` for one to arrive. Entries whose
+    /// lease ran out are claimed again before new ones.
+    async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError>;
+    /// Pushes the lease's deadline `lease` from now. False when the lease was lost.
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError>;
+    /// Removes the entry for good.
+    async fn ack(&self, lease: &Lease) -> Result<(), StoreError>;
+    /// Entries waiting plus entries claimed and not yet acknowledged.
+    async fn backlog(&self) -> Result<u64, StoreError>;
+}
+
+/// In-memory queue for the embedded suite.
+#[derive(Default)]
+pub struct MemoryQueue {
+    state: Mutex<State>,
+    ready: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: VecDeque<QueueEntry>,
+    claimed: HashMap<u64, (QueueEntry, Instant)>,
+    next_id: u64,
+}
+
+impl MemoryQueue {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn try_claim(&self, lease: Duration) -> Option<Lease> {
+        let mut st = self.state.lock().expect("queue lock poisoned");
+        let now = Instant::now();
+        let expired = st
+            .claimed
+            .iter()
+            .filter(|(_, (_, deadline))| *deadline <= now)
+            .map(|(id, _)| *id)
+            .min();
+        let mut entry = match expired {
+            Some(id) => st.claimed.remove(&id).map(|(e, _)| e)?,
+            None => st.waiting.pop_front()?,
+        };
+        if expired.is_some() {
+            entry.deliveries += 1;
+        }
+        st.next_id += 1;
+        let id = st.next_id;
+        st.claimed.insert(id, (entry.clone(), now + lease));
+        Some(Lease { entry, id })
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let st = self.state.lock().expect("queue lock poisoned");
+        st.claimed.values().map(|(_, d)| *d).min()
+    }
+}
+
+#[async_trait]
+impl Queue for MemoryQueue {
+    async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError> {
+        self.state
+            .lock()
+            .expect("queue lock poisoned")
+            .waiting
+            .push_back(entry);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError> {
+        let until = Instant::now() + wait;
+        loop {
+            // Register interest before looking, so an enqueue in between is not missed.
+            let notified = self.ready.notified();
+            if let Some(l) = self.try_claim(lease) {
+                return Ok(Some(l));
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Ok(None);
+            }
+            // Wake for a new entry, an expiring lease, or the end of the wait.
+            let wake = self.next_deadline().map_or(until, |d| d.min(until));
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError> {
+        let mut st = self.state.lock().expect("queue lock poisoned");
+        Ok(match st.claimed.get_mut(&lease.id) {
+            Some((_, deadline)) => {
+                *deadline = Instant::now() + by;
+                true
+            }
+            None => false,
+        })
+    }
+
+    async fn ack(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.state
+            .lock()
+            .expect("queue lock poisoned")
+            .claimed
+            .remove(&lease.id);
+        Ok(())
+    }
+
+    async fn backlog(&self) -> Result<u64, StoreError> {
+        let st = self.state.lock().expect("queue lock poisoned");
+        Ok((st.waiting.len() + st.claimed.len()) as u64)
+    }
+}
