@@ -38,6 +38,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     pbjson_build::Builder::new()
         .register_descriptors(&bytes)?
+        // REST clients see the same snake_case names as the protos and the gateway's own JSON.
+        .preserve_proto_field_names()
         .build(&[".ecoscan"])?;
     Ok(())
 }

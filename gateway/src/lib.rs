@@ -1,1 +1,281 @@
+//! The ecoscan edge gateway: REST and Server-Sent Events for browsers and apps, over gRPC calls
+//! to ingest, reward, analytics and notification. It speaks gRPC to the services and nothing
+//! else (no Redis, SQL or object store here).
+//!
+//! Routes:
+//!
+//! | route | backend call |
+//! |---|---|
+//! | `POST /api/v1/scan` (multipart `image` or JSON) | `ScanService.Submit` → 202 |
+//! | `POST /api/v1/scan/completion` | `ScanService.Scan` → SSE |
+//! | `GET /api/v1/scan/{id}` | `ScanService.GetResult` |
+//! | `GET /api/v1/scan/{id}/events` (`Last-Event-ID`) | `ScanService.Watch` → SSE |
+//! | `GET /api/v1/characters/me` | `RewardService.ListOwned` |
+//! | `GET /api/v1/notifications?limit=` | `NotificationService.List` |
+//! | `GET /api/v1/notifications/stream` | `NotificationService.Subscribe` → SSE |
+//! | `POST /api/v1/notifications` | `NotificationService.Schedule` → 201 |
+//! | `GET /api/v1/analytics/usage?since=&until=` | `AnalyticsService.Usage` |
+//! | `GET /healthz`, `GET /readyz` | none / `grpc.health.v1.Health.Check` on every backend |
+//! | `GET /` | the demo page |
 
+mod config;
+mod error;
+mod input;
+mod routes;
+mod sse;
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use axum::{
+    BoxError, Router,
+    error_handling::HandleErrorLayer,
+    extract::{DefaultBodyLimit, MatchedPath, Request},
+    http::Response,
+    routing::{get, post},
+};
+use ecoscan_common::{
+    CancellationToken,
+    client::{TracedChannel, channel},
+};
+use ecoscan_proto::v1::{
+    analytics_service_client::AnalyticsServiceClient,
+    notification_service_client::NotificationServiceClient,
+    reward_service_client::RewardServiceClient, scan_service_client::ScanServiceClient,
+};
+use tokio::net::TcpListener;
+use tower::{ServiceBuilder, limit::GlobalConcurrencyLimitLayer};
+use tower_http::trace::TraceLayer;
+use tracing::{Span, field::Empty};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::sse::SseGauge;
+
+pub use config::{Config, DEFAULT_ADDR};
+pub use error::ApiError;
+
+/// Deadline of ordinary unary calls.
+const UNARY_DEADLINE: Duration = Duration::from_secs(5);
+/// `Submit` carries the image (up to the image limit), so it gets longer.
+const SUBMIT_DEADLINE: Duration = Duration::from_secs(15);
+/// A scan stream lives as long as the job; this bounds a stuck one.
+const SCAN_STREAM_DEADLINE: Duration = Duration::from_secs(10 * 60);
+/// A notification stream is long-lived; clients reconnect when it ends.
+const NOTIFICATION_STREAM_DEADLINE: Duration = Duration::from_secs(60 * 60);
+/// `/readyz` must answer quickly even when a backend hangs.
+const READY_DEADLINE: Duration = Duration::from_secs(1);
+
+/// A backend the gateway calls, for readiness checks.
+#[derive(Clone)]
+struct Backend {
+    name: &'static str,
+    /// Fully-qualified gRPC service name reported by the backend's health service.
+    service: &'static str,
+    channel: TracedChannel,
+}
+
+/// What every handler shares: configuration and one client per backend (each a shared,
+/// multiplexed HTTP/2 channel, so connections stay constant however many callers there are).
+#[derive(Clone)]
+pub(crate) struct AppState {
+    config: Arc<Config>,
+    scan: ScanServiceClient<TracedChannel>,
+    reward: RewardServiceClient<TracedChannel>,
+    analytics: AnalyticsServiceClient<TracedChannel>,
+    notification: NotificationServiceClient<TracedChannel>,
+    backends: Arc<[Backend]>,
+    sse: SseGauge,
+    /// Cancelled at shutdown so long-lived SSE streams end and graceful shutdown can finish.
+    shutdown: CancellationToken,
+}
+
+impl AppState {
+    fn new(config: Config, shutdown: CancellationToken) -> anyhow::Result<Self> {
+        config.validate()?;
+        let ch = |url: &str, name: &str| {
+            channel(url).with_context(|| format!("invalid {name} url {url:?}"))
+        };
+        let ingest = ch(&config.ingest_url, "ingest")?;
+        let reward = ch(&config.reward_url, "reward")?;
+        let analytics = ch(&config.analytics_url, "analytics")?;
+        let notification = ch(&config.notification_url, "notification")?;
+        let backends: Arc<[Backend]> = Arc::new([
+            Backend {
+                name: "ingest",
+                service: "ecoscan.v1.ScanService",
+                channel: ingest.clone(),
+            },
+            Backend {
+                name: "reward",
+                service: "ecoscan.v1.RewardService",
+                channel: reward.clone(),
+            },
+            Backend {
+                name: "analytics",
+                service: "ecoscan.v1.AnalyticsService",
+                channel: analytics.clone(),
+            },
+            Backend {
+                name: "notification",
+                service: "ecoscan.v1.NotificationService",
+                channel: notification.clone(),
+            },
+        ]);
+        Ok(Self {
+            scan: ScanServiceClient::new(ingest)
+                .max_encoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES),
+            reward: RewardServiceClient::new(reward),
+            analytics: AnalyticsServiceClient::new(analytics),
+            notification: NotificationServiceClient::new(notification),
+            backends,
+            sse: SseGauge::default(),
+            shutdown,
+            config: Arc::new(config),
+        })
+    }
+
+    /// Public URL of a job's result.
+    fn result_url(&self, job_id: &str) -> String {
+        self.config.public_url(&format!("/api/v1/scan/{job_id}"))
+    }
+
+    /// Public URL of a job's event stream.
+    fn events_url(&self, job_id: &str) -> String {
+        self.config
+            .public_url(&format!("/api/v1/scan/{job_id}/events"))
+    }
+
+    /// [`Self::result_url`] as a shareable function, for SSE streams.
+    fn result_url_fn(&self) -> Arc<dyn Fn(&str) -> String + Send + Sync> {
+        let config = self.config.clone();
+        Arc::new(move |job_id| config.public_url(&format!("/api/v1/scan/{job_id}")))
+    }
+}
+
+/// The gateway's routes and middleware, for [`serve`] and for router-level tests. Clients
+/// connect lazily, so no backend needs to be up to build it.
+pub fn router(config: Config) -> anyhow::Result<Router> {
+    router_with_shutdown(config, CancellationToken::new())
+}
+
+fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::Result<Router> {
+    let state = AppState::new(config, shutdown)?;
+    let config = state.config.clone();
+
+    let api = Router::new()
+        .route("/", get(routes::index))
+        .route("/api/v1/scan", post(routes::scan::submit))
+        .route("/api/v1/scan/completion", post(routes::scan::completion))
+        .route("/api/v1/scan/{id}", get(routes::scan::result))
+        .route("/api/v1/scan/{id}/events", get(routes::scan::events))
+        .route("/api/v1/characters/me", get(routes::account::characters))
+        .route(
+            "/api/v1/notifications",
+            get(routes::account::notifications).post(routes::account::schedule),
+        )
+        .route(
+            "/api/v1/notifications/stream",
+            get(routes::account::notification_stream),
+        )
+        .route("/api/v1/analytics/usage", get(routes::account::usage))
+        .fallback(routes::not_found)
+        .layer(
+            ServiceBuilder::new()
+                // axum needs infallible services: this turns a shed request into a JSON 503.
+                .layer(HandleErrorLayer::new(middleware_error))
+                // Refuse at once when at the limit instead of queueing: a queue only adds
+                // latency to every request while the gateway is saturated.
+                .load_shed()
+                // Bound the requests in flight across all routes (one semaphore shared by every
+                // route). An SSE stream holds a slot only until its headers are sent.
+                .layer(GlobalConcurrencyLimitLayer::new(config.concurrency_limit))
+                // Bound what a body extractor may buffer; beyond it the request gets a 413.
+                .layer(DefaultBodyLimit::max(config.max_body_bytes)),
+        );
+
+    let app = Router::new()
+        // Probes stay outside the concurrency limit: a saturated gateway is still alive, and a
+        // failing liveness probe would restart it and drop every open stream.
+        .route("/healthz", get(routes::health::healthz))
+        .route("/readyz", get(routes::health::readyz))
+        .merge(api)
+        .with_state(state)
+        .layer(
+            ServiceBuilder::new()
+                // One span per request, child of the caller's `traceparent`; it is current while
+                // handlers call the backends, so the trace continues over gRPC.
+                .layer(
+                    TraceLayer::new_for_http()
+                        .make_span_with(request_span)
+                        .on_response(on_response)
+                        .on_failure(()),
+                ),
+        );
+    Ok(app)
+}
+
+/// Serves the gateway on `listener` until `shutdown` is cancelled, then ends open SSE streams
+/// and drains in-flight requests.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let app = router_with_shutdown(config, shutdown.clone())?;
+    let addr = listener.local_addr().context("listener has no address")?;
+    tracing::info!(%addr, "gateway listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .context("gateway server failed")?;
+    tracing::info!("gateway stopped");
+    Ok(())
+}
+
+async fn middleware_error(err: BoxError) -> ApiError {
+    if err.is::<tower::load_shed::error::Overloaded>() {
+        ApiError::Overloaded
+    } else {
+        ApiError::Internal(format!("middleware failed: {err}"))
+    }
+}
+
+fn request_span(req: &Request) -> Span {
+    let path = req.uri().path();
+    // Probes are frequent and say nothing about user traffic.
+    if path == "/healthz" || path == "/readyz" {
+        return Span::none();
+    }
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str);
+    let span = tracing::info_span!(
+        "http",
+        otel.name = %format!("{} {route}", req.method()),
+        otel.kind = "server",
+        otel.status_code = Empty,
+        http.request.method = %req.method(),
+        http.route = route,
+        url.path = path,
+        http.response.status_code = Empty,
+        user.id = Empty,
+    );
+    let _ = span.set_parent(ecoscan_common::telemetry::context_from_headers(
+        req.headers(),
+    ));
+    span
+}
+
+fn on_response<B>(res: &Response<B>, latency: Duration, span: &Span) {
+    let status = res.status().as_u16();
+    span.record("http.response.status_code", status);
+    if res.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+    tracing::debug!(
+        status,
+        latency_ms = latency.as_millis() as u64,
+        "request finished"
+    );
+}

@@ -1,0 +1,312 @@
+//! The gateway's one error type and its one mapping to HTTP responses.
+//!
+//! Every error answer is JSON `{"code": "...", "message": "..."}`. Upstream gRPC statuses map
+//! through the shared table (`ecoscan_common::codes::http_status`), with one exception for load
+//! shedding (see [`ApiError::http_status`]). Messages of server-side failures never reach the
+//! caller: they are logged, and the caller gets a short generic message.
+
+use axum::{
+    Json,
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use ecoscan_common::codes;
+use serde::Serialize;
+use tonic::Code;
+
+/// Seconds a caller should wait after a load-shedding answer when the upstream named none.
+pub(crate) const DEFAULT_RETRY_AFTER_SECS: u64 = 5;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request itself is wrong (400).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The body or image is larger than allowed (413).
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// The request's or the image's type is not one we take (415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// No such route or resource (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The gateway itself is at its concurrency limit (503).
+    #[error("the gateway is at capacity; try again shortly")]
+    Overloaded,
+    /// Something inside the gateway failed (500); the cause is logged, not returned.
+    #[error("internal error")]
+    Internal(String),
+    /// A backend answered with a gRPC error.
+    #[error("{service} answered {}: {}", .status.code(), .status.message())]
+    Upstream {
+        service: &'static str,
+        status: tonic::Status,
+    },
+}
+
+/// The error body every failed request gets.
+#[derive(Debug, Serialize)]
+pub(crate) struct ErrorBody {
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// An error as the SSE `error` event carries it (the shape of `ErrorInfo`).
+#[derive(Debug, Serialize, PartialEq)]
+pub(crate) struct ErrorJson {
+    pub code: String,
+    pub http_status: u16,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl ApiError {
+    /// An upstream gRPC failure of `service`.
+    pub fn upstream(service: &'static str, status: tonic::Status) -> Self {
+        Self::Upstream { service, status }
+    }
+
+    /// The HTTP status for this error.
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            Self::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            // grpc-gateway maps RESOURCE_EXHAUSTED to 429 (the shared table does too), but here it
+            // means a backend is shedding load (ingest's backlog is full), not that this caller
+            // sent too much: DESIGN says the edge answers 503 with Retry-After, so clients and
+            // load balancers treat it as a temporary capacity problem. This is the one exception.
+            Self::Upstream { status, .. } if status.code() == Code::ResourceExhausted => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Upstream { status, .. } => {
+                StatusCode::from_u16(codes::http_status(status.code()))
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
+        }
+    }
+
+    /// The machine-readable code: a gRPC code name, or an HTTP-only condition's name.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument(_) => "INVALID_ARGUMENT",
+            Self::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
+            Self::UnsupportedMediaType(_) => "UNSUPPORTED_MEDIA_TYPE",
+            Self::NotFound(_) => "NOT_FOUND",
+            Self::Overloaded => "UNAVAILABLE",
+            Self::Internal(_) => "INTERNAL",
+            Self::Upstream { status, .. } => codes::code_name(status.code()),
+        }
+    }
+
+    /// Whether the same request may succeed later.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Self::Overloaded => true,
+            Self::Upstream { status, .. } => codes::retryable(status.code()),
+            _ => false,
+        }
+    }
+
+    /// Seconds for `Retry-After`, on load-shedding answers only.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::Overloaded => Some(1),
+            Self::Upstream { status, .. } if status.code() == Code::ResourceExhausted => Some(
+                status
+                    .metadata()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(DEFAULT_RETRY_AFTER_SECS),
+            ),
+            _ => None,
+        }
+    }
+
+    /// The message the caller sees. Upstream messages of caller-side codes are written for the
+    /// caller and pass through; server-side failures get a generic message.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Upstream { service, status } => match status.code() {
+                Code::InvalidArgument
+                | Code::NotFound
+                | Code::AlreadyExists
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::FailedPrecondition
+                | Code::OutOfRange
+                | Code::Aborted => status.message().to_owned(),
+                Code::ResourceExhausted => {
+                    format!("the {service} service is busy; try again later")
+                }
+                Code::Unavailable | Code::Cancelled => {
+                    format!("the {service} service is unavailable; try again shortly")
+                }
+                Code::DeadlineExceeded => format!("the {service} service did not answer in time"),
+                Code::Unimplemented => format!("the {service} service does not support this"),
+                Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => {
+                    "internal error".to_owned()
+                }
+            },
+            other => other.to_string(),
+        }
+    }
+
+    /// The error in the shape of `ErrorInfo`, for SSE `error` events.
+    pub(crate) fn to_json(&self) -> ErrorJson {
+        ErrorJson {
+            code: self.code().to_owned(),
+            http_status: self.http_status().as_u16(),
+            message: self.public_message(),
+            retryable: self.retryable(),
+        }
+    }
+
+    /// Logs what the caller will not see: server-side failures with their cause.
+    pub(crate) fn log(&self) {
+        let status = self.http_status();
+        if status.is_server_error() {
+            tracing::warn!(error = %self, http.status = status.as_u16(), "request failed");
+        } else {
+            tracing::debug!(error = %self, http.status = status.as_u16(), "request rejected");
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.log();
+        let status = self.http_status();
+        let body = ErrorBody {
+            code: self.code(),
+            message: self.public_message(),
+        };
+        let mut res = (status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after() {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL_CODES: [Code; 17] = [
+        Code::Ok,
+        Code::Cancelled,
+        Code::Unknown,
+        Code::InvalidArgument,
+        Code::DeadlineExceeded,
+        Code::NotFound,
+        Code::AlreadyExists,
+        Code::PermissionDenied,
+        Code::ResourceExhausted,
+        Code::FailedPrecondition,
+        Code::Aborted,
+        Code::OutOfRange,
+        Code::Unimplemented,
+        Code::Internal,
+        Code::Unavailable,
+        Code::DataLoss,
+        Code::Unauthenticated,
+    ];
+
+    fn upstream(code: Code, msg: &str) -> ApiError {
+        ApiError::upstream("ingest", tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn upstream_codes_follow_the_shared_table_except_resource_exhausted() {
+        for code in ALL_CODES {
+            let err = upstream(code, "x");
+            let expected = if code == Code::ResourceExhausted {
+                503
+            } else {
+                codes::http_status(code)
+            };
+            assert_eq!(err.http_status().as_u16(), expected, "{code:?}");
+            assert_eq!(err.code(), codes::code_name(code));
+        }
+    }
+
+    #[test]
+    fn edge_errors_have_their_own_statuses() {
+        let cases = [
+            (
+                ApiError::InvalidArgument("a".into()),
+                400,
+                "INVALID_ARGUMENT",
+            ),
+            (
+                ApiError::PayloadTooLarge("a".into()),
+                413,
+                "PAYLOAD_TOO_LARGE",
+            ),
+            (
+                ApiError::UnsupportedMediaType("a".into()),
+                415,
+                "UNSUPPORTED_MEDIA_TYPE",
+            ),
+            (ApiError::NotFound("a".into()), 404, "NOT_FOUND"),
+            (ApiError::Overloaded, 503, "UNAVAILABLE"),
+            (ApiError::Internal("db exploded".into()), 500, "INTERNAL"),
+        ];
+        for (err, status, code) in cases {
+            assert_eq!(err.http_status().as_u16(), status);
+            assert_eq!(err.code(), code);
+        }
+    }
+
+    #[test]
+    fn resource_exhausted_uses_the_upstream_retry_after_or_a_default() {
+        let mut status = tonic::Status::resource_exhausted("backlog full");
+        status
+            .metadata_mut()
+            .insert("retry-after", "7".parse().unwrap());
+        assert_eq!(ApiError::upstream("ingest", status).retry_after(), Some(7));
+        assert_eq!(
+            upstream(Code::ResourceExhausted, "backlog full").retry_after(),
+            Some(DEFAULT_RETRY_AFTER_SECS)
+        );
+        assert_eq!(upstream(Code::Unavailable, "x").retry_after(), None);
+    }
+
+    #[test]
+    fn internal_details_never_reach_the_caller() {
+        for code in [
+            Code::Internal,
+            Code::Unknown,
+            Code::DataLoss,
+            Code::Unavailable,
+        ] {
+            let msg = upstream(code, "sqlx: connection refused at 10.0.0.3").public_message();
+            assert!(!msg.contains("sqlx"), "{code:?} leaked: {msg}");
+        }
+        assert_eq!(
+            ApiError::Internal("secret".into()).public_message(),
+            "internal error"
+        );
+        assert_eq!(
+            upstream(Code::InvalidArgument, "image is empty").public_message(),
+            "image is empty"
+        );
+    }
+
+    #[test]
+    fn error_json_carries_code_status_and_retryable() {
+        let json = upstream(Code::Unavailable, "down").to_json();
+        assert_eq!(json.code, "UNAVAILABLE");
+        assert_eq!(json.http_status, 503);
+        assert!(json.retryable);
+        assert!(!upstream(Code::NotFound, "gone").to_json().retryable);
+    }
+}

@@ -1,0 +1,401 @@
+//! Edge validation: who is calling, ids in paths and headers, and the scan input (multipart or
+//! JSON) with its image checked for emptiness, size and type before anything reaches ingest.
+
+use axum::{
+    body::Bytes,
+    extract::{FromRequest, FromRequestParts, Multipart, Request},
+    http::{HeaderMap, header, request::Parts},
+};
+use base64::Engine as _;
+use serde::Deserialize;
+
+use crate::{AppState, error::ApiError};
+
+/// Header naming the acting user.
+pub const USER_HEADER: &str = "x-user-id";
+
+/// Longest hint or other free-text field accepted in a scan.
+const MAX_TEXT_CHARS: usize = 1_000;
+
+/// The acting user: the `X-User-Id` header, or the configured default user when absent.
+///
+/// This is a stand-in for authentication: JWT bearer auth (with `sub` as the user) comes later
+/// and will replace the header, which any caller can set today.
+#[derive(Clone, Debug)]
+pub struct User(pub String);
+
+impl FromRequestParts<AppState> for User {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let user = match parts.headers.get(USER_HEADER) {
+            None => state.config.default_user.clone(),
+            Some(v) => {
+                let v = v.to_str().unwrap_or_default();
+                if !valid_user_id(v) {
+                    return Err(ApiError::InvalidArgument(
+                        "X-User-Id must be 1-128 characters of letters, digits and _.@-".into(),
+                    ));
+                }
+                v.to_owned()
+            }
+        };
+        tracing::Span::current().record("user.id", user.as_str());
+        Ok(User(user))
+    }
+}
+
+/// 1–128 characters of `[A-Za-z0-9_.@-]`.
+pub fn valid_user_id(s: &str) -> bool {
+    (1..=128).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-'))
+}
+
+/// A job id must be a UUID; anything else is a client mistake, not an unknown job.
+pub fn job_id(raw: &str) -> Result<String, ApiError> {
+    uuid::Uuid::parse_str(raw)
+        .map(|u| u.hyphenated().to_string())
+        .map_err(|_| ApiError::InvalidArgument(format!("job id {raw:?} is not a uuid")))
+}
+
+/// An event id as the event log writes it: `<milliseconds>-<sequence>` (a Redis stream id).
+pub fn valid_event_id(s: &str) -> bool {
+    let Some((ms, n)) = s.split_once('-') else {
+        return false;
+    };
+    let digits = |p: &str| (1..=20).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
+    digits(ms) && digits(n)
+}
+
+/// The `Idempotency-Key` header, if any: 1–200 visible ASCII characters.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(String::new());
+    };
+    match v.to_str() {
+        Ok(k) if (1..=200).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(k.to_owned())
+        }
+        _ => Err(ApiError::InvalidArgument(
+            "Idempotency-Key must be 1-200 visible ASCII characters".into(),
+        )),
+    }
+}
+
+/// The image's MIME type from its first bytes, if it is one of the types we take.
+pub fn sniff_image(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        Some("image/jpeg")
+    } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
+/// Checks an image and returns its sniffed MIME type.
+pub fn check_image(bytes: &[u8], max: usize) -> Result<&'static str, ApiError> {
+    if bytes.is_empty() {
+        return Err(ApiError::InvalidArgument(
+            "image is empty; send the photo bytes in `image`".into(),
+        ));
+    }
+    if bytes.len() > max {
+        return Err(too_large(max));
+    }
+    sniff_image(bytes).ok_or_else(|| {
+        ApiError::UnsupportedMediaType(
+            "image is not a JPEG, PNG, GIF or WebP file; send a photo in one of those formats"
+                .into(),
+        )
+    })
+}
+
+fn too_large(max: usize) -> ApiError {
+    ApiError::PayloadTooLarge(format!(
+        "image is larger than {max} bytes; send a smaller photo"
+    ))
+}
+
+/// A scan as the caller sent it, validated.
+#[derive(Debug, Default)]
+pub struct ScanInput {
+    pub image: Bytes,
+    pub content_type: String,
+    pub image_url: String,
+    pub hint: String,
+    pub locale: String,
+}
+
+/// The JSON form of a scan.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScanJson {
+    image_url: Option<String>,
+    image_base64: Option<String>,
+    #[serde(default)]
+    hint: String,
+    #[serde(default)]
+    locale: String,
+}
+
+impl ScanInput {
+    /// Reads a multipart (`image` file, `hint`, `locale`) or JSON scan from the request.
+    pub async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let max = state.config.max_image_bytes;
+        let input = if content_type.starts_with("multipart/form-data") {
+            let multipart = Multipart::from_request(req, state)
+                .await
+                .map_err(|e| ApiError::InvalidArgument(format!("invalid multipart body: {e}")))?;
+            Self::from_multipart(multipart, max).await?
+        } else if content_type.starts_with("application/json") {
+            let body = Bytes::from_request(req, state).await.map_err(|e| {
+                if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::PayloadTooLarge("request body is too large".into())
+                } else {
+                    ApiError::InvalidArgument(format!("could not read the request body: {e}"))
+                }
+            })?;
+            Self::from_json(&body, max)?
+        } else {
+            return Err(ApiError::UnsupportedMediaType(
+                "send the scan as multipart/form-data (field `image`) or application/json".into(),
+            ));
+        };
+        input.validate_text()?;
+        Ok(input)
+    }
+
+    async fn from_multipart(mut multipart: Multipart, max: usize) -> Result<Self, ApiError> {
+        let mut input = Self::default();
+        let mut saw_image = false;
+        while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
+            match field.name().unwrap_or_default() {
+                "image" => {
+                    if saw_image {
+                        return Err(ApiError::InvalidArgument(
+                            "send exactly one `image` field".into(),
+                        ));
+                    }
+                    saw_image = true;
+                    // Read chunk by chunk so an oversized image is refused without buffering it.
+                    let mut buf = Vec::new();
+                    while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+                        if buf.len() + chunk.len() > max {
+                            return Err(too_large(max));
+                        }
+                        buf.extend_from_slice(&chunk);
+                    }
+                    input.image = Bytes::from(buf);
+                }
+                "hint" => input.hint = text_field(field).await?,
+                "locale" => input.locale = text_field(field).await?,
+                // Unknown form fields are ignored, as HTML forms often add their own.
+                _ => {}
+            }
+        }
+        if !saw_image {
+            return Err(ApiError::InvalidArgument(
+                "missing the `image` field; send the photo as a file in `image`".into(),
+            ));
+        }
+        input.content_type = check_image(&input.image, max)?.to_owned();
+        Ok(input)
+    }
+
+    fn from_json(body: &[u8], max: usize) -> Result<Self, ApiError> {
+        let json: ScanJson = serde_json::from_slice(body)
+            .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
+        let mut input = Self {
+            hint: json.hint,
+            locale: json.locale,
+            ..Self::default()
+        };
+        match (json.image_url, json.image_base64) {
+            (Some(url), None) => input.image_url = check_image_url(url)?,
+            (None, Some(b64)) => {
+                let b64 = strip_data_url(b64.trim());
+                // Refuse before decoding: base64 is 4/3 of the bytes it carries.
+                if b64.len() / 4 * 3 > max + 3 {
+                    return Err(too_large(max));
+                }
+                let image = BASE64.decode(b64).map_err(|e| {
+                    ApiError::InvalidArgument(format!("image_base64 is not valid base64: {e}"))
+                })?;
+                input.content_type = check_image(&image, max)?.to_owned();
+                input.image = Bytes::from(image);
+            }
+            _ => {
+                return Err(ApiError::InvalidArgument(
+                    "send exactly one of `image_url` and `image_base64`".into(),
+                ));
+            }
+        }
+        Ok(input)
+    }
+
+    fn validate_text(&self) -> Result<(), ApiError> {
+        if self.hint.chars().count() > MAX_TEXT_CHARS {
+            return Err(ApiError::InvalidArgument(format!(
+                "hint is longer than {MAX_TEXT_CHARS} characters"
+            )));
+        }
+        if !matches!(self.locale.as_str(), "" | "ko" | "en") {
+            return Err(ApiError::InvalidArgument(
+                "locale must be \"ko\" or \"en\"".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Standard base64, with or without padding.
+const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
+/// Accepts `data:image/png;base64,....` as browsers produce it, as well as bare base64.
+fn strip_data_url(s: &str) -> &str {
+    match s.split_once(";base64,") {
+        Some((prefix, rest)) if prefix.starts_with("data:") => rest,
+        _ => s,
+    }
+}
+
+fn check_image_url(url: String) -> Result<String, ApiError> {
+    let url = url.trim().to_owned();
+    let ok = url.len() <= 2048
+        && url
+            .parse::<axum::http::Uri>()
+            .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some());
+    if ok {
+        Ok(url)
+    } else {
+        Err(ApiError::InvalidArgument(
+            "image_url must be an absolute http(s) URL of at most 2048 characters".into(),
+        ))
+    }
+}
+
+async fn text_field(field: axum::extract::multipart::Field<'_>) -> Result<String, ApiError> {
+    let name = field.name().unwrap_or_default().to_owned();
+    let text = field.text().await.map_err(multipart_error)?;
+    if text.chars().count() > MAX_TEXT_CHARS {
+        return Err(ApiError::InvalidArgument(format!(
+            "{name} is longer than {MAX_TEXT_CHARS} characters"
+        )));
+    }
+    Ok(text)
+}
+
+fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
+    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge("request body is too large".into())
+    } else {
+        ApiError::InvalidArgument(format!("invalid multipart body: {}", e.body_text()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sniffs_the_four_image_types_and_nothing_else() {
+        assert_eq!(
+            sniff_image(&[0xFF, 0xD8, 0xFF, 0xE0, 0]),
+            Some("image/jpeg")
+        );
+        assert_eq!(sniff_image(b"\x89PNG\r\n\x1a\n...."), Some("image/png"));
+        assert_eq!(sniff_image(b"GIF89a...."), Some("image/gif"));
+        assert_eq!(sniff_image(b"RIFF\x10\0\0\0WEBPVP8 "), Some("image/webp"));
+        assert_eq!(sniff_image(b"RIFF\x10\0\0\0WAVEfmt "), None);
+        assert_eq!(sniff_image(b"%PDF-1.7"), None);
+        assert_eq!(sniff_image(b""), None);
+    }
+
+    #[test]
+    fn check_image_distinguishes_empty_large_and_wrong_type() {
+        let png = b"\x89PNG\r\n\x1a\n0000";
+        assert_eq!(check_image(png, 100).unwrap(), "image/png");
+        assert_eq!(check_image(b"", 100).unwrap_err().http_status(), 400);
+        assert_eq!(check_image(png, 4).unwrap_err().http_status(), 413);
+        assert_eq!(check_image(b"hello", 100).unwrap_err().http_status(), 415);
+    }
+
+    #[test]
+    fn user_ids_are_short_and_plain() {
+        assert!(valid_user_id("alice@example.com"));
+        assert!(valid_user_id("u_1.2-3"));
+        assert!(!valid_user_id(""));
+        assert!(!valid_user_id("a b"));
+        assert!(!valid_user_id("ünïcode"));
+        assert!(!valid_user_id(&"a".repeat(129)));
+    }
+
+    #[test]
+    fn event_ids_look_like_redis_stream_ids() {
+        assert!(valid_event_id("1718000000000-0"));
+        assert!(valid_event_id("1-12"));
+        assert!(!valid_event_id("1718000000000"));
+        assert!(!valid_event_id("abc-1"));
+        assert!(!valid_event_id("1-"));
+        assert!(!valid_event_id("-1"));
+        assert!(!valid_event_id("1-2-3"));
+    }
+
+    #[test]
+    fn job_ids_must_be_uuids() {
+        assert!(job_id("7f8e2a9c-1d2b-4c3d-8e9f-0a1b2c3d4e5f").is_ok());
+        assert_eq!(job_id("42").unwrap_err().http_status(), 400);
+    }
+
+    #[test]
+    fn json_scan_needs_exactly_one_image_source() {
+        let both = br#"{"image_url":"http://x/a.png","image_base64":"aGk="}"#;
+        assert_eq!(
+            ScanInput::from_json(both, 100).unwrap_err().http_status(),
+            400
+        );
+        assert_eq!(
+            ScanInput::from_json(b"{}", 100).unwrap_err().http_status(),
+            400
+        );
+        let url = ScanInput::from_json(br#"{"image_url":"https://x.org/a.png"}"#, 100).unwrap();
+        assert_eq!(url.image_url, "https://x.org/a.png");
+        let bad_url = br#"{"image_url":"file:///etc/passwd"}"#;
+        assert_eq!(
+            ScanInput::from_json(bad_url, 100)
+                .unwrap_err()
+                .http_status(),
+            400
+        );
+    }
+
+    #[test]
+    fn json_scan_decodes_base64_and_data_urls() {
+        let b64 = BASE64.encode(b"GIF89a-pixels");
+        let body = format!(r#"{{"image_base64":"data:image/gif;base64,{b64}"}}"#);
+        let input = ScanInput::from_json(body.as_bytes(), 100).unwrap();
+        assert_eq!(input.content_type, "image/gif");
+        assert_eq!(&input.image[..], b"GIF89a-pixels");
+        let bad = br#"{"image_base64":"!!!not base64!!!"}"#;
+        assert_eq!(
+            ScanInput::from_json(bad, 100).unwrap_err().http_status(),
+            400
+        );
+    }
+}

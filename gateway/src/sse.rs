@@ -1,0 +1,469 @@
+//! Turning gRPC event streams into Server-Sent Events.
+//!
+//! Framing is axum's (`Sse`, `Event`, `KeepAlive`); this module only decides which SSE event a
+//! `ScanEvent` or `Notification` becomes, and when a stream ends.
+
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::response::{
+    IntoResponse, Response,
+    sse::{Event, KeepAlive, Sse},
+};
+use ecoscan_common::CancellationToken;
+use ecoscan_proto::{
+    Timestamp,
+    v1::{
+        Answer, Classification, DisposalRules, ErrorInfo, EventStatus, Notification,
+        RewardDecision, ScanEvent, Stage, scan_event::Payload,
+    },
+};
+use futures::{Stream, StreamExt, stream};
+use serde::Serialize;
+use tonic::Streaming;
+
+use crate::error::{ApiError, ErrorJson};
+
+/// Interval of the `: keepalive` comment that keeps idle connections (and proxies) open.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// How long to wait for a stream's first message before answering with SSE headers. An error
+/// within this window still gets a proper HTTP status (e.g. 404 for an unknown job).
+pub(crate) const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(500);
+
+/// Open SSE connections, for the SSE-connections gauge (exported once metrics arrive).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SseGauge(Arc<AtomicUsize>);
+
+impl SseGauge {
+    /// Connections open now.
+    #[cfg(test)]
+    fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection until the returned guard is dropped (when the response body is).
+    pub(crate) fn track(&self) -> SseGuard {
+        let open = self.0.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::debug!(sse.connections = open, "sse stream opened");
+        SseGuard(self.0.clone())
+    }
+}
+
+/// Decrements the gauge when the stream it travels with is dropped.
+pub(crate) struct SseGuard(Arc<AtomicUsize>);
+
+impl Drop for SseGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a `ScanEvent` becomes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Stage,
+    Delta,
+    Ready,
+    Error,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Stage => "stage",
+            Self::Delta => "delta",
+            Self::Ready => "ready",
+            Self::Error => "error",
+        }
+    }
+
+    fn is_terminal(self) -> bool {
+        matches!(self, Self::Ready | Self::Error)
+    }
+}
+
+pub(crate) fn kind(ev: &ScanEvent) -> Kind {
+    let status = EventStatus::try_from(ev.status).unwrap_or(EventStatus::Unspecified);
+    let stage = Stage::try_from(ev.stage).unwrap_or(Stage::Unspecified);
+    if status == EventStatus::Failed || matches!(ev.payload, Some(Payload::Error(_))) {
+        Kind::Error
+    } else if stage == Stage::Done && status == EventStatus::Completed {
+        Kind::Ready
+    } else if status == EventStatus::Delta {
+        Kind::Delta
+    } else {
+        Kind::Stage
+    }
+}
+
+/// `STAGE_VISION` → `vision`.
+pub(crate) fn stage_name(stage: i32) -> String {
+    Stage::try_from(stage)
+        .unwrap_or(Stage::Unspecified)
+        .as_str_name()
+        .trim_start_matches("STAGE_")
+        .to_ascii_lowercase()
+}
+
+/// `EVENT_STATUS_STARTED` → `started`.
+pub(crate) fn status_name(status: i32) -> String {
+    EventStatus::try_from(status)
+        .unwrap_or(EventStatus::Unspecified)
+        .as_str_name()
+        .trim_start_matches("EVENT_STATUS_")
+        .to_ascii_lowercase()
+}
+
+pub(crate) fn error_info_json(info: &ErrorInfo) -> ErrorJson {
+    ErrorJson {
+        code: info.code.clone(),
+        http_status: u16::try_from(info.http_status).unwrap_or(500),
+        message: info.message.clone(),
+        retryable: info.retryable,
+    }
+}
+
+/// The `data:` of a scan event.
+#[derive(Serialize)]
+struct EventData<'a> {
+    event_id: &'a str,
+    job_id: &'a str,
+    seq: u64,
+    stage: String,
+    status: String,
+    progress: f32,
+    message: &'a str,
+    ts: Option<&'a Timestamp>,
+    trace_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    classification: Option<&'a Classification>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rules: Option<&'a DisposalRules>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answer: Option<&'a Answer>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reward: Option<&'a RewardDecision>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorJson>,
+}
+
+/// One scan event as an SSE event; `result_url` builds the public result URL of a job.
+pub(crate) fn scan_event(ev: &ScanEvent, result_url: &dyn Fn(&str) -> String) -> (Event, Kind) {
+    let (json, kind) = scan_event_json(ev, result_url);
+    let event = with_id(Event::default().event(kind.name()), &ev.event_id);
+    (event.data(json), kind)
+}
+
+/// The `data:` JSON of a scan event and the SSE event it becomes.
+fn scan_event_json(ev: &ScanEvent, result_url: &dyn Fn(&str) -> String) -> (String, Kind) {
+    let kind = kind(ev);
+    let mut data = EventData {
+        event_id: &ev.event_id,
+        job_id: &ev.job_id,
+        seq: ev.seq,
+        stage: stage_name(ev.stage),
+        status: status_name(ev.status),
+        progress: ev.progress,
+        message: &ev.message,
+        ts: ev.ts.as_ref(),
+        trace_id: &ev.trace_id,
+        classification: None,
+        rules: None,
+        answer: None,
+        reward: None,
+        delta: None,
+        result_url: None,
+        error: None,
+    };
+    match &ev.payload {
+        Some(Payload::Classification(c)) => data.classification = Some(c),
+        Some(Payload::Rules(r)) => data.rules = Some(r),
+        Some(Payload::Answer(a)) => data.answer = Some(a),
+        Some(Payload::Reward(r)) => data.reward = Some(r),
+        Some(Payload::Delta(d)) => data.delta = Some(d),
+        Some(Payload::ResultUrl(_)) | None => {}
+        Some(Payload::Error(e)) => data.error = Some(error_info_json(e)),
+    }
+    match kind {
+        // The gateway is the public edge, so the result URL a client follows is the gateway's,
+        // whatever internal URL ingest recorded.
+        Kind::Ready => data.result_url = Some(result_url(&ev.job_id)),
+        Kind::Error if data.error.is_none() => {
+            data.error = Some(ErrorJson {
+                code: "INTERNAL".to_owned(),
+                http_status: 500,
+                message: if ev.message.is_empty() {
+                    "the scan failed".to_owned()
+                } else {
+                    ev.message.clone()
+                },
+                retryable: false,
+            });
+        }
+        _ => {}
+    }
+    (to_json(&data), kind)
+}
+
+/// Sets `id:` unless the id could break the framing (ids come from the event log, but the edge
+/// must never panic on them).
+fn with_id(event: Event, id: &str) -> Event {
+    if id.is_empty() || id.contains(['\n', '\r', '\0']) {
+        event
+    } else {
+        event.id(id)
+    }
+}
+
+fn json_event<T: Serialize>(event: Event, data: &T) -> Event {
+    event.data(to_json(data))
+}
+
+fn to_json<T: Serialize>(data: &T) -> String {
+    serde_json::to_string(data).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "failed to serialize an sse event");
+        "{}".to_owned()
+    })
+}
+
+/// The `event: error` sent when the upstream stream itself fails; it has no id, so a
+/// reconnecting client resumes after the last real event.
+fn stream_error_event(job_id: &str, err: &ApiError) -> Event {
+    err.log();
+    #[derive(Serialize)]
+    struct Data<'a> {
+        job_id: &'a str,
+        error: ErrorJson,
+    }
+    json_event(
+        Event::default().event(Kind::Error.name()),
+        &Data {
+            job_id,
+            error: err.to_json(),
+        },
+    )
+}
+
+/// Waits briefly for the first message so that a failure to start (unknown job, backlog full)
+/// becomes an HTTP error instead of an SSE stream. `Ok(None)` means nothing came yet, or the
+/// stream ended (a finished stream keeps answering `None`): streaming may start.
+pub(crate) async fn first_message<T>(
+    stream: &mut Streaming<T>,
+    service: &'static str,
+) -> Result<Option<T>, ApiError> {
+    match tokio::time::timeout(FIRST_MESSAGE_WAIT, stream.message()).await {
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(status)) => Err(ApiError::upstream(service, status)),
+        // `Streaming::message` is cancel-safe: the next call picks up where this one stopped.
+        Err(_elapsed) => Ok(None),
+    }
+}
+
+fn respond<S>(events: S, shutdown: CancellationToken) -> Response
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    // End streams at shutdown: open SSE connections would otherwise hold graceful shutdown open.
+    let events = events.take_until(shutdown.cancelled_owned());
+    let mut res = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
+        .into_response();
+    // Tell buffering reverse proxies (nginx) to pass events through as they come.
+    res.headers_mut().insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
+    res
+}
+
+struct ScanStreamState {
+    upstream: Streaming<ScanEvent>,
+    pending: Option<ScanEvent>,
+    job_id: String,
+    result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
+    done: bool,
+    _guard: SseGuard,
+}
+
+/// An SSE response of a job's events: ends after `ready` or `error`, or when upstream ends.
+/// `first` is a message already read by [`first_message`].
+pub(crate) fn scan_events(
+    upstream: Streaming<ScanEvent>,
+    first: Option<ScanEvent>,
+    job_id: String,
+    result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
+    guard: SseGuard,
+    shutdown: CancellationToken,
+) -> Response {
+    let state = ScanStreamState {
+        upstream,
+        pending: first,
+        job_id,
+        result_url,
+        done: false,
+        _guard: guard,
+    };
+    let events = stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let next = match st.pending.take() {
+            Some(ev) => Ok(Some(ev)),
+            None => st.upstream.message().await,
+        };
+        let event = match next {
+            Ok(Some(ev)) => {
+                if st.job_id.is_empty() {
+                    st.job_id.clone_from(&ev.job_id);
+                }
+                let (event, kind) = scan_event(&ev, st.result_url.as_ref());
+                tracing::debug!(event_id = %ev.event_id, kind = kind.name(), "sse scan event");
+                st.done = kind.is_terminal();
+                event
+            }
+            Ok(None) => return None,
+            Err(status) => {
+                st.done = true;
+                stream_error_event(&st.job_id, &ApiError::upstream("ingest", status))
+            }
+        };
+        Some((Ok::<_, Infallible>(event), st))
+    });
+    respond(events, shutdown)
+}
+
+/// An SSE response of a user's notifications (`event: notification`), until upstream ends.
+pub(crate) fn notification_events(
+    upstream: Streaming<Notification>,
+    first: Option<Notification>,
+    guard: SseGuard,
+    shutdown: CancellationToken,
+) -> Response {
+    let events = stream::unfold(
+        (upstream, first, false, guard),
+        |(mut upstream, pending, done, guard)| async move {
+            if done {
+                return None;
+            }
+            let next = match pending {
+                Some(n) => Ok(Some(n)),
+                None => upstream.message().await,
+            };
+            let (event, done) = match next {
+                Ok(Some(n)) => (
+                    json_event(with_id(Event::default().event("notification"), &n.id), &n),
+                    false,
+                ),
+                Ok(None) => return None,
+                Err(status) => (
+                    stream_error_event("", &ApiError::upstream("notification", status)),
+                    true,
+                ),
+            };
+            Some((Ok::<_, Infallible>(event), (upstream, None, done, guard)))
+        },
+    );
+    respond(events, shutdown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(stage: Stage, status: EventStatus, payload: Option<Payload>) -> ScanEvent {
+        ScanEvent {
+            event_id: "1700000000000-3".into(),
+            job_id: "job".into(),
+            seq: 3,
+            stage: stage as i32,
+            status: status as i32,
+            progress: 0.25,
+            message: "hi".into(),
+            payload,
+            ..ScanEvent::default()
+        }
+    }
+
+    #[test]
+    fn events_get_their_sse_names() {
+        use EventStatus as S;
+        assert_eq!(kind(&ev(Stage::Queued, S::Completed, None)), Kind::Stage);
+        assert_eq!(kind(&ev(Stage::Vision, S::Started, None)), Kind::Stage);
+        assert_eq!(kind(&ev(Stage::Rule, S::Progress, None)), Kind::Stage);
+        let delta = Some(Payload::Delta("분리".into()));
+        assert_eq!(kind(&ev(Stage::Answer, S::Delta, delta)), Kind::Delta);
+        assert_eq!(kind(&ev(Stage::Done, S::Completed, None)), Kind::Ready);
+        assert_eq!(kind(&ev(Stage::Vision, S::Failed, None)), Kind::Error);
+        assert_eq!(kind(&ev(Stage::Done, S::Failed, None)), Kind::Error);
+    }
+
+    #[test]
+    fn stage_and_status_names_are_short_and_lowercase() {
+        assert_eq!(stage_name(Stage::Vision as i32), "vision");
+        assert_eq!(stage_name(Stage::Done as i32), "done");
+        assert_eq!(status_name(EventStatus::Completed as i32), "completed");
+        assert_eq!(status_name(99), "unspecified");
+    }
+
+    #[test]
+    fn failed_events_without_error_info_still_carry_an_error() {
+        let e = ev(Stage::Vision, EventStatus::Failed, None);
+        let (json, kind) = scan_event_json(&e, &|id| format!("/r/{id}"));
+        assert_eq!(kind, Kind::Error);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["error"]["code"], "INTERNAL");
+        assert_eq!(v["error"]["http_status"], 500);
+        assert_eq!(v["error"]["message"], "hi");
+        assert_eq!(v["stage"], "vision");
+        assert_eq!(v["status"], "failed");
+    }
+
+    #[test]
+    fn ready_carries_the_gateway_result_url_and_payloads_are_pbjson() {
+        let url = Some(Payload::ResultUrl("http://ingest.internal/x".into()));
+        let e = ev(Stage::Done, EventStatus::Completed, url);
+        let (json, kind) = scan_event_json(&e, &|id| format!("/api/v1/scan/{id}"));
+        assert_eq!(kind, Kind::Ready);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["result_url"], "/api/v1/scan/job");
+        assert_eq!(v["progress"], 0.25);
+        assert_eq!(v["seq"], 3);
+
+        let c = Classification {
+            major_category: "재활용폐기물".into(),
+            ..Classification::default()
+        };
+        let e = ev(
+            Stage::Vision,
+            EventStatus::Completed,
+            Some(Payload::Classification(c)),
+        );
+        let (json, _) = scan_event_json(&e, &|id| id.to_owned());
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["classification"]["major_category"], "재활용폐기물");
+        assert!(v.get("error").is_none());
+    }
+
+    #[test]
+    fn gauge_counts_open_streams() {
+        let gauge = SseGauge::default();
+        let a = gauge.track();
+        let b = gauge.track();
+        assert_eq!(gauge.get(), 2);
+        drop(a);
+        assert_eq!(gauge.get(), 1);
+        drop(b);
+        assert_eq!(gauge.get(), 0);
+    }
+}

@@ -1,0 +1,907 @@
+//! The gateway over real sockets, against in-test doubles of ingest, reward, notification and
+//! analytics.
+
+mod support;
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use axum::body::Body;
+use base64::Engine as _;
+use ecoscan_gateway::Config;
+use futures::StreamExt as _;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::*;
+use tower::ServiceExt as _;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+async fn post_multipart(
+    env: &Env,
+    path: &str,
+    parts: &[(&str, Option<&str>, &[u8])],
+) -> reqwest::Response {
+    let (content_type, body) = multipart(parts);
+    env.http
+        .post(env.url(path))
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn post_json(env: &Env, path: &str, body: Value) -> reqwest::Response {
+    env.http
+        .post(env.url(path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn error_body(res: reqwest::Response) -> (StatusCode, Value) {
+    let status = res.status();
+    let body: Value = res.json().await.expect("error bodies are JSON");
+    assert!(body["code"].is_string(), "no code in {body}");
+    assert!(body["message"].is_string(), "no message in {body}");
+    (status, body)
+}
+
+#[tokio::test]
+async fn submit_multipart_returns_202_with_links_and_location() {
+    let env = start().await;
+    let image = png(64);
+    let (content_type, body) = multipart(&[
+        ("image", Some("bottle.png"), &image),
+        ("hint", None, b"plastic bottle"),
+        ("locale", None, b"en"),
+    ]);
+    let res = env
+        .http
+        .post(env.url("/api/v1/scan"))
+        .header("content-type", content_type)
+        .header("x-user-id", "alice@example.com")
+        .header("idempotency-key", "repeat")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let location = format!("/api/v1/scan/{NEW_JOB}");
+    assert_eq!(res.headers()["location"], location.as_str());
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "job_id": NEW_JOB,
+            "status": "queued",
+            "events_url": format!("/api/v1/scan/{NEW_JOB}/events"),
+            "result_url": location,
+            "duplicate": true,
+        })
+    );
+    let sent = env.calls.last_submit.lock().unwrap().clone().unwrap();
+    assert_eq!(sent.image, image);
+    assert_eq!(sent.content_type, "image/png");
+    assert_eq!(sent.hint, "plastic bottle");
+    assert_eq!(sent.locale, "en");
+    assert_eq!(sent.user_id, "alice@example.com");
+    assert_eq!(sent.idempotency_key, "repeat");
+    assert_eq!(
+        env.calls.last_user.lock().unwrap().as_deref(),
+        Some("alice@example.com")
+    );
+}
+
+#[tokio::test]
+async fn submit_json_with_base64_or_url_reaches_ingest() {
+    let env = start_with(|c| Config {
+        public_base_url: Some("https://scan.example.com".into()),
+        ..c
+    })
+    .await;
+    let jpeg = [0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3];
+    let res = post_json(
+        &env,
+        "/api/v1/scan",
+        json!({"image_base64": B64.encode(jpeg), "hint": "can"}),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    assert_eq!(
+        res.headers()["location"],
+        format!("https://scan.example.com/api/v1/scan/{NEW_JOB}").as_str()
+    );
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["duplicate"], false);
+    let sent = env.calls.last_submit.lock().unwrap().clone().unwrap();
+    assert_eq!(sent.image, jpeg);
+    assert_eq!(sent.content_type, "image/jpeg");
+    assert_eq!(
+        sent.user_id, "local",
+        "the default user acts when no header is sent"
+    );
+
+    let res = post_json(
+        &env,
+        "/api/v1/scan",
+        json!({"image_url": "https://images.example.com/bottle.webp"}),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let sent = env.calls.last_submit.lock().unwrap().clone().unwrap();
+    assert_eq!(sent.image_url, "https://images.example.com/bottle.webp");
+    assert!(sent.image.is_empty());
+    assert_eq!(env.calls.submit.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn the_trace_context_of_the_request_reaches_ingest() {
+    let env = start().await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let (content_type, body) = multipart(&[("image", Some("a.png"), &png(16))]);
+    let res = env
+        .http
+        .post(env.url("/api/v1/scan"))
+        .header("content-type", content_type)
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let sent = env.calls.last_traceparent.lock().unwrap().clone();
+    let sent = sent.expect("submit carried a traceparent");
+    assert!(sent.contains(trace_id), "trace id lost: {sent}");
+}
+
+#[tokio::test]
+async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
+    let env = start_with(|c| Config {
+        max_image_bytes: 1024,
+        max_body_bytes: 4096,
+        ..c
+    })
+    .await;
+    let big = png(2048);
+    let cases: Vec<(&str, reqwest::Response, StatusCode)> =
+        vec![
+        (
+            "empty image",
+            post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), b"")]).await,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "missing image field",
+            post_multipart(&env, "/api/v1/scan", &[("hint", None, b"x")]).await,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "not an image",
+            post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), b"%PDF-1.7 ...")])
+                .await,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "image over the image limit",
+            post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), &big)]).await,
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+        (
+            "body over the body limit",
+            post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), &png(8192))]).await,
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+        (
+            "base64 image over the image limit",
+            post_json(&env, "/api/v1/scan", json!({"image_base64": B64.encode(&big)})).await,
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+        (
+            "malformed json",
+            env.http
+                .post(env.url("/api/v1/scan"))
+                .header("content-type", "application/json")
+                .body("{\"image_url\": ")
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "bad base64",
+            post_json(&env, "/api/v1/scan", json!({"image_base64": "***"})).await,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "both image sources",
+            post_json(
+                &env,
+                "/api/v1/scan",
+                json!({"image_base64": B64.encode(png(10)), "image_url": "https://x.org/a.png"}),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "unknown locale",
+            post_json(
+                &env,
+                "/api/v1/scan",
+                json!({"image_base64": B64.encode(png(10)), "locale": "fr"}),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "wrong request content type",
+            env.http
+                .post(env.url("/api/v1/scan"))
+                .header("content-type", "text/plain")
+                .body("hello")
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "bad user id",
+            env.http
+                .post(env.url("/api/v1/scan"))
+                .header("x-user-id", "robert'); drop table")
+                .json(&json!({"image_base64": B64.encode(png(10))}))
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "bad idempotency key",
+            env.http
+                .post(env.url("/api/v1/scan"))
+                .header("idempotency-key", "has spaces in it")
+                .json(&json!({"image_base64": B64.encode(png(10))}))
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "empty image on the streaming route",
+            post_multipart(&env, "/api/v1/scan/completion", &[("image", Some("a"), b"")]).await,
+            StatusCode::BAD_REQUEST,
+        ),
+    ];
+    for (what, res, expected) in cases {
+        let (status, body) = error_body(res).await;
+        assert_eq!(status, expected, "{what}: {body}");
+    }
+    assert_eq!(env.calls.submits(), 0, "bad input reached ingest");
+}
+
+#[tokio::test]
+async fn the_image_error_messages_say_what_to_do() {
+    let env = start().await;
+    let res = post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), b"")]).await;
+    let (_, body) = error_body(res).await;
+    assert_eq!(body["code"], "INVALID_ARGUMENT");
+    assert_eq!(
+        body["message"],
+        "image is empty; send the photo bytes in `image`"
+    );
+    let res = post_multipart(&env, "/api/v1/scan", &[("image", Some("a.txt"), b"hello")]).await;
+    let (_, body) = error_body(res).await;
+    assert_eq!(body["code"], "UNSUPPORTED_MEDIA_TYPE");
+}
+
+#[tokio::test]
+async fn a_full_backlog_is_503_with_the_upstream_retry_after() {
+    let env = start().await;
+    let image = png(16);
+    let res = post_multipart(
+        &env,
+        "/api/v1/scan",
+        &[("image", Some("a"), &image), ("hint", None, b"overload")],
+    )
+    .await;
+    assert_eq!(res.headers()["retry-after"], "7");
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["code"], "RESOURCE_EXHAUSTED");
+
+    let res = post_multipart(
+        &env,
+        "/api/v1/scan",
+        &[
+            ("image", Some("a"), &image),
+            ("hint", None, b"overload-no-delay"),
+        ],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "5");
+
+    // Refused inside the stream, before any event: still a 503, not an SSE stream.
+    let res = post_multipart(
+        &env,
+        "/api/v1/scan/completion",
+        &[("image", Some("a"), &image), ("hint", None, b"overload")],
+    )
+    .await;
+    assert_eq!(res.headers()["retry-after"], "7");
+    let (status, _) = error_body(res).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn completion_streams_framed_events_and_ends_after_ready() {
+    let env = start().await;
+    let res = post_multipart(
+        &env,
+        "/api/v1/scan/completion",
+        &[("image", Some("a"), &png(32))],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    // The body ends by itself after `ready`: reading it to the end proves the stream closed.
+    let text = tokio::time::timeout(Duration::from_secs(10), res.text())
+        .await
+        .expect("the stream ended after ready")
+        .unwrap();
+    let events = parse_sse(&text);
+    let names: Vec<_> = events.iter().map(SseEvent::name).collect();
+    assert_eq!(
+        names,
+        [
+            "stage", "stage", "stage", "delta", "delta", "stage", "ready"
+        ]
+    );
+    let ids: Vec<_> = events.iter().map(|e| e.id.clone().unwrap()).collect();
+    assert_eq!(ids[0], "1700000000000-0");
+    assert_eq!(ids[6], "1700000000000-6");
+
+    let queued = events[0].json();
+    assert_eq!(queued["event_id"], "1700000000000-0");
+    assert_eq!(queued["job_id"], NEW_JOB);
+    assert_eq!(queued["seq"], 1);
+    assert_eq!(queued["stage"], "queued");
+    assert_eq!(queued["status"], "completed");
+    assert!(
+        queued["ts"].as_str().unwrap().ends_with('Z')
+            || queued["ts"].as_str().unwrap().contains('+')
+    );
+    assert_eq!(queued["trace_id"], "0af7651916cd43dd8448eb211c80319c");
+
+    let vision = events[2].json();
+    assert_eq!(vision["stage"], "vision");
+    assert_eq!(vision["classification"]["middle_category"], "무색페트병");
+
+    let delta = events[3].json();
+    assert_eq!(delta["status"], "delta");
+    assert_eq!(delta["delta"], "Rinse ");
+
+    assert_eq!(
+        events[5].json()["reward"]["character"]["code"],
+        "char-petty"
+    );
+
+    let ready = events[6].json();
+    assert_eq!(ready["stage"], "done");
+    assert_eq!(ready["result_url"], format!("/api/v1/scan/{NEW_JOB}"));
+    assert_eq!(env.calls.scan.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn watch_forwards_last_event_id_as_after_event_id() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{DONE_JOB}/events")))
+        .header("last-event-id", "1700000000000-4")
+        .header("x-user-id", "bob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let events = parse_sse(&res.text().await.unwrap());
+    let ids: Vec<_> = events.iter().map(|e| e.id.as_deref().unwrap()).collect();
+    assert_eq!(ids, ["1700000000000-5", "1700000000000-6"]);
+    let sent = env.calls.last_watch.lock().unwrap().clone().unwrap();
+    assert_eq!(sent.after_event_id, "1700000000000-4");
+    assert_eq!(sent.job_id, DONE_JOB);
+    assert_eq!(sent.user_id, "bob");
+
+    // The query parameter works for clients that cannot set headers.
+    let res = env
+        .http
+        .get(env.url(&format!(
+            "/api/v1/scan/{DONE_JOB}/events?last_event_id=1700000000000-5"
+        )))
+        .send()
+        .await
+        .unwrap();
+    let events = parse_sse(&res.text().await.unwrap());
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].name(), "ready");
+    let sent = env.calls.last_watch.lock().unwrap().clone().unwrap();
+    assert_eq!(sent.after_event_id, "1700000000000-5");
+}
+
+#[tokio::test]
+async fn watch_rejects_a_malformed_last_event_id_before_calling_ingest() {
+    let env = start().await;
+    for bad in ["42", "abc-1", "1-2-3", "-1"] {
+        let res = env
+            .http
+            .get(env.url(&format!("/api/v1/scan/{DONE_JOB}/events")))
+            .header("last-event-id", bad)
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = error_body(res).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{DONE_JOB}/events?last_event_id=x")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let res = env
+        .http
+        .get(env.url("/api/v1/scan/not-a-uuid/events"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(env.calls.watch.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn watch_of_an_unknown_job_is_a_404_json_not_a_stream() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{UNKNOWN_JOB}/events")))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["code"], "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn a_failed_job_ends_its_stream_with_an_error_event() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{FAILED_JOB}/events")))
+        .send()
+        .await
+        .unwrap();
+    let events = parse_sse(&res.text().await.unwrap());
+    let names: Vec<_> = events.iter().map(SseEvent::name).collect();
+    assert_eq!(names, ["stage", "stage", "error"]);
+    let err = events[2].json();
+    assert_eq!(events[2].id.as_deref(), Some("1700000000000-2"));
+    assert_eq!(
+        err["error"],
+        json!({"code": "UNAVAILABLE", "http_status": 503, "message": "the vision service is unavailable", "retryable": true})
+    );
+}
+
+#[tokio::test]
+async fn a_broken_upstream_stream_ends_with_an_error_event_that_hides_internals() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{RUNNING_JOB}/events")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let text = res.text().await.unwrap();
+    let events = parse_sse(&text);
+    let names: Vec<_> = events.iter().map(SseEvent::name).collect();
+    assert_eq!(names, ["stage", "stage", "error"]);
+    assert_eq!(events[2].id, None, "a synthetic error has no resumable id");
+    let err = events[2].json();
+    assert_eq!(err["job_id"], RUNNING_JOB);
+    assert_eq!(err["error"]["code"], "INTERNAL");
+    assert_eq!(err["error"]["http_status"], 500);
+    assert!(!text.contains("redis"), "internal detail leaked: {text}");
+}
+
+#[tokio::test]
+async fn result_is_202_while_running_and_200_once_finished() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{RUNNING_JOB}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["job_id"], RUNNING_JOB);
+    assert_eq!(body["status"], "running");
+    assert_eq!(body["stage"], "vision");
+
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{DONE_JOB}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["job_id"], DONE_JOB);
+    assert_eq!(body["status"], "succeeded");
+    assert_eq!(body["classification"]["major_category"], "재활용폐기물");
+    assert_eq!(body["reward"]["character"]["name_en"], "Petty");
+
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{FAILED_JOB}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["status"], "failed");
+    assert_eq!(body["error"]["code"], "UNAVAILABLE");
+}
+
+#[tokio::test]
+async fn result_of_an_unknown_job_is_404_and_a_non_uuid_is_400() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{UNKNOWN_JOB}")))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["code"], "NOT_FOUND");
+    assert_eq!(env.calls.get_result.load(Ordering::SeqCst), 1);
+
+    let res = env
+        .http
+        .get(env.url("/api/v1/scan/1234"))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["code"], "INVALID_ARGUMENT");
+    assert_eq!(
+        env.calls.get_result.load(Ordering::SeqCst),
+        1,
+        "a non-uuid reached ingest"
+    );
+}
+
+#[tokio::test]
+async fn characters_notifications_and_usage_act_for_the_caller() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url("/api/v1/characters/me"))
+        .header("x-user-id", "carol")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["characters"][0]["job_id"], "job-of-carol");
+    assert_eq!(
+        env.calls.last_user.lock().unwrap().as_deref(),
+        Some("carol")
+    );
+
+    let res = env
+        .http
+        .get(env.url("/api/v1/notifications?limit=20"))
+        .header("x-user-id", "carol")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["notifications"][0]["user_id"], "carol");
+    let list = env.calls.last_list.lock().unwrap().clone().unwrap();
+    assert_eq!((list.user_id.as_str(), list.limit), ("carol", 20));
+
+    let res = env
+        .http
+        .get(env.url("/api/v1/notifications?limit=0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+
+    let res = post_json(
+        &env,
+        "/api/v1/notifications",
+        json!({"title": "Take out the bottles", "body": "tonight", "due_at": "2030-05-01T09:00:00+09:00"}),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["title"], "Take out the bottles");
+    assert_eq!(body["kind"], "reminder");
+    let sent = env.calls.last_schedule.lock().unwrap().clone().unwrap();
+    assert_eq!(sent.due_at.unwrap().seconds, 1_903_824_000);
+
+    let res = post_json(
+        &env,
+        "/api/v1/notifications",
+        json!({"title": "x", "delay_seconds": 60}),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    for bad in [
+        json!({"title": "x", "due_at": "tomorrow"}),
+        json!({"title": "x"}),
+        json!({"title": "x", "due_at": "2030-05-01T09:00:00Z", "delay_seconds": 5}),
+        json!({"title": "", "delay_seconds": 5}),
+        json!({"title": "x", "delay_seconds": 5, "colour": "red"}),
+    ] {
+        let res = post_json(&env, "/api/v1/notifications", bad.clone()).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+
+    let res =
+        env.http
+            .get(env.url(
+                "/api/v1/analytics/usage?since=2026-01-01T00:00:00Z&until=2026-01-02T00:00:00Z",
+            ))
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["rows"][0]["service"], "vision");
+    let usage = env.calls.last_usage.lock().unwrap().unwrap();
+    assert_eq!(usage.since.unwrap().seconds, 1_767_225_600);
+    let res = env
+        .http
+        .get(env.url("/api/v1/analytics/usage?since=yesterday"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn the_notification_stream_sends_notification_events() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url("/api/v1/notifications/stream"))
+        .header("x-user-id", "dave")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.bytes_stream();
+    let mut text = String::new();
+    // The stream stays open; read until the first complete event.
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(chunk) = body.next().await {
+            text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            if let Some(ev) = parse_sse(&text).into_iter().find(|e| !e.data.is_empty()) {
+                return ev;
+            }
+        }
+        panic!("stream ended without a notification");
+    })
+    .await
+    .expect("a notification arrived");
+    assert_eq!(first.name(), "notification");
+    assert_eq!(first.id.as_deref(), Some("n-1"));
+    assert_eq!(first.json()["user_id"], "dave");
+}
+
+#[tokio::test]
+async fn readyz_is_200_when_every_backend_serves() {
+    let env = start().await;
+    let res = env.http.get(env.url("/readyz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["status"], "ready");
+    assert_eq!(body["services"]["ingest"], "serving");
+    let res = env.http.get(env.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn readyz_is_503_naming_the_backends_that_are_down() {
+    // A port that was free a moment ago: nothing listens there.
+    let closed = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let env = start_with(|c| Config {
+        reward_url: closed,
+        ..c
+    })
+    .await;
+    let res = env.http.get(env.url("/readyz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["not_ready"], json!(["reward"]));
+    assert_eq!(body["services"]["ingest"], "serving");
+    // Liveness does not depend on backends.
+    let res = env.http.get(env.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn upstream_unavailable_maps_to_503_without_internal_details() {
+    let closed = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let env = start_with(|c| Config {
+        reward_url: closed,
+        ..c
+    })
+    .await;
+    let res = env
+        .http
+        .get(env.url("/api/v1/characters/me"))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["code"], "UNAVAILABLE");
+    assert_eq!(
+        body["message"],
+        "the reward service is unavailable; try again shortly"
+    );
+}
+
+#[tokio::test]
+async fn the_gateway_sheds_load_past_its_concurrency_limit() {
+    let env = start_with(|c| Config {
+        concurrency_limit: 1,
+        ..c
+    })
+    .await;
+    let slow = tokio::spawn({
+        let http = env.http.clone();
+        let url = env.url(&format!("/api/v1/scan/{SLOW_JOB}"));
+        async move { http.get(url).send().await.unwrap().status() }
+    });
+    // Wait (with a deadline) until the slow request holds the only slot inside ingest.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while env.calls.get_result.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slow request never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{DONE_JOB}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["retry-after"], "1");
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["code"], "UNAVAILABLE");
+    // Probes are outside the limit.
+    let res = env.http.get(env.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    env.gate.notify_one();
+    assert_eq!(slow.await.unwrap(), StatusCode::ACCEPTED);
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{DONE_JOB}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "the slot was released");
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_streams_and_the_server() {
+    let env = start().await;
+    let res = env
+        .http
+        .get(env.url("/api/v1/notifications/stream"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let gateway = env.gateway;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), gateway.stop()).await;
+    stopped.expect("graceful shutdown finished").unwrap();
+    let rest = tokio::time::timeout(Duration::from_secs(10), res.text()).await;
+    assert!(rest.is_ok(), "the open stream was ended");
+}
+
+// Router-level tests: no sockets needed.
+
+async fn oneshot(req: http::Request<Body>) -> (http::StatusCode, http::HeaderMap, String) {
+    let app = ecoscan_gateway::router(Config::default()).unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(bytes.to_vec()).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn unknown_routes_get_a_json_404() {
+    let req = http::Request::get("/api/v1/nope")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, body) = oneshot(req).await;
+    assert_eq!(status, 404);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["code"], "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn the_demo_page_is_served_at_the_root() {
+    let req = http::Request::get("/").body(Body::empty()).unwrap();
+    let (status, headers, body) = oneshot(req).await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(body.contains("/api/v1/scan/completion"));
+}
+
+#[tokio::test]
+async fn healthz_answers_without_any_backend() {
+    let req = http::Request::get("/healthz").body(Body::empty()).unwrap();
+    let (status, _, _) = oneshot(req).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_bad_user_id_is_rejected_on_every_route() {
+    for path in [
+        "/api/v1/characters/me",
+        "/api/v1/notifications",
+        "/api/v1/analytics/usage",
+    ] {
+        let req = http::Request::get(path)
+            .header("x-user-id", "a".repeat(129))
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, body) = oneshot(req).await;
+        assert_eq!(status, 400, "{path}: {body}");
+    }
+}

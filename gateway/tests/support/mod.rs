@@ -1,0 +1,644 @@
+//! Test doubles of the upstream services (in-test tonic servers on 127.0.0.1:0), a running
+//! gateway in front of them, and a small SSE parser.
+
+#![allow(dead_code)]
+
+use std::{
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use ecoscan_common::testing::{Spawned, spawn};
+use ecoscan_gateway::Config;
+use ecoscan_proto::v1::{
+    CancelRequest, CancelResponse, Character, Classification, ErrorInfo, EvaluateRequest,
+    EventStatus, GetCallRequest, GetResultRequest, JobStatus, ListOwnedRequest, ListOwnedResponse,
+    ListRequest, ListResponse, LlmCall, Notification, NotifyRequest, OwnedCharacter,
+    RecordResponse, RecordStreamResponse, RewardDecision, ScanEvent, ScanResult, ScheduleRequest,
+    Stage, SubmitRequest, SubmitResponse, SubscribeRequest, UsageRequest, UsageResponse, UsageRow,
+    WatchRequest,
+    analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
+    notification_service_server::{NotificationService, NotificationServiceServer},
+    reward_service_server::{RewardService, RewardServiceServer},
+    scan_event::Payload,
+    scan_service_server::{ScanService, ScanServiceServer},
+};
+use tokio::sync::Notify;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming, service::Routes};
+
+/// A job the fake ingest knows as finished successfully.
+pub const DONE_JOB: &str = "11111111-1111-4111-8111-111111111111";
+/// A job the fake ingest knows as running (stage vision).
+pub const RUNNING_JOB: &str = "22222222-2222-4222-8222-222222222222";
+/// A job the fake ingest knows as failed in vision.
+pub const FAILED_JOB: &str = "33333333-3333-4333-8333-333333333333";
+/// A job whose `GetResult` waits until the test opens the gate.
+pub const SLOW_JOB: &str = "44444444-4444-4444-8444-444444444444";
+/// The id the fake ingest gives every new job.
+pub const NEW_JOB: &str = "55555555-5555-4555-8555-555555555555";
+/// A job the fake ingest does not know.
+pub const UNKNOWN_JOB: &str = "66666666-6666-4666-8666-666666666666";
+
+/// What the fakes saw.
+#[derive(Default)]
+pub struct Calls {
+    pub submit: AtomicUsize,
+    pub scan: AtomicUsize,
+    pub watch: AtomicUsize,
+    pub get_result: AtomicUsize,
+    pub last_submit: Mutex<Option<SubmitRequest>>,
+    pub last_watch: Mutex<Option<WatchRequest>>,
+    /// `x-user-id` metadata of the last call to any fake.
+    pub last_user: Mutex<Option<String>>,
+    /// `traceparent` metadata of the last `Submit`.
+    pub last_traceparent: Mutex<Option<String>>,
+    pub last_usage: Mutex<Option<UsageRequest>>,
+    pub last_schedule: Mutex<Option<ScheduleRequest>>,
+    pub last_list: Mutex<Option<ListRequest>>,
+}
+
+impl Calls {
+    pub fn submits(&self) -> usize {
+        self.submit.load(Ordering::SeqCst) + self.scan.load(Ordering::SeqCst)
+    }
+
+    fn saw<T>(&self, req: &Request<T>) {
+        let user = meta(req, "x-user-id");
+        *self.last_user.lock().unwrap() = user;
+    }
+}
+
+fn meta<T>(req: &Request<T>, key: &str) -> Option<String> {
+    req.metadata()
+        .get(key)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn event(
+    n: u64,
+    job: &str,
+    stage: Stage,
+    status: EventStatus,
+    payload: Option<Payload>,
+) -> ScanEvent {
+    ScanEvent {
+        event_id: format!("1700000000000-{n}"),
+        job_id: job.to_owned(),
+        seq: n + 1,
+        stage: stage as i32,
+        status: status as i32,
+        progress: n as f32 / 6.0,
+        message: format!("step {n}"),
+        ts: Some(ecoscan_proto::now()),
+        trace_id: "0af7651916cd43dd8448eb211c80319c".to_owned(),
+        payload,
+    }
+}
+
+/// The events of a job that succeeds: queued, vision, answer deltas, reward, done.
+pub fn success_events(job: &str) -> Vec<ScanEvent> {
+    use EventStatus as S;
+    vec![
+        event(0, job, Stage::Queued, S::Completed, None),
+        event(1, job, Stage::Vision, S::Started, None),
+        event(
+            2,
+            job,
+            Stage::Vision,
+            S::Completed,
+            Some(Payload::Classification(Classification {
+                major_category: "재활용폐기물".into(),
+                middle_category: "무색페트병".into(),
+                minor_category: "음료PET병".into(),
+                confidence: 0.9,
+                provider: "mock".into(),
+                ..Classification::default()
+            })),
+        ),
+        event(
+            3,
+            job,
+            Stage::Answer,
+            S::Delta,
+            Some(Payload::Delta("Rinse ".into())),
+        ),
+        event(
+            4,
+            job,
+            Stage::Answer,
+            S::Delta,
+            Some(Payload::Delta("the bottle.".into())),
+        ),
+        event(
+            5,
+            job,
+            Stage::Reward,
+            S::Completed,
+            Some(Payload::Reward(RewardDecision {
+                eligible: true,
+                newly_granted: true,
+                character: Some(character()),
+                reason: "granted".into(),
+            })),
+        ),
+        event(
+            6,
+            job,
+            Stage::Done,
+            S::Completed,
+            Some(Payload::ResultUrl("http://ingest.internal/result".into())),
+        ),
+    ]
+}
+
+fn failed_events(job: &str) -> Vec<ScanEvent> {
+    vec![
+        event(0, job, Stage::Queued, EventStatus::Completed, None),
+        event(1, job, Stage::Vision, EventStatus::Started, None),
+        event(
+            2,
+            job,
+            Stage::Vision,
+            EventStatus::Failed,
+            Some(Payload::Error(error_info())),
+        ),
+    ]
+}
+
+fn error_info() -> ErrorInfo {
+    ErrorInfo {
+        code: "UNAVAILABLE".into(),
+        http_status: 503,
+        message: "the vision service is unavailable".into(),
+        retryable: true,
+    }
+}
+
+fn character() -> Character {
+    Character {
+        code: "char-petty".into(),
+        name_ko: "페티".into(),
+        name_en: "Petty".into(),
+        middle_category: "무색페트병".into(),
+        ..Character::default()
+    }
+}
+
+fn seq_of(event_id: &str) -> Option<u64> {
+    event_id.split_once('-').and_then(|(_, n)| n.parse().ok())
+}
+
+fn stream_of<T: Send + 'static>(items: Vec<Result<T, Status>>) -> EventStream<T> {
+    Box::pin(tokio_stream::iter(items))
+}
+
+fn overloaded(hint: &str) -> Option<Status> {
+    match hint {
+        "overload" => {
+            let mut s = Status::resource_exhausted("backlog is full");
+            s.metadata_mut().insert("retry-after", "7".parse().unwrap());
+            Some(s)
+        }
+        "overload-no-delay" => Some(Status::resource_exhausted("backlog is full")),
+        _ => None,
+    }
+}
+
+#[derive(Clone)]
+pub struct FakeIngest {
+    calls: Arc<Calls>,
+    gate: Arc<Notify>,
+}
+
+#[tonic::async_trait]
+impl ScanService for FakeIngest {
+    async fn submit(
+        &self,
+        req: Request<SubmitRequest>,
+    ) -> Result<Response<SubmitResponse>, Status> {
+        self.calls.submit.fetch_add(1, Ordering::SeqCst);
+        self.calls.saw(&req);
+        *self.calls.last_traceparent.lock().unwrap() = meta(&req, "traceparent");
+        let msg = req.into_inner();
+        let overload = overloaded(&msg.hint);
+        let duplicate = msg.idempotency_key == "repeat";
+        *self.calls.last_submit.lock().unwrap() = Some(msg);
+        if let Some(s) = overload {
+            return Err(s);
+        }
+        Ok(Response::new(SubmitResponse {
+            job_id: NEW_JOB.into(),
+            status: JobStatus::Queued as i32,
+            duplicate,
+        }))
+    }
+
+    type ScanStream = EventStream<ScanEvent>;
+
+    async fn scan(
+        &self,
+        req: Request<SubmitRequest>,
+    ) -> Result<Response<Self::ScanStream>, Status> {
+        self.calls.scan.fetch_add(1, Ordering::SeqCst);
+        self.calls.saw(&req);
+        let msg = req.into_inner();
+        let overload = overloaded(&msg.hint);
+        *self.calls.last_submit.lock().unwrap() = Some(msg);
+        // Refused inside the stream, as a worker would: the gateway must still answer 503.
+        if let Some(s) = overload {
+            return Ok(Response::new(stream_of(vec![Err(s)])));
+        }
+        let events = success_events(NEW_JOB).into_iter().map(Ok).collect();
+        Ok(Response::new(stream_of(events)))
+    }
+
+    type WatchStream = EventStream<ScanEvent>;
+
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.calls.watch.fetch_add(1, Ordering::SeqCst);
+        self.calls.saw(&req);
+        let msg = req.into_inner();
+        *self.calls.last_watch.lock().unwrap() = Some(msg.clone());
+        let events = match msg.job_id.as_str() {
+            DONE_JOB => success_events(DONE_JOB),
+            FAILED_JOB => failed_events(FAILED_JOB),
+            RUNNING_JOB => {
+                // Two events, then the stream breaks.
+                let mut items: Vec<_> = success_events(RUNNING_JOB)
+                    .into_iter()
+                    .take(2)
+                    .map(Ok)
+                    .collect();
+                items.push(Err(Status::internal("redis: connection reset by peer")));
+                return Ok(Response::new(stream_of(items)));
+            }
+            _ => return Err(Status::not_found(format!("job {} not found", msg.job_id))),
+        };
+        let after = seq_of(&msg.after_event_id);
+        let items = events
+            .into_iter()
+            .filter(|e| after.is_none_or(|a| seq_of(&e.event_id).unwrap() > a))
+            .map(Ok)
+            .collect();
+        Ok(Response::new(stream_of(items)))
+    }
+
+    async fn get_result(
+        &self,
+        req: Request<GetResultRequest>,
+    ) -> Result<Response<ScanResult>, Status> {
+        self.calls.get_result.fetch_add(1, Ordering::SeqCst);
+        self.calls.saw(&req);
+        let job_id = req.into_inner().job_id;
+        let base = ScanResult {
+            job_id: job_id.clone(),
+            user_id: "local".into(),
+            created_at: Some(ecoscan_proto::now()),
+            ..ScanResult::default()
+        };
+        let result = match job_id.as_str() {
+            DONE_JOB => ScanResult {
+                status: JobStatus::Succeeded as i32,
+                stage: Stage::Done as i32,
+                classification: Some(Classification {
+                    major_category: "재활용폐기물".into(),
+                    ..Classification::default()
+                }),
+                reward: Some(RewardDecision {
+                    eligible: true,
+                    character: Some(character()),
+                    ..RewardDecision::default()
+                }),
+                ..base
+            },
+            RUNNING_JOB => ScanResult {
+                status: JobStatus::Running as i32,
+                stage: Stage::Vision as i32,
+                ..base
+            },
+            FAILED_JOB => ScanResult {
+                status: JobStatus::Failed as i32,
+                stage: Stage::Vision as i32,
+                error: Some(error_info()),
+                ..base
+            },
+            SLOW_JOB => {
+                self.gate.notified().await;
+                ScanResult {
+                    status: JobStatus::Queued as i32,
+                    stage: Stage::Queued as i32,
+                    ..base
+                }
+            }
+            _ => return Err(Status::not_found(format!("job {job_id} not found"))),
+        };
+        Ok(Response::new(result))
+    }
+}
+
+#[derive(Clone)]
+pub struct FakeReward {
+    calls: Arc<Calls>,
+}
+
+#[tonic::async_trait]
+impl RewardService for FakeReward {
+    async fn evaluate(
+        &self,
+        _req: Request<EvaluateRequest>,
+    ) -> Result<Response<RewardDecision>, Status> {
+        Err(Status::unimplemented("not used by the gateway"))
+    }
+
+    async fn list_owned(
+        &self,
+        req: Request<ListOwnedRequest>,
+    ) -> Result<Response<ListOwnedResponse>, Status> {
+        self.calls.saw(&req);
+        let user = req.into_inner().user_id;
+        Ok(Response::new(ListOwnedResponse {
+            characters: vec![OwnedCharacter {
+                character: Some(character()),
+                acquired_at: Some(ecoscan_proto::now()),
+                job_id: format!("job-of-{user}"),
+            }],
+        }))
+    }
+}
+
+#[derive(Clone)]
+pub struct FakeNotification {
+    calls: Arc<Calls>,
+}
+
+pub fn notification(id: &str, user: &str) -> Notification {
+    Notification {
+        id: id.into(),
+        user_id: user.into(),
+        kind: "scan_completed".into(),
+        title: "Your scan is ready".into(),
+        body: "Petty joined you".into(),
+        ..Notification::default()
+    }
+}
+
+#[tonic::async_trait]
+impl NotificationService for FakeNotification {
+    async fn notify(&self, _req: Request<NotifyRequest>) -> Result<Response<Notification>, Status> {
+        Err(Status::unimplemented("not used by the gateway"))
+    }
+
+    async fn schedule(
+        &self,
+        req: Request<ScheduleRequest>,
+    ) -> Result<Response<Notification>, Status> {
+        self.calls.saw(&req);
+        let msg = req.into_inner();
+        *self.calls.last_schedule.lock().unwrap() = Some(msg.clone());
+        Ok(Response::new(Notification {
+            id: "n-1".into(),
+            user_id: msg.user_id,
+            kind: msg.kind,
+            title: msg.title,
+            body: msg.body,
+            due_at: msg.due_at,
+            status: 1,
+            ..Notification::default()
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        _req: Request<CancelRequest>,
+    ) -> Result<Response<CancelResponse>, Status> {
+        Err(Status::unimplemented("not used by the gateway"))
+    }
+
+    type SubscribeStream = EventStream<Notification>;
+
+    async fn subscribe(
+        &self,
+        req: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        self.calls.saw(&req);
+        let user = req.into_inner().user_id;
+        // One notification, then the stream stays open as a live inbox does.
+        let first = tokio_stream::iter(vec![Ok(notification("n-1", &user))]);
+        Ok(Response::new(Box::pin(
+            first.chain(tokio_stream::pending()),
+        )))
+    }
+
+    async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        self.calls.saw(&req);
+        let msg = req.into_inner();
+        *self.calls.last_list.lock().unwrap() = Some(msg.clone());
+        Ok(Response::new(ListResponse {
+            notifications: vec![notification("n-1", &msg.user_id)],
+        }))
+    }
+}
+
+#[derive(Clone)]
+pub struct FakeAnalytics {
+    calls: Arc<Calls>,
+}
+
+#[tonic::async_trait]
+impl AnalyticsService for FakeAnalytics {
+    async fn record(&self, _req: Request<LlmCall>) -> Result<Response<RecordResponse>, Status> {
+        Err(Status::unimplemented("not used by the gateway"))
+    }
+
+    async fn record_stream(
+        &self,
+        _req: Request<Streaming<LlmCall>>,
+    ) -> Result<Response<RecordStreamResponse>, Status> {
+        Err(Status::unimplemented("not used by the gateway"))
+    }
+
+    async fn usage(&self, req: Request<UsageRequest>) -> Result<Response<UsageResponse>, Status> {
+        self.calls.saw(&req);
+        let msg = req.into_inner();
+        *self.calls.last_usage.lock().unwrap() = Some(msg);
+        Ok(Response::new(UsageResponse {
+            since: msg.since,
+            until: msg.until,
+            rows: vec![UsageRow {
+                service: "vision".into(),
+                model: "mock".into(),
+                calls: 3,
+                ..UsageRow::default()
+            }],
+        }))
+    }
+
+    async fn get_call(&self, _req: Request<GetCallRequest>) -> Result<Response<LlmCall>, Status> {
+        Err(Status::unimplemented("not used by the gateway"))
+    }
+}
+
+/// The fakes behind one server, and a gateway in front of them.
+pub struct Env {
+    /// `http://127.0.0.1:PORT` of the gateway.
+    pub base: String,
+    pub calls: Arc<Calls>,
+    /// Releases a `GetResult` of [`SLOW_JOB`].
+    pub gate: Arc<Notify>,
+    pub http: reqwest::Client,
+    pub backend: Spawned,
+    pub gateway: Spawned,
+}
+
+impl Env {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+pub async fn start() -> Env {
+    start_with(|c| c).await
+}
+
+/// Starts the fakes and a gateway whose config `tweak` may change (its URLs point at the fakes).
+pub async fn start_with(tweak: impl FnOnce(Config) -> Config) -> Env {
+    let calls = Arc::new(Calls::default());
+    let gate = Arc::new(Notify::new());
+    let routes = Routes::new(ScanServiceServer::new(FakeIngest {
+        calls: calls.clone(),
+        gate: gate.clone(),
+    }))
+    .add_service(RewardServiceServer::new(FakeReward {
+        calls: calls.clone(),
+    }))
+    .add_service(NotificationServiceServer::new(FakeNotification {
+        calls: calls.clone(),
+    }))
+    .add_service(AnalyticsServiceServer::new(FakeAnalytics {
+        calls: calls.clone(),
+    }));
+    let backend = spawn(|l, s| {
+        ecoscan_common::server::serve(
+            routes,
+            &[
+                "ecoscan.v1.ScanService",
+                "ecoscan.v1.RewardService",
+                "ecoscan.v1.NotificationService",
+                "ecoscan.v1.AnalyticsService",
+            ],
+            l,
+            s,
+        )
+    })
+    .await;
+    let uri = backend.uri();
+    let config = tweak(Config {
+        ingest_url: uri.clone(),
+        reward_url: uri.clone(),
+        analytics_url: uri.clone(),
+        notification_url: uri,
+        ..Config::default()
+    });
+    let gateway = spawn(|l, s| ecoscan_gateway::serve(config, l, s)).await;
+    Env {
+        base: gateway.uri(),
+        calls,
+        gate,
+        http: reqwest::Client::new(),
+        backend,
+        gateway,
+    }
+}
+
+/// One parsed SSE event.
+#[derive(Debug, Default, Clone)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+}
+
+impl SseEvent {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.data).unwrap_or_else(|e| panic!("bad data {:?}: {e}", self.data))
+    }
+
+    pub fn name(&self) -> &str {
+        self.event.as_deref().unwrap_or("message")
+    }
+}
+
+/// Parses an SSE body into events (comments are dropped).
+pub fn parse_sse(body: &str) -> Vec<SseEvent> {
+    let mut out = Vec::new();
+    for block in body.split("\n\n") {
+        let mut ev = SseEvent::default();
+        let mut any = false;
+        for line in block.lines() {
+            if line.starts_with(':') || line.is_empty() {
+                continue;
+            }
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            any = true;
+            match field {
+                "id" => ev.id = Some(value.to_owned()),
+                "event" => ev.event = Some(value.to_owned()),
+                "data" => {
+                    if !ev.data.is_empty() {
+                        ev.data.push('\n');
+                    }
+                    ev.data.push_str(value);
+                }
+                _ => {}
+            }
+        }
+        if any {
+            out.push(ev);
+        }
+    }
+    out
+}
+
+/// The smallest valid-looking PNG prefix; the gateway only sniffs the magic bytes.
+pub fn png(len: usize) -> Vec<u8> {
+    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
+    v.resize(len.max(8), 0);
+    v
+}
+
+/// A multipart/form-data body (reqwest's multipart feature is not enabled in the workspace):
+/// `(name, filename, bytes)` per part; returns the content type and the body.
+pub fn multipart(parts: &[(&str, Option<&str>, &[u8])]) -> (String, Vec<u8>) {
+    let boundary = "ecoscan-test-boundary-7d3f";
+    let mut body = Vec::new();
+    for (name, filename, bytes) in parts {
+        body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+        match filename {
+            Some(f) => body.extend_from_slice(
+                format!(
+                    "Content-Disposition: form-data; name=\"{name}\"; filename=\"{f}\"\r\n\
+                     Content-Type: application/octet-stream\r\n\r\n"
+                )
+                .as_bytes(),
+            ),
+            None => body.extend_from_slice(
+                format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n").as_bytes(),
+            ),
+        }
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
