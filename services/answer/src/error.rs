@@ -1,0 +1,72 @@
+//! Everything `Generate` can fail with, and its one mapping to a gRPC status.
+
+use ecoscan_llm::LlmError;
+use tonic::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("classification is missing; pass the vision stage's result in `classification`")]
+    MissingClassification,
+    #[error("rules are missing; pass the rule stage's result in `rules`")]
+    MissingRules,
+    #[error("classification names no category; fill at least `major_category`")]
+    NoCategory,
+    #[error("locale {0:?} is not supported; use \"ko\" or \"en\"")]
+    UnsupportedLocale(String),
+    #[error("answer stream ended without a final message")]
+    Truncated,
+    #[error(transparent)]
+    Llm(#[from] LlmError),
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::MissingClassification
+            | Error::MissingRules
+            | Error::NoCategory
+            | Error::UnsupportedLocale(_) => Status::invalid_argument(e.to_string()),
+            Error::Truncated => {
+                tracing::error!(error = %e, "answer failed");
+                Status::internal(e.to_string())
+            }
+            // Transient provider trouble (429, 5xx, timeouts, connection failures): worth a
+            // retry by the caller.
+            Error::Llm(ref llm) if llm.is_retryable() => {
+                tracing::warn!(error = %llm, "model call failed");
+                Status::unavailable(format!("model provider unavailable: {llm}"))
+            }
+            Error::Llm(ref llm) => {
+                tracing::error!(error = %llm, "model call failed");
+                Status::internal("model provider could not write the answer")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+
+    #[test]
+    fn every_error_maps_to_the_documented_code() {
+        let cases = [
+            (Error::MissingClassification, Code::InvalidArgument),
+            (Error::MissingRules, Code::InvalidArgument),
+            (Error::NoCategory, Code::InvalidArgument),
+            (Error::UnsupportedLocale("fr".into()), Code::InvalidArgument),
+            (Error::Truncated, Code::Internal),
+            (
+                Error::Llm(LlmError::Timeout(std::time::Duration::from_secs(1))),
+                Code::Unavailable,
+            ),
+            (Error::Llm(LlmError::Malformed("x".into())), Code::Internal),
+        ];
+        for (error, code) in cases {
+            let text = error.to_string();
+            assert_eq!(Status::from(error).code(), code, "{text}");
+        }
+    }
+}

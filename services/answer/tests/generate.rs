@@ -1,0 +1,288 @@
+//! `AnswerService.Generate` over a real socket with the mock provider.
+
+use std::time::Duration;
+
+use ecoscan_answer::{Config, serve};
+use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
+use ecoscan_llm::{LlmConfig, Provider};
+use ecoscan_proto::v1::{
+    Answer, Classification, DisposalRules, GenerateEvent, GenerateRequest,
+    answer_service_client::AnswerServiceClient, generate_event,
+};
+use tokio_stream::StreamExt;
+use tonic::{Code, Status, transport::Channel};
+
+async fn start(llm: LlmConfig) -> (Spawned, AnswerServiceClient<Channel>) {
+    let config = Config {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        analytics_url: None,
+        llm,
+    };
+    let server = spawn(|l, s| serve(config, l, s)).await;
+    let client = AnswerServiceClient::connect(server.uri()).await.unwrap();
+    (server, client)
+}
+
+fn mock() -> LlmConfig {
+    LlmConfig {
+        mock_latency: Duration::from_millis(20),
+        ..LlmConfig::default()
+    }
+}
+
+fn classification() -> Classification {
+    Classification {
+        major_category: "재활용폐기물".into(),
+        middle_category: "무색페트병".into(),
+        minor_category: "음료PET병".into(),
+        item_name: "음료PET병".into(),
+        confidence: 0.9,
+        situation_tags: vec!["내용물_있음".into()],
+        provider: "mock".into(),
+        model: "mock".into(),
+    }
+}
+
+fn rules(locale: &str) -> DisposalRules {
+    let (common, item, advice) = if locale == "en" {
+        (
+            "Rinse it with water",
+            "Remove the label",
+            "Empty what is left inside first",
+        )
+    } else {
+        (
+            "물로 헹궈 주세요",
+            "라벨을 떼어 주세요",
+            "남은 내용물을 먼저 비워 주세요",
+        )
+    };
+    DisposalRules {
+        locale: locale.into(),
+        major_category: "재활용폐기물".into(),
+        middle_category: "무색페트병".into(),
+        minor_category: "음료PET병".into(),
+        recyclable: true,
+        stream_name: if locale == "en" {
+            "clear PET bottles"
+        } else {
+            "무색페트병"
+        }
+        .into(),
+        common_steps: vec![common.into()],
+        item_steps: vec![item.into()],
+        situation_advice: vec![advice.into()],
+        ..DisposalRules::default()
+    }
+}
+
+fn request(locale: &str) -> GenerateRequest {
+    GenerateRequest {
+        job_id: "job-1".into(),
+        classification: Some(classification()),
+        rules: Some(rules(if locale.is_empty() { "ko" } else { locale })),
+        locale: locale.into(),
+    }
+}
+
+/// Every event of one call, and the error that ended it (if any).
+async fn generate(
+    client: &mut AnswerServiceClient<Channel>,
+    req: GenerateRequest,
+) -> (Vec<GenerateEvent>, Option<Status>) {
+    let mut stream = match client.generate(req).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return (Vec::new(), Some(status)),
+    };
+    let mut events = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(e) => events.push(e),
+            Err(status) => return (events, Some(status)),
+        }
+    }
+    (events, None)
+}
+
+/// Asserts the stream shape (progress, deltas, one answer last) and returns the deltas and answer.
+fn split(events: Vec<GenerateEvent>) -> (String, Answer) {
+    let mut events = events.into_iter().map(|e| e.event.expect("event is set"));
+    let Some(generate_event::Event::Progress(p)) = events.next() else {
+        panic!("first event is not progress");
+    };
+    assert_eq!(p.step, "compose_prompt");
+    let mut deltas = String::new();
+    let mut count = 0;
+    for event in events {
+        match event {
+            generate_event::Event::Delta(d) => {
+                count += 1;
+                deltas.push_str(&d);
+            }
+            generate_event::Event::Answer(a) => {
+                assert!(count > 3, "text was not streamed in pieces");
+                return (deltas, a);
+            }
+            generate_event::Event::Progress(p) => panic!("unexpected progress {p:?}"),
+        }
+    }
+    panic!("no final answer");
+}
+
+#[tokio::test]
+async fn korean_answer_deltas_add_up_to_the_final_text_marked_as_mock() {
+    let (server, mut client) = start(mock()).await;
+
+    let (events, error) = generate(&mut client, request("ko")).await;
+
+    assert!(error.is_none(), "{error:?}");
+    let (deltas, answer) = split(events);
+    assert_eq!(deltas, answer.text);
+    assert!(
+        answer.text.starts_with("[모의 응답 · mock] "),
+        "{}",
+        answer.text
+    );
+    assert!(
+        answer.text.contains("1. 물로 헹궈 주세요"),
+        "{}",
+        answer.text
+    );
+    assert_eq!(
+        answer.steps,
+        [
+            "물로 헹궈 주세요",
+            "라벨을 떼어 주세요",
+            "남은 내용물을 먼저 비워 주세요"
+        ]
+    );
+    assert!(
+        answer.message.starts_with("[모의 응답 · mock] "),
+        "{}",
+        answer.message
+    );
+    assert!(answer.message.contains("무색페트병"), "{}", answer.message);
+    assert_eq!(
+        (answer.locale.as_str(), answer.provider.as_str()),
+        ("ko", "mock")
+    );
+    assert_eq!(answer.model, "mock");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn english_answer_deltas_add_up_to_the_final_text_marked_as_mock() {
+    let (server, mut client) = start(mock()).await;
+
+    let (events, error) = generate(&mut client, request("en")).await;
+
+    assert!(error.is_none(), "{error:?}");
+    let (deltas, answer) = split(events);
+    assert_eq!(deltas, answer.text);
+    assert!(answer.text.starts_with("[mock answer] "), "{}", answer.text);
+    assert!(
+        answer.text.contains("3. Empty what is left inside first"),
+        "{}",
+        answer.text
+    );
+    assert_eq!(answer.steps.len(), 3);
+    assert_eq!(
+        answer.message,
+        "[mock answer] Put 음료PET병 out with clear PET bottles."
+    );
+    assert_eq!(answer.locale, "en");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_empty_locale_answers_in_korean() {
+    let (server, mut client) = start(mock()).await;
+
+    let (events, error) = generate(&mut client, request("")).await;
+
+    assert!(error.is_none(), "{error:?}");
+    let (_, answer) = split(events);
+    assert_eq!(answer.locale, "ko");
+    assert!(answer.text.starts_with("[모의 응답 · mock] "));
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_with_invalid_argument_and_a_clear_message() {
+    let (server, mut client) = start(mock()).await;
+    let no_category = GenerateRequest {
+        classification: Some(Classification::default()),
+        ..request("ko")
+    };
+    let cases = [
+        (
+            GenerateRequest {
+                classification: None,
+                ..request("ko")
+            },
+            "classification is missing",
+        ),
+        (
+            GenerateRequest {
+                rules: None,
+                ..request("ko")
+            },
+            "rules are missing",
+        ),
+        (request("fr"), "locale \"fr\" is not supported"),
+        (no_category, "names no category"),
+    ];
+
+    for (req, needle) in cases {
+        let (events, error) = generate(&mut client, req).await;
+        let status = error.expect("bad request must fail");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{:?} lacks {needle:?}",
+            status.message()
+        );
+        assert!(events.is_empty(), "no events for a refused request");
+    }
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_model_provider_is_unavailable() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (server, mut client) = start(LlmConfig {
+        provider: Provider::OpenAi,
+        base_url: format!("http://{dead}/v1"),
+        max_retries: 0,
+        ..LlmConfig::default()
+    })
+    .await;
+
+    let (events, error) = generate(&mut client, request("en")).await;
+
+    let status = error.expect("must fail without a provider");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("model provider"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.event, Some(generate_event::Event::Answer(_)))),
+        "no answer may be sent"
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn answer_serves_health_and_reflection() {
+    let (server, _client) = start(mock()).await;
+
+    assert_health_and_reflection(&server.uri(), "ecoscan.v1.AnswerService").await;
+    server.stop().await.unwrap();
+}

@@ -1,0 +1,201 @@
+//! Provider choice and limits, from the environment.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use anyhow::{Context, anyhow};
+use ecoscan_common::config::{env_duration, env_opt, env_or};
+
+/// Which backend answers the calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provider {
+    /// No model: deterministic answers chosen from the request, marked as mock.
+    Mock,
+    /// Any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, LiteLLM).
+    OpenAi,
+}
+
+impl Provider {
+    /// The name reported as `gen_ai.system`, in analytics and in results.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Mock => "mock",
+            Provider::OpenAi => "openai",
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Provider {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "mock" => Ok(Provider::Mock),
+            "openai" => Ok(Provider::OpenAi),
+            other => Err(anyhow!("unknown provider {other:?} (use mock or openai)")),
+        }
+    }
+}
+
+/// LLM client settings.
+///
+/// Environment variables (defaults in brackets):
+/// - `LLM_PROVIDER` — `mock` | `openai` [mock]
+/// - `LLM_BASE_URL` — OpenAI-compatible base URL [https://api.openai.com/v1]
+/// - `LLM_API_KEY` — bearer token; optional for local servers such as vLLM or Ollama
+/// - `LLM_CLASSIFY_MODEL` — model for image classification [gpt-4o-mini]
+/// - `LLM_ANSWER_MODEL` — model for the written answer [gpt-4o-mini]
+/// - `LLM_TIMEOUT` — per-call timeout; for streams, the longest wait for the response head and
+///   for each next chunk [60s]
+/// - `LLM_MAX_RETRIES` — retries after the first attempt on 429, 5xx and connect errors [3]
+/// - `LLM_RETRY_BASE_DELAY` — first backoff delay, doubled per retry, with jitter [500ms]
+/// - `LLM_MAX_CONCURRENCY` — calls in flight to the provider at once [20]
+/// - `LLM_TOKENS_PER_MINUTE` — provider token budget per minute, 0 = unlimited [0]
+/// - `LLM_MOCK_LATENCY` — mean latency of a mock call [300ms]
+/// - `LLM_MOCK_JITTER` — mock latency spread, ± fraction of the mean, uniform [0.2]
+///
+/// Concurrency and token limits apply to the `openai` provider only: the mock stands in for a
+/// provider in load tests, where its latency, not a local limit, is what is being simulated.
+#[derive(Clone)]
+pub struct LlmConfig {
+    pub provider: Provider,
+    pub base_url: String,
+    pub api_key: Option<String>,
+    pub classify_model: String,
+    pub answer_model: String,
+    pub timeout: Duration,
+    pub max_retries: usize,
+    pub retry_base_delay: Duration,
+    pub max_concurrency: usize,
+    pub tokens_per_minute: u32,
+    pub mock_latency: Duration,
+    pub mock_jitter: f64,
+}
+
+impl Default for LlmConfig {
+    /// The documented defaults, without reading the environment.
+    fn default() -> Self {
+        Self {
+            provider: Provider::Mock,
+            base_url: "https://api.openai.com/v1".to_owned(),
+            api_key: None,
+            classify_model: "gpt-4o-mini".to_owned(),
+            answer_model: "gpt-4o-mini".to_owned(),
+            timeout: Duration::from_secs(60),
+            max_retries: 3,
+            retry_base_delay: Duration::from_millis(500),
+            max_concurrency: 20,
+            tokens_per_minute: 0,
+            mock_latency: Duration::from_millis(300),
+            mock_jitter: 0.2,
+        }
+    }
+}
+
+impl fmt::Debug for LlmConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The API key must never reach a log line.
+        f.debug_struct("LlmConfig")
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("classify_model", &self.classify_model)
+            .field("answer_model", &self.answer_model)
+            .field("timeout", &self.timeout)
+            .field("max_retries", &self.max_retries)
+            .field("retry_base_delay", &self.retry_base_delay)
+            .field("max_concurrency", &self.max_concurrency)
+            .field("tokens_per_minute", &self.tokens_per_minute)
+            .field("mock_latency", &self.mock_latency)
+            .field("mock_jitter", &self.mock_jitter)
+            .finish()
+    }
+}
+
+impl LlmConfig {
+    /// Reads the variables listed on [`LlmConfig`].
+    pub fn from_env() -> anyhow::Result<Self> {
+        let d = Self::default();
+        let config = Self {
+            provider: env_or("LLM_PROVIDER", d.provider)?,
+            base_url: env_opt("LLM_BASE_URL").unwrap_or(d.base_url),
+            api_key: env_opt("LLM_API_KEY"),
+            classify_model: env_opt("LLM_CLASSIFY_MODEL").unwrap_or(d.classify_model),
+            answer_model: env_opt("LLM_ANSWER_MODEL").unwrap_or(d.answer_model),
+            timeout: env_duration("LLM_TIMEOUT", d.timeout)?,
+            max_retries: env_or("LLM_MAX_RETRIES", d.max_retries)?,
+            retry_base_delay: env_duration("LLM_RETRY_BASE_DELAY", d.retry_base_delay)?,
+            max_concurrency: env_or("LLM_MAX_CONCURRENCY", d.max_concurrency)?,
+            tokens_per_minute: env_or("LLM_TOKENS_PER_MINUTE", d.tokens_per_minute)?,
+            mock_latency: env_duration("LLM_MOCK_LATENCY", d.mock_latency)?,
+            mock_jitter: env_or("LLM_MOCK_JITTER", d.mock_jitter)?,
+        };
+        config.validate().context("invalid llm configuration")?;
+        Ok(config)
+    }
+
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
+        if self.max_concurrency == 0 {
+            return Err(anyhow!("LLM_MAX_CONCURRENCY must be at least 1"));
+        }
+        if !(0.0..=1.0).contains(&self.mock_jitter) {
+            return Err(anyhow!("LLM_MOCK_JITTER must be between 0 and 1"));
+        }
+        if self.provider == Provider::OpenAi {
+            reqwest::Url::parse(&self.base_url)
+                .with_context(|| format!("LLM_BASE_URL {:?} is not a url", self.base_url))?;
+        }
+        Ok(())
+    }
+
+    /// The model name reported for `operation` ("mock" for the mock provider).
+    pub fn model_for(&self, operation: Operation) -> &str {
+        match (self.provider, operation) {
+            (Provider::Mock, _) => crate::mock::MODEL,
+            (Provider::OpenAi, Operation::Classify) => &self.classify_model,
+            (Provider::OpenAi, Operation::Answer) => &self.answer_model,
+        }
+    }
+}
+
+/// What a call is for; reported to analytics as `operation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Classify,
+    Answer,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Classify => "classify",
+            Operation::Answer => "answer",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_parses_case_insensitively_and_rejects_unknown_names() {
+        assert_eq!("OpenAI".parse::<Provider>().unwrap(), Provider::OpenAi);
+        assert_eq!("mock".parse::<Provider>().unwrap(), Provider::Mock);
+        assert!("anthropic".parse::<Provider>().is_err());
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_api_key() {
+        let config = LlmConfig {
+            api_key: Some("sk-secret".into()),
+            ..LlmConfig::default()
+        };
+        assert!(!format!("{config:?}").contains("sk-secret"));
+    }
+}

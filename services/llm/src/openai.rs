@@ -1,0 +1,546 @@
+//! The OpenAI-compatible Chat Completions provider: JSON-schema classification of an image and
+//! streamed answers, with retries, limits and trace-context propagation.
+
+use std::{sync::Arc, time::Duration};
+
+use backon::{ExponentialBuilder, Retryable};
+use base64::Engine;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::{
+    LlmConfig, LlmError,
+    limit::TokenBucket,
+    types::{AnswerInput, ClassifyInput, ClassifyOutput},
+};
+
+/// The longest `Retry-After` honoured; a provider asking for more is treated as this.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// How much of an error body is kept in errors and reports.
+const MAX_ERROR_BODY: usize = 2_000;
+/// Tokens budgeted per image before the call (a high-detail 512×512 tile costs ~255 + 85 for
+/// gpt-4o models; a photo is a few tiles).
+const IMAGE_TOKEN_ESTIMATE: u32 = 1_000;
+const CLASSIFY_OUTPUT_ESTIMATE: u32 = 200;
+const ANSWER_OUTPUT_ESTIMATE: u32 = 800;
+
+const CLASSIFY_SYSTEM_PROMPT: &str = "You classify a photo of one item for household waste \
+sorting in Korea. Answer with exactly one path of the taxonomy given by the user (major, middle, \
+minor exactly as written there; middle is empty when the path has none), a short item_name \
+describing the object, a confidence between 0 and 1, and only those situation tags from the \
+given vocabulary that the photo clearly shows.";
+
+pub(crate) struct OpenAi {
+    http: reqwest::Client,
+    url: String,
+    api_key: Option<String>,
+    timeout: Duration,
+    max_retries: usize,
+    retry_base_delay: Duration,
+    permits: Arc<Semaphore>,
+    bucket: Option<TokenBucket>,
+}
+
+/// A response that arrived with a success status, and what it took to get it.
+pub(crate) struct Admitted {
+    pub response: reqwest::Response,
+    pub permit: OwnedSemaphorePermit,
+}
+
+/// One failed attempt, with what the retry policy needs to know.
+struct Attempt {
+    error: LlmError,
+    retryable: bool,
+    retry_after: Option<Duration>,
+}
+
+impl OpenAi {
+    pub(crate) fn new(config: &LlmConfig) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.timeout.min(Duration::from_secs(10)))
+            .build()?;
+        Ok(Self {
+            http,
+            url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+            api_key: config.api_key.clone(),
+            timeout: config.timeout,
+            max_retries: config.max_retries,
+            retry_base_delay: config.retry_base_delay,
+            permits: Arc::new(Semaphore::new(config.max_concurrency)),
+            bucket: (config.tokens_per_minute > 0)
+                .then(|| TokenBucket::per_minute(config.tokens_per_minute)),
+        })
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends `body`, retrying 429, 5xx and connection failures with exponential backoff and
+    /// jitter (honouring `Retry-After`), under the concurrency and token limits. Only the
+    /// response head is awaited, so for a stream nothing has been yielded yet when a retry
+    /// happens.
+    pub(crate) async fn send(
+        &self,
+        body: &Value,
+        estimated_tokens: u32,
+    ) -> Result<Admitted, LlmError> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| LlmError::Transport("llm client is shutting down".into()))?;
+        if let Some(bucket) = &self.bucket {
+            bucket.acquire(estimated_tokens).await;
+        }
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(self.retry_base_delay)
+            .with_max_delay(MAX_RETRY_AFTER)
+            .with_max_times(self.max_retries)
+            .with_jitter();
+        let response = (|| self.attempt(body))
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            .when(|a: &Attempt| a.retryable)
+            .adjust(|a: &Attempt, next: Option<Duration>| {
+                // Never extend the number of tries, only the wait before the next one.
+                next.map(|d| a.retry_after.map_or(d, |r| r.min(MAX_RETRY_AFTER)))
+            })
+            .notify(|a: &Attempt, wait: Duration| {
+                tracing::warn!(
+                    error = %a.error,
+                    wait_ms = wait.as_millis() as u64,
+                    "llm call failed, retrying"
+                );
+            })
+            .await
+            .map_err(|a| a.error)?;
+        Ok(Admitted { response, permit })
+    }
+
+    async fn attempt(&self, body: &Value) -> Result<reqwest::Response, Attempt> {
+        let mut headers = http::HeaderMap::new();
+        ecoscan_common::telemetry::inject_headers(&mut headers);
+        let mut request = self.http.post(&self.url).headers(headers).json(body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = match tokio::time::timeout(self.timeout, request.send()).await {
+            Err(_) => {
+                return Err(Attempt {
+                    error: LlmError::Timeout(self.timeout),
+                    retryable: false,
+                    retry_after: None,
+                });
+            }
+            Ok(Err(e)) => return Err(transport_attempt(&e, self.timeout)),
+            Ok(Ok(r)) => r,
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = truncate(response.text().await.unwrap_or_default(), MAX_ERROR_BODY);
+        let error = if status == http::StatusCode::TOO_MANY_REQUESTS {
+            LlmError::RateLimited { retry_after }
+        } else {
+            LlmError::Upstream {
+                status: status.as_u16(),
+                body,
+            }
+        };
+        Err(Attempt {
+            retryable: status == http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error(),
+            error,
+            retry_after,
+        })
+    }
+}
+
+fn transport_attempt(e: &reqwest::Error, timeout: Duration) -> Attempt {
+    if e.is_timeout() {
+        return Attempt {
+            error: LlmError::Timeout(timeout),
+            retryable: false,
+            retry_after: None,
+        };
+    }
+    Attempt {
+        error: LlmError::Transport(error_chain(e)),
+        // A refused or reset connection is worth another try; a request we could not even
+        // build (bad URL) is not.
+        retryable: e.is_connect() || e.is_request(),
+        retry_after: None,
+    }
+}
+
+/// `e` and its sources, joined: reqwest's own message hides the cause.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+pub(crate) fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+/// `data:<mime>;base64,...` for the request, and the placeholder that replaces it in reports.
+pub(crate) fn image_urls(input: &ClassifyInput) -> (String, String) {
+    let mime = if input.content_type.is_empty() {
+        "application/octet-stream"
+    } else {
+        input.content_type.as_str()
+    };
+    let data = base64::engine::general_purpose::STANDARD.encode(&input.image);
+    (
+        format!("data:{mime};base64,{data}"),
+        format!("data:{mime};base64,<{} bytes>", input.image.len()),
+    )
+}
+
+/// The classification request; `image_url` is the data URL (or its redacted stand-in).
+pub(crate) fn classify_body(input: &ClassifyInput, model: &str, image_url: &str) -> Value {
+    let mut majors = Vec::new();
+    let mut middles = Vec::new();
+    let mut minors = Vec::new();
+    let mut lines = String::new();
+    for p in &input.taxonomy {
+        push_unique(&mut majors, &p.major);
+        push_unique(&mut middles, &p.middle);
+        push_unique(&mut minors, &p.minor);
+        lines.push_str(&format!(
+            "- major: {} | middle: {} | minor: {} | ({})\n",
+            p.major, p.middle, p.minor, p.name_en
+        ));
+    }
+    let hint = if input.hint.trim().is_empty() {
+        "(none)"
+    } else {
+        input.hint.trim()
+    };
+    let text = format!(
+        "Hint from the person: {hint}\n\nTaxonomy paths:\n{lines}\nSituation tag vocabulary: {}",
+        input.situation_tags.join(", ")
+    );
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "major": {"type": "string", "enum": majors},
+            "middle": {"type": "string", "enum": middles},
+            "minor": {"type": "string", "enum": minors},
+            "item_name": {"type": "string"},
+            "confidence": {"type": "number"},
+            "situation_tags": {
+                "type": "array",
+                "items": {"type": "string", "enum": input.situation_tags},
+            },
+        },
+        "required": ["major", "middle", "minor", "item_name", "confidence", "situation_tags"],
+        "additionalProperties": false,
+    });
+    json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": CLASSIFY_SYSTEM_PROMPT},
+            {"role": "user", "content": [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": image_url}},
+            ]},
+        ],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "waste_classification", "strict": true, "schema": schema},
+        },
+    })
+}
+
+fn push_unique(v: &mut Vec<String>, s: &str) {
+    if !v.iter().any(|x| x == s) {
+        v.push(s.to_owned());
+    }
+}
+
+pub(crate) fn classify_estimate(input: &ClassifyInput) -> u32 {
+    let text: usize = input
+        .taxonomy
+        .iter()
+        .map(|p| p.major.len() + p.middle.len() + p.minor.len() + p.name_en.len() + 32)
+        .sum::<usize>()
+        + input.hint.len()
+        + CLASSIFY_SYSTEM_PROMPT.len();
+    u32::try_from(text / 4).unwrap_or(u32::MAX) + IMAGE_TOKEN_ESTIMATE + CLASSIFY_OUTPUT_ESTIMATE
+}
+
+pub(crate) fn answer_body(input: &AnswerInput, model: &str) -> Value {
+    json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": input.system_prompt},
+            {"role": "user", "content": input.user_prompt},
+        ],
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+}
+
+pub(crate) fn answer_estimate(input: &AnswerInput) -> u32 {
+    u32::try_from((input.system_prompt.len() + input.user_prompt.len()) / 4).unwrap_or(u32::MAX)
+        + ANSWER_OUTPUT_ESTIMATE
+}
+
+#[derive(Deserialize)]
+struct Completion {
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    choices: Vec<Choice>,
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: Option<Message>,
+    delta: Option<Message>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    content: Option<String>,
+    refusal: Option<String>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+pub(crate) struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u32,
+    #[serde(default)]
+    pub completion_tokens: u32,
+}
+
+#[derive(Deserialize)]
+struct ClassifyJson {
+    major: String,
+    middle: String,
+    minor: String,
+    item_name: String,
+    confidence: f32,
+    situation_tags: Vec<String>,
+}
+
+/// Parses a non-streamed completion whose message content is the classification JSON.
+pub(crate) fn parse_classification(
+    body: &str,
+    requested_model: &str,
+) -> Result<(ClassifyOutput, Usage), LlmError> {
+    let completion: Completion = serde_json::from_str(body)
+        .map_err(|e| LlmError::Malformed(format!("response is not a chat completion: {e}")))?;
+    let message = completion
+        .choices
+        .into_iter()
+        .next()
+        .and_then(|c| c.message)
+        .ok_or_else(|| LlmError::Malformed("completion has no message".into()))?;
+    if let Some(refusal) = message.refusal.filter(|r| !r.is_empty()) {
+        return Err(LlmError::Malformed(format!("model refused: {refusal}")));
+    }
+    let content = message
+        .content
+        .ok_or_else(|| LlmError::Malformed("completion message has no content".into()))?;
+    let c: ClassifyJson = serde_json::from_str(&content).map_err(|e| {
+        LlmError::Malformed(format!(
+            "content does not match the classification schema: {e}"
+        ))
+    })?;
+    if !(0.0..=1.0).contains(&c.confidence) {
+        return Err(LlmError::Malformed(format!(
+            "confidence {} is outside 0..1",
+            c.confidence
+        )));
+    }
+    let model = if completion.model.is_empty() {
+        requested_model.to_owned()
+    } else {
+        completion.model
+    };
+    Ok((
+        ClassifyOutput {
+            major: c.major,
+            middle: c.middle,
+            minor: c.minor,
+            item_name: c.item_name,
+            confidence: c.confidence,
+            situation_tags: c.situation_tags,
+            provider: crate::Provider::OpenAi.as_str().to_owned(),
+            model,
+        },
+        completion.usage.unwrap_or_default(),
+    ))
+}
+
+/// What one SSE `data:` line said.
+#[derive(Debug, PartialEq)]
+pub(crate) enum SseEvent {
+    Delta(String),
+    Usage {
+        model: String,
+        usage_in: u32,
+        usage_out: u32,
+    },
+    Done,
+    Nothing,
+}
+
+/// Splits a byte stream into lines and parses the `data:` ones (other SSE fields and comments
+/// are ignored).
+#[derive(Default)]
+pub(crate) struct SseParser {
+    buffer: Vec<u8>,
+}
+
+impl SseParser {
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, LlmError> {
+        self.buffer.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(pos) = self.buffer.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.buffer.drain(..=pos).collect();
+            let line = std::str::from_utf8(&line)
+                .map_err(|_| LlmError::Malformed("stream line is not utf-8".into()))?
+                .trim_end_matches(['\n', '\r']);
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            events.extend(parse_data(data.trim())?);
+        }
+        Ok(events)
+    }
+}
+
+fn parse_data(data: &str) -> Result<Vec<SseEvent>, LlmError> {
+    if data == "[DONE]" {
+        return Ok(vec![SseEvent::Done]);
+    }
+    let value: Value = serde_json::from_str(data)
+        .map_err(|e| LlmError::Malformed(format!("stream chunk is not json: {e}")))?;
+    if let Some(error) = value.get("error") {
+        return Err(LlmError::Upstream {
+            status: 200,
+            body: truncate(error.to_string(), MAX_ERROR_BODY),
+        });
+    }
+    let chunk: Completion = serde_json::from_value(value)
+        .map_err(|e| LlmError::Malformed(format!("stream chunk is not a completion chunk: {e}")))?;
+    let mut events = Vec::new();
+    for choice in chunk.choices {
+        if let Some(text) = choice
+            .delta
+            .and_then(|d| d.content)
+            .filter(|t| !t.is_empty())
+        {
+            events.push(SseEvent::Delta(text));
+        }
+    }
+    if let Some(usage) = chunk.usage {
+        events.push(SseEvent::Usage {
+            model: chunk.model,
+            usage_in: usage.prompt_tokens,
+            usage_out: usage.completion_tokens,
+        });
+    }
+    if events.is_empty() {
+        events.push(SseEvent::Nothing);
+    }
+    Ok(events)
+}
+
+/// Reads the next body chunk, waiting at most `timeout` for it.
+pub(crate) async fn next_chunk(
+    body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    timeout: Duration,
+) -> Result<Option<bytes::Bytes>, LlmError> {
+    match tokio::time::timeout(timeout, body.next()).await {
+        Err(_) => Err(LlmError::Timeout(timeout)),
+        Ok(None) => Ok(None),
+        Ok(Some(Err(e))) => Err(LlmError::Transport(error_chain(&e))),
+        Ok(Some(Ok(b))) => Ok(Some(b)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_parser_yields_deltas_usage_and_done_across_split_chunks() {
+        let mut p = SseParser::default();
+        let mut events = p
+            .push(b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"Hel")
+            .unwrap();
+        assert!(events.is_empty());
+        events.extend(
+            p.push(b"lo\"}}]}\r\n\r\n: keepalive\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n")
+                .unwrap(),
+        );
+        assert_eq!(
+            events,
+            vec![
+                SseEvent::Delta("Hello".into()),
+                SseEvent::Usage {
+                    model: "m".into(),
+                    usage_in: 3,
+                    usage_out: 1
+                },
+                SseEvent::Done
+            ]
+        );
+    }
+
+    #[test]
+    fn classification_with_confidence_out_of_range_is_malformed() {
+        let content = r#"{"major":"a","middle":"","minor":"c","item_name":"x","confidence":7,"situation_tags":[]}"#;
+        let body = json!({"choices":[{"message":{"content": content}}]}).to_string();
+        assert!(matches!(
+            parse_classification(&body, "m"),
+            Err(LlmError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn redacted_image_url_keeps_the_type_and_size_only() {
+        let input = ClassifyInput {
+            image: bytes::Bytes::from_static(&[1, 2, 3]),
+            content_type: "image/png".into(),
+            ..ClassifyInput::default()
+        };
+        let (real, redacted) = image_urls(&input);
+        assert_eq!(real, "data:image/png;base64,AQID");
+        assert_eq!(redacted, "data:image/png;base64,<3 bytes>");
+    }
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        assert_eq!(truncate("가나다".into(), 4), "가…");
+    }
+}

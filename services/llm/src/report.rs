@@ -1,0 +1,148 @@
+//! Reporting every model call to the analytics service without ever slowing the caller.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use backon::{ExponentialBuilder, Retryable};
+use ecoscan_proto::v1::{LlmCall, analytics_service_client::AnalyticsServiceClient};
+use tokio::sync::mpsc;
+
+/// Calls buffered in memory before new ones are dropped (and counted).
+pub const DEFAULT_BUFFER: usize = 1024;
+/// Calls sent on one `RecordStream`.
+const MAX_BATCH: usize = 256;
+const SEND_DEADLINE: Duration = Duration::from_secs(10);
+/// At most one "dropped" warning per this interval; the counter keeps the exact number.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Sends [`LlmCall`]s to `AnalyticsService.RecordStream` from a background task.
+///
+/// `report` never waits: calls go into a bounded buffer, and when it is full (analytics slow or
+/// down) the call is dropped, counted in [`AnalyticsReporter::dropped`] and warned about. A
+/// batch that still fails after a few retries is dropped the same way. Clones share the buffer;
+/// the background task ends once every clone is gone and the buffer is drained.
+#[derive(Clone)]
+pub struct AnalyticsReporter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tx: mpsc::Sender<LlmCall>,
+    counters: Arc<Counters>,
+    last_warning: Mutex<Option<Instant>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    dropped: AtomicU64,
+    sent: AtomicU64,
+}
+
+impl AnalyticsReporter {
+    /// A reporter for the analytics service at `url` (e.g. `http://127.0.0.1:50056`). Connects
+    /// lazily; must be called inside a Tokio runtime.
+    pub fn new(url: &str) -> anyhow::Result<Self> {
+        Self::with_buffer(url, DEFAULT_BUFFER)
+    }
+
+    /// Like [`AnalyticsReporter::new`] with a buffer of `capacity` calls.
+    pub fn with_buffer(url: &str, capacity: usize) -> anyhow::Result<Self> {
+        let client = AnalyticsServiceClient::new(ecoscan_common::client::channel(url)?);
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let counters = Arc::new(Counters::default());
+        // Deliberately not instrumented: sends must not join the trace of whichever call
+        // happened to be first in the batch.
+        tokio::spawn(drain(client, rx, counters.clone()));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                tx,
+                counters,
+                last_warning: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Queues `call` for sending; never waits.
+    pub fn report(&self, call: LlmCall) {
+        if self.inner.tx.try_send(call).is_err() {
+            let total = self.inner.counters.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            self.warn_dropped(total);
+        }
+    }
+
+    /// Calls dropped so far (buffer full, or analytics unreachable after retries).
+    pub fn dropped(&self) -> u64 {
+        self.inner.counters.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Calls acknowledged by analytics so far.
+    pub fn sent(&self) -> u64 {
+        self.inner.counters.sent.load(Ordering::Relaxed)
+    }
+
+    fn warn_dropped(&self, total: u64) {
+        let mut last = self
+            .inner
+            .last_warning
+            .lock()
+            .expect("warning lock is never poisoned");
+        if last.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                dropped_total = total,
+                "analytics buffer full, llm call reports are being dropped"
+            );
+        }
+    }
+}
+
+type Client = AnalyticsServiceClient<ecoscan_common::client::TracedChannel>;
+
+async fn drain(client: Client, mut rx: mpsc::Receiver<LlmCall>, counters: Arc<Counters>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let calls = std::mem::take(&mut batch);
+        let n = calls.len() as u64;
+        let send = || {
+            let mut client = client.clone();
+            let calls = calls.clone();
+            async move {
+                client
+                    .record_stream(ecoscan_common::client::request(
+                        tokio_stream::iter(calls),
+                        SEND_DEADLINE,
+                    ))
+                    .await
+            }
+        };
+        let result = send
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(200))
+                    .with_max_times(2)
+                    .with_jitter(),
+            )
+            .sleep(tokio::time::sleep)
+            .await;
+        match result {
+            Ok(_) => {
+                counters.sent.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(status) => {
+                let total = counters.dropped.fetch_add(n, Ordering::Relaxed) + n;
+                tracing::warn!(
+                    calls = n,
+                    dropped_total = total,
+                    code = ?status.code(),
+                    error = %status.message(),
+                    "failed to report llm calls to analytics, dropping them"
+                );
+            }
+        }
+    }
+}
