@@ -77,9 +77,24 @@ pub async fn serve(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), on_shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), on_shutdown)
         .await?;
     Ok(())
+}
+
+/// Accepted connections with `TCP_NODELAY`: without it, small replies wait for delayed ACKs and
+/// every unary call takes ~40 ms longer.
+fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        if let Err(e) = conn.set_nodelay(true) {
+            tracing::debug!(error = %e, "failed to set TCP_NODELAY");
+        }
+        Ok(conn)
+    })
 }
 
 fn rpc_span<B>(req: &http::Request<B>) -> Span {
