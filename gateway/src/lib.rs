@@ -224,6 +224,12 @@ pub async fn serve(
     let app = router_with_shutdown(config, shutdown.clone())?;
     let addr = listener.local_addr().context("listener has no address")?;
     tracing::info!(%addr, "gateway listening");
+    // Without TCP_NODELAY small responses wait for delayed ACKs (~40 ms each).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "failed to set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
