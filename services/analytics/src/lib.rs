@@ -1,1 +1,532 @@
+//! `ecoscan.v1.AnalyticsService`: records every LLM call (rows in SQL, bodies in an object store)
+//! through one group-commit writer, and answers usage aggregates.
 
+mod error;
+pub mod store;
+pub mod writer;
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, bail};
+use ecoscan_common::{
+    CancellationToken,
+    config::{env_duration, env_or},
+};
+use ecoscan_proto::{
+    Timestamp,
+    v1::{
+        CallStatus, GetCallRequest, LlmCall, RecordResponse, RecordStreamResponse, UsageRequest,
+        UsageResponse, UsageRow,
+        analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
+    },
+};
+use tokio::{net::TcpListener, sync::oneshot};
+use tonic::{Request, Response, Status, Streaming};
+
+pub use error::Error;
+use store::{BodyStore, CallRow, CallStore, LocalDirBodyStore, SqliteCallStore, UsageSample};
+use writer::{Ack, BatchOptions, NewCall, Writer};
+
+/// Fully-qualified gRPC service name.
+pub const SERVICE_NAME: &str = "ecoscan.v1.AnalyticsService";
+
+/// Default database: a SQLite file under `./data`.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://./data/analytics.db?mode=rwc";
+
+/// Default directory for LLM request/response bodies.
+pub const DEFAULT_BODY_DIR: &str = "./data/analytics-bodies";
+
+/// Configuration of the analytics service.
+///
+/// Environment variables:
+/// - `ANALYTICS_DATABASE_URL`: sqlx database URL (default `sqlite://./data/analytics.db?mode=rwc`;
+///   the parent directory of a file is created).
+/// - `ANALYTICS_BODY_DIR`: directory of the body objects (default `./data/analytics-bodies`).
+/// - `ANALYTICS_BATCH_MAX_ROWS`: most calls per group commit (default 500, at most 1000).
+/// - `ANALYTICS_BATCH_LINGER`: how long a batch waits for more calls, e.g. `2ms` (default 2 ms).
+/// - `ANALYTICS_QUEUE_CAPACITY`: calls queued for the writer before callers wait (default 4096).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: String,
+    pub body_dir: PathBuf,
+    pub batch_max_rows: usize,
+    pub batch_linger: Duration,
+    pub queue_capacity: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
+            body_dir: PathBuf::from(DEFAULT_BODY_DIR),
+            batch_max_rows: 500,
+            batch_linger: Duration::from_millis(2),
+            queue_capacity: 4096,
+        }
+    }
+}
+
+impl Config {
+    /// Reads the configuration from the environment (see the type's docs).
+    pub fn from_env() -> anyhow::Result<Self> {
+        let d = Self::default();
+        let config = Self {
+            database_url: env_or("ANALYTICS_DATABASE_URL", d.database_url)?,
+            body_dir: env_or("ANALYTICS_BODY_DIR", d.body_dir)?,
+            batch_max_rows: env_or("ANALYTICS_BATCH_MAX_ROWS", d.batch_max_rows)?,
+            batch_linger: env_duration("ANALYTICS_BATCH_LINGER", d.batch_linger)?,
+            queue_capacity: env_or("ANALYTICS_QUEUE_CAPACITY", d.queue_capacity)?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if !(1..=1000).contains(&self.batch_max_rows) {
+            bail!(
+                "batch_max_rows must be between 1 and 1000, got {}",
+                self.batch_max_rows
+            );
+        }
+        if self.queue_capacity == 0 {
+            bail!("queue_capacity must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Serves `ecoscan.v1.AnalyticsService` (with health and reflection) on `listener` until
+/// `shutdown` is cancelled; calls accepted before shutdown are committed before it returns.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    config.validate()?;
+    let store = Arc::new(
+        SqliteCallStore::connect(&config.database_url)
+            .await
+            .context("failed to open the analytics database")?,
+    );
+    let bodies = Arc::new(LocalDirBodyStore::open(&config.body_dir).await?);
+    let stop_writer = CancellationToken::new();
+    let (writer, writer_task) = Writer::spawn(
+        store.clone(),
+        bodies.clone(),
+        BatchOptions {
+            max_rows: config.batch_max_rows,
+            linger: config.batch_linger,
+            queue_capacity: config.queue_capacity,
+        },
+        stop_writer.clone(),
+    );
+    let svc = AnalyticsServiceServer::new(Analytics::new(store.clone(), bodies, writer))
+        .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
+    tracing::info!("analytics service ready");
+    let result = ecoscan_common::server::serve(
+        tonic::service::Routes::new(svc),
+        &[SERVICE_NAME],
+        listener,
+        shutdown,
+    )
+    .await;
+    // In-flight RPCs are done: flush what the writer still holds, then close the database.
+    stop_writer.cancel();
+    if let Err(e) = writer_task.await {
+        tracing::error!(error = %e, "analytics writer task failed");
+    }
+    store.close().await;
+    result
+}
+
+/// The AnalyticsService implementation over any [`CallStore`] and [`BodyStore`].
+pub struct Analytics<S, B> {
+    store: Arc<S>,
+    bodies: Arc<B>,
+    writer: Writer,
+}
+
+/// Acks a record stream may leave outstanding before it waits for the oldest: bounds a long
+/// stream's memory while keeping enough calls in flight to fill batches.
+const MAX_UNACKED_PER_STREAM: usize = 2048;
+
+impl<S: CallStore, B: BodyStore> Analytics<S, B> {
+    /// A service reading from `store` and `bodies` and writing through `writer`.
+    pub fn new(store: Arc<S>, bodies: Arc<B>, writer: Writer) -> Self {
+        Self {
+            store,
+            bodies,
+            writer,
+        }
+    }
+
+    async fn submit(&self, call: NewCall) -> Result<oneshot::Receiver<Ack>, Error> {
+        self.writer
+            .submit(call)
+            .await
+            .map_err(|_| Error::ShuttingDown)
+    }
+
+    /// Records one call and returns after it is committed.
+    pub async fn record(&self, call: LlmCall) -> Result<RecordResponse, Error> {
+        let call = validate(call)?;
+        let call_id = call.row.call_id.clone();
+        let duplicate = settle(self.submit(call).await?).await?;
+        Ok(RecordResponse { call_id, duplicate })
+    }
+
+    /// Records a stream of calls; see [`AnalyticsService::record_stream`].
+    pub async fn record_stream(
+        &self,
+        mut stream: Streaming<LlmCall>,
+    ) -> Result<RecordStreamResponse, Status> {
+        let mut unacked = VecDeque::new();
+        let mut counts = RecordStreamResponse::default();
+        let mut index = 0_u64;
+        let outcome = loop {
+            match stream.message().await {
+                Ok(Some(call)) => match validate(call) {
+                    Ok(call) => {
+                        tracing::info!(index, call_id = %call.row.call_id, "call received");
+                        unacked.push_back(self.submit(call).await?);
+                        if unacked.len() > MAX_UNACKED_PER_STREAM
+                            && let Some(oldest) = unacked.pop_front()
+                        {
+                            count(&mut counts, settle(oldest).await?);
+                        }
+                    }
+                    Err(e) => {
+                        break Err(Status::from(Error::InvalidStreamItem {
+                            index,
+                            source: Box::new(e),
+                        }));
+                    }
+                },
+                Ok(None) => break Ok(()),
+                // The client broke the stream; what it sent before is committed anyway.
+                Err(status) => break Err(status),
+            }
+            index += 1;
+        };
+        // Every call accepted before the end (or the bad one) is committed before answering, so
+        // the error message can promise it.
+        for rx in unacked {
+            count(&mut counts, settle(rx).await?);
+        }
+        tracing::info!(
+            recorded = counts.recorded,
+            duplicates = counts.duplicates,
+            "record stream settled"
+        );
+        outcome.map(|()| counts)
+    }
+
+    /// Aggregates per (service, model) over the window; see [`UsageRequest`].
+    pub async fn usage(&self, req: UsageRequest) -> Result<UsageResponse, Error> {
+        let until = req.until.map_or_else(now_us, |t| ts_to_us(&t));
+        let since = req
+            .since
+            .map_or(until.saturating_sub(24 * 3600 * 1_000_000), |t| {
+                ts_to_us(&t)
+            });
+        if since > until {
+            return Err(Error::InvalidWindow);
+        }
+        let samples = self
+            .store
+            .usage_samples(since, until)
+            .await
+            .map_err(Error::Internal)?;
+        Ok(UsageResponse {
+            since: Some(us_to_ts(since)),
+            until: Some(us_to_ts(until)),
+            rows: aggregate(samples),
+        })
+    }
+
+    /// The call with `call_id`, bodies included.
+    pub async fn get_call(&self, call_id: &str) -> Result<LlmCall, Error> {
+        let call_id = canonical_call_id(call_id)?;
+        let row = self
+            .store
+            .get(&call_id)
+            .await
+            .map_err(Error::Internal)?
+            .ok_or_else(|| Error::NotFound(call_id.clone()))?;
+        let (request_body, response_body) = if row.body_key.is_empty() {
+            (String::new(), String::new())
+        } else {
+            let object = self
+                .bodies
+                .get(&row.body_key)
+                .await
+                .map_err(Error::Internal)?
+                .ok_or_else(|| {
+                    Error::Internal(anyhow::anyhow!("body object {} is missing", row.body_key))
+                })?;
+            split_bodies(&object, &row).map_err(Error::Internal)?
+        };
+        Ok(row_to_call(row, request_body, response_body))
+    }
+}
+
+fn count(counts: &mut RecordStreamResponse, duplicate: bool) {
+    if duplicate {
+        counts.duplicates += 1;
+    } else {
+        counts.recorded += 1;
+    }
+}
+
+async fn settle(rx: oneshot::Receiver<Ack>) -> Result<bool, Error> {
+    match rx.await {
+        Ok(Ok(duplicate)) => Ok(duplicate),
+        Ok(Err(_)) => Err(Error::Internal(anyhow::anyhow!(
+            "the batch holding the call failed"
+        ))),
+        Err(_) => Err(Error::ShuttingDown),
+    }
+}
+
+fn canonical_call_id(id: &str) -> Result<String, Error> {
+    let id = id.trim();
+    if id.is_empty() {
+        return Err(Error::EmptyCallId);
+    }
+    // One spelling per id, so "ABC…" and "abc…" are the same call.
+    uuid::Uuid::parse_str(id)
+        .map(|u| u.hyphenated().to_string())
+        .map_err(|_| Error::InvalidCallId(id.to_owned()))
+}
+
+fn valid_duration(field: &'static str, ms: f64) -> Result<f64, Error> {
+    if ms.is_finite() && ms >= 0.0 {
+        Ok(ms)
+    } else {
+        Err(Error::InvalidDuration { field })
+    }
+}
+
+fn validate(call: LlmCall) -> Result<NewCall, Error> {
+    let call_id = canonical_call_id(&call.call_id)?;
+    if call.service.trim().is_empty() {
+        return Err(Error::EmptyService);
+    }
+    if call.model.trim().is_empty() {
+        return Err(Error::EmptyModel);
+    }
+    let latency_ms = valid_duration("latency_ms", call.latency_ms)?;
+    let ttft_ms = valid_duration("ttft_ms", call.ttft_ms)?;
+    if CallStatus::try_from(call.status).is_err() {
+        return Err(Error::InvalidStatus(call.status));
+    }
+    let now = now_us();
+    Ok(NewCall {
+        row: CallRow {
+            call_id,
+            service: call.service,
+            provider: call.provider,
+            model: call.model,
+            operation: call.operation,
+            input_tokens: i64::from(call.input_tokens),
+            output_tokens: i64::from(call.output_tokens),
+            latency_ms,
+            ttft_ms,
+            status: call.status,
+            error: call.error,
+            body_key: String::new(),
+            body_offset: 0,
+            request_len: 0,
+            response_len: 0,
+            job_id: call.job_id,
+            trace_id: call.trace_id,
+            // A call without a start time is counted as starting when it was recorded.
+            started_at_us: call.started_at.map_or(now, |t| ts_to_us(&t)),
+            recorded_at_us: now,
+        },
+        request_body: call.request_body,
+        response_body: call.response_body,
+    })
+}
+
+fn split_bodies(object: &[u8], row: &CallRow) -> anyhow::Result<(String, String)> {
+    let start = usize::try_from(row.body_offset)?;
+    let mid = start + usize::try_from(row.request_len)?;
+    let end = mid + usize::try_from(row.response_len)?;
+    let (Some(request), Some(response)) = (object.get(start..mid), object.get(mid..end)) else {
+        bail!(
+            "body object {} is shorter than the call's bodies ({end} > {} bytes)",
+            row.body_key,
+            object.len()
+        );
+    };
+    Ok((
+        String::from_utf8(request.to_vec())?,
+        String::from_utf8(response.to_vec())?,
+    ))
+}
+
+fn row_to_call(row: CallRow, request_body: String, response_body: String) -> LlmCall {
+    LlmCall {
+        call_id: row.call_id,
+        service: row.service,
+        provider: row.provider,
+        model: row.model,
+        operation: row.operation,
+        input_tokens: u32::try_from(row.input_tokens).unwrap_or(u32::MAX),
+        output_tokens: u32::try_from(row.output_tokens).unwrap_or(u32::MAX),
+        latency_ms: row.latency_ms,
+        ttft_ms: row.ttft_ms,
+        status: row.status,
+        error: row.error,
+        request_body,
+        response_body,
+        job_id: row.job_id,
+        trace_id: row.trace_id,
+        started_at: Some(us_to_ts(row.started_at_us)),
+    }
+}
+
+#[derive(Default)]
+struct Group {
+    calls: u64,
+    errors: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    latencies: Vec<f64>,
+}
+
+/// Sums and nearest-rank latency percentiles per (service, model), sorted by service then model.
+fn aggregate(samples: Vec<UsageSample>) -> Vec<UsageRow> {
+    let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
+    for s in samples {
+        let g = groups.entry((s.service, s.model)).or_default();
+        g.calls += 1;
+        g.errors += u64::from(s.status == CallStatus::Error as i32);
+        g.input_tokens += u64::try_from(s.input_tokens).unwrap_or(0);
+        g.output_tokens += u64::try_from(s.output_tokens).unwrap_or(0);
+        g.latencies.push(s.latency_ms);
+    }
+    groups
+        .into_iter()
+        .map(|((service, model), mut g)| {
+            g.latencies.sort_by(f64::total_cmp);
+            UsageRow {
+                service,
+                model,
+                calls: g.calls,
+                errors: g.errors,
+                input_tokens: g.input_tokens,
+                output_tokens: g.output_tokens,
+                latency_p50_ms: nearest_rank(&g.latencies, 50),
+                latency_p95_ms: nearest_rank(&g.latencies, 95),
+            }
+        })
+        .collect()
+}
+
+/// The `percent`th percentile of ascending `sorted` by the nearest-rank method: the value at rank
+/// ⌈percent/100 · n⌉ (1-based). 0 for no values.
+fn nearest_rank(sorted: &[f64], percent: usize) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (percent * sorted.len()).div_ceil(100).max(1);
+    sorted[rank - 1]
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+fn ts_to_us(t: &Timestamp) -> i64 {
+    t.seconds
+        .saturating_mul(1_000_000)
+        .saturating_add(i64::from(t.nanos) / 1_000)
+}
+
+fn us_to_ts(us: i64) -> Timestamp {
+    Timestamp {
+        seconds: us.div_euclid(1_000_000),
+        nanos: i32::try_from(us.rem_euclid(1_000_000) * 1_000).expect("below one second in nanos"),
+    }
+}
+
+#[tonic::async_trait]
+impl<S: CallStore, B: BodyStore> AnalyticsService for Analytics<S, B> {
+    #[tracing::instrument(skip_all, fields(call_id = %request.get_ref().call_id, service = %request.get_ref().service))]
+    async fn record(&self, request: Request<LlmCall>) -> Result<Response<RecordResponse>, Status> {
+        let res = Analytics::record(self, request.into_inner()).await?;
+        tracing::info!(duplicate = res.duplicate, "call recorded");
+        Ok(Response::new(res))
+    }
+
+    /// Items are validated as they arrive; an invalid one ends the stream with INVALID_ARGUMENT
+    /// naming its index, and every call received before it is committed (the message says so).
+    #[tracing::instrument(skip_all)]
+    async fn record_stream(
+        &self,
+        request: Request<Streaming<LlmCall>>,
+    ) -> Result<Response<RecordStreamResponse>, Status> {
+        Analytics::record_stream(self, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn usage(
+        &self,
+        request: Request<UsageRequest>,
+    ) -> Result<Response<UsageResponse>, Status> {
+        let res = Analytics::usage(self, request.into_inner()).await?;
+        tracing::info!(rows = res.rows.len(), "usage aggregated");
+        Ok(Response::new(res))
+    }
+
+    #[tracing::instrument(skip_all, fields(call_id = %request.get_ref().call_id))]
+    async fn get_call(
+        &self,
+        request: Request<GetCallRequest>,
+    ) -> Result<Response<LlmCall>, Status> {
+        Ok(Response::new(
+            Analytics::get_call(self, &request.into_inner().call_id).await?,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_picks_the_ceiling_rank() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(nearest_rank(&v, 50), 5.0);
+        assert_eq!(nearest_rank(&v, 95), 10.0);
+        assert_eq!(nearest_rank(&[7.0], 50), 7.0);
+        assert_eq!(nearest_rank(&[], 95), 0.0);
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(nearest_rank(&v, 95), 19.0);
+    }
+
+    #[test]
+    fn call_ids_are_canonicalised_and_checked() {
+        let id = "6F9619FF-8B86-D011-B42D-00C04FC964FF";
+        assert_eq!(
+            canonical_call_id(id).unwrap(),
+            "6f9619ff-8b86-d011-b42d-00c04fc964ff"
+        );
+        assert!(matches!(canonical_call_id(" "), Err(Error::EmptyCallId)));
+        assert!(matches!(
+            canonical_call_id("nope"),
+            Err(Error::InvalidCallId(_))
+        ));
+    }
+}

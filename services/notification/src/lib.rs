@@ -1,1 +1,503 @@
+//! `ecoscan.v1.NotificationService`: an inbox in SQL, notifications delivered now or at a due
+//! time by a scheduler, and a live stream per user fed by an in-process hub.
 
+mod error;
+pub mod hub;
+pub mod scheduler;
+pub mod store;
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, bail};
+use ecoscan_common::{
+    CancellationToken,
+    config::{env_duration, env_or},
+};
+use ecoscan_proto::{
+    Timestamp,
+    v1::{
+        CancelRequest, CancelResponse, ListRequest, ListResponse, Notification, NotificationStatus,
+        NotifyRequest, ScheduleRequest, SubscribeRequest,
+        notification_service_server::{NotificationService, NotificationServiceServer},
+    },
+};
+use tokio::{net::TcpListener, sync::mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+pub use error::Error;
+use hub::{Ended, Hub};
+use scheduler::{MemoryScheduler, Scheduler};
+use store::{CancelOutcome, NotificationRow, NotificationStore, SqliteNotificationStore};
+
+/// Fully-qualified gRPC service name.
+pub const SERVICE_NAME: &str = "ecoscan.v1.NotificationService";
+
+/// Default database: a SQLite file under `./data`.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://./data/notification.db?mode=rwc";
+
+/// `List` returns this many when the request gives no limit.
+pub const DEFAULT_LIST_LIMIT: u32 = 50;
+/// `List` never returns more than this many; larger limits are clamped.
+pub const MAX_LIST_LIMIT: u32 = 500;
+/// How far ahead a notification may be scheduled.
+pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Due notifications claimed per scheduler round.
+const CLAIM_BATCH: usize = 2000;
+/// Longest the delivery loop sleeps without looking at the scheduler.
+const MAX_IDLE: Duration = Duration::from_secs(60);
+
+/// Configuration of the notification service.
+///
+/// Environment variables:
+/// - `NOTIFICATION_DATABASE_URL`: sqlx database URL (default
+///   `sqlite://./data/notification.db?mode=rwc`; the parent directory of a file is created).
+/// - `NOTIFICATION_SUBSCRIBER_BUFFER`: notifications a live subscriber may fall behind by before
+///   its stream is ended with RESOURCE_EXHAUSTED (default 64).
+/// - `NOTIFICATION_DELIVERY_LEASE`: how long a claimed due notification stays claimed before
+///   another round may retry it, e.g. `30s` (default 30 s).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: String,
+    pub subscriber_buffer: usize,
+    pub delivery_lease: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
+            subscriber_buffer: 64,
+            delivery_lease: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the configuration from the environment (see the type's docs).
+    pub fn from_env() -> anyhow::Result<Self> {
+        let d = Self::default();
+        let config = Self {
+            database_url: env_or("NOTIFICATION_DATABASE_URL", d.database_url)?,
+            subscriber_buffer: env_or("NOTIFICATION_SUBSCRIBER_BUFFER", d.subscriber_buffer)?,
+            delivery_lease: env_duration("NOTIFICATION_DELIVERY_LEASE", d.delivery_lease)?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.subscriber_buffer == 0 {
+            bail!("subscriber_buffer must be at least 1");
+        }
+        if self.delivery_lease.is_zero() {
+            bail!("delivery_lease must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Serves `ecoscan.v1.NotificationService` (with health and reflection) on `listener` until
+/// `shutdown` is cancelled. Notifications still scheduled in the database are loaded into the
+/// scheduler first, so none is lost across restarts.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    config.validate()?;
+    let store = Arc::new(
+        SqliteNotificationStore::connect(&config.database_url)
+            .await
+            .context("failed to open the notification database")?,
+    );
+    let scheduler = Arc::new(MemoryScheduler::new());
+    let pending = store.pending().await?;
+    tracing::info!(pending = pending.len(), "reloading scheduled notifications");
+    for (id, due) in pending {
+        scheduler.add(id, due).await?;
+    }
+    let hub = Hub::new(config.subscriber_buffer);
+
+    let stop_delivery = CancellationToken::new();
+    let delivery = tokio::spawn(
+        deliver_due(
+            store.clone(),
+            scheduler.clone(),
+            hub.clone(),
+            config.delivery_lease,
+            stop_delivery.clone(),
+        )
+        .instrument(tracing::info_span!("notification.delivery")),
+    );
+
+    let svc = NotificationServiceServer::new(Notifications::new(
+        store.clone(),
+        scheduler,
+        hub,
+        shutdown.clone(),
+    ))
+    .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
+    let result = ecoscan_common::server::serve(
+        tonic::service::Routes::new(svc),
+        &[SERVICE_NAME],
+        listener,
+        shutdown,
+    )
+    .await;
+    stop_delivery.cancel();
+    if let Err(e) = delivery.await {
+        tracing::error!(error = %e, "delivery task failed");
+    }
+    store.close().await;
+    result
+}
+
+/// Delivers scheduled notifications as they fall due until `stop` is cancelled.
+async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
+    store: Arc<St>,
+    scheduler: Arc<Sc>,
+    hub: Arc<Hub>,
+    lease: Duration,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let claimed = match scheduler.claim_due(now_us(), CLAIM_BATCH, lease).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::error!(error = ?e, "failed to claim due notifications");
+                Vec::new()
+            }
+        };
+        for id in &claimed {
+            deliver_one(&*store, &*scheduler, &hub, id).await;
+        }
+        if claimed.len() == CLAIM_BATCH {
+            continue;
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = scheduler.wait(MAX_IDLE) => {}
+        }
+    }
+}
+
+async fn deliver_one<St: NotificationStore, Sc: Scheduler>(
+    store: &St,
+    scheduler: &Sc,
+    hub: &Hub,
+    id: &str,
+) {
+    match store.mark_delivered(id, now_us()).await {
+        Ok(Some(row)) => {
+            let n = to_proto(row);
+            let subscribers = hub.publish(&n);
+            tracing::info!(id, user_id = %n.user_id, subscribers, "scheduled notification delivered");
+        }
+        // Cancelled, or delivered by an earlier claim: nothing to do.
+        Ok(None) => tracing::debug!(id, "due notification is no longer scheduled"),
+        Err(e) => {
+            // Not acknowledged: the lease runs out and a later round retries it.
+            tracing::error!(id, error = ?e, "failed to deliver a due notification");
+            return;
+        }
+    }
+    if let Err(e) = scheduler.ack(id).await {
+        tracing::warn!(id, error = ?e, "failed to acknowledge a delivered notification");
+    }
+}
+
+/// The NotificationService implementation over any [`NotificationStore`] and [`Scheduler`].
+pub struct Notifications<St, Sc> {
+    store: Arc<St>,
+    scheduler: Arc<Sc>,
+    hub: Arc<Hub>,
+    /// Ends live streams when the server shuts down, so draining does not wait on them.
+    shutdown: CancellationToken,
+}
+
+impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
+    /// A service over `store` and `scheduler`, publishing through `hub`.
+    pub fn new(
+        store: Arc<St>,
+        scheduler: Arc<Sc>,
+        hub: Arc<Hub>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            scheduler,
+            hub,
+            shutdown,
+        }
+    }
+
+    /// Stores and delivers a notification now; a repeat of a dedupe key returns the first one
+    /// and publishes nothing.
+    pub async fn notify(&self, req: NotifyRequest) -> Result<Notification, Error> {
+        check_user_and_title(&req.user_id, &req.title)?;
+        let now = now_us();
+        let row = NotificationRow {
+            id: uuid::Uuid::now_v7().to_string(),
+            user_id: req.user_id,
+            kind: req.kind,
+            title: req.title,
+            body: req.body,
+            job_id: req.job_id,
+            dedupe_key: dedupe_key(req.dedupe_key),
+            status: store::Status::Delivered,
+            due_at_us: None,
+            created_at_us: now,
+            delivered_at_us: Some(now),
+        };
+        let (row, inserted) = self.store.insert(row).await.map_err(Error::Internal)?;
+        let n = to_proto(row);
+        if inserted {
+            let subscribers = self.hub.publish(&n);
+            tracing::info!(id = %n.id, subscribers, "notification delivered");
+        } else {
+            tracing::info!(id = %n.id, "deduplicated notification");
+        }
+        Ok(n)
+    }
+
+    /// Stores a notification for delivery at its due time (at once when that has passed).
+    pub async fn schedule(&self, req: ScheduleRequest) -> Result<Notification, Error> {
+        check_user_and_title(&req.user_id, &req.title)?;
+        let due = ts_to_us(&req.due_at.ok_or(Error::MissingDueAt)?);
+        let now = now_us();
+        let max_ahead = i64::try_from(MAX_SCHEDULE_AHEAD.as_micros()).expect("a year fits in i64");
+        if due > now.saturating_add(max_ahead) {
+            return Err(Error::DueTooFar);
+        }
+        let row = NotificationRow {
+            id: uuid::Uuid::now_v7().to_string(),
+            user_id: req.user_id,
+            kind: req.kind,
+            title: req.title,
+            body: req.body,
+            job_id: String::new(),
+            dedupe_key: dedupe_key(req.dedupe_key),
+            status: store::Status::Scheduled,
+            due_at_us: Some(due),
+            created_at_us: now,
+            delivered_at_us: None,
+        };
+        let (row, inserted) = self.store.insert(row).await.map_err(Error::Internal)?;
+        if !inserted {
+            tracing::info!(id = %row.id, "deduplicated schedule");
+            return Ok(to_proto(row));
+        }
+        if due <= now {
+            // Already due: deliver it in this call, through the same guarded update the
+            // scheduler uses.
+            let delivered = self
+                .store
+                .mark_delivered(&row.id, now)
+                .await
+                .map_err(Error::Internal)?;
+            if let Some(row) = delivered {
+                let n = to_proto(row);
+                let subscribers = self.hub.publish(&n);
+                tracing::info!(id = %n.id, subscribers, "past-due notification delivered at once");
+                return Ok(n);
+            }
+        }
+        self.scheduler
+            .add(row.id.clone(), due)
+            .await
+            .map_err(Error::Internal)?;
+        tracing::info!(id = %row.id, due_at_us = due, "notification scheduled");
+        Ok(to_proto(row))
+    }
+
+    /// Cancels a scheduled notification of `user_id`; cancelling one twice is not an error.
+    pub async fn cancel(&self, req: CancelRequest) -> Result<Notification, Error> {
+        if req.user_id.trim().is_empty() {
+            return Err(Error::EmptyUserId);
+        }
+        if req.id.trim().is_empty() {
+            return Err(Error::EmptyId);
+        }
+        match self
+            .store
+            .cancel(&req.id, &req.user_id)
+            .await
+            .map_err(Error::Internal)?
+        {
+            CancelOutcome::Cancelled(row) | CancelOutcome::AlreadyCancelled(row) => {
+                Ok(to_proto(row))
+            }
+            CancelOutcome::AlreadyDelivered(row) => Err(Error::AlreadyDelivered(row.id)),
+            // Another user's notification is indistinguishable from an unknown one.
+            CancelOutcome::NotFound => Err(Error::NotFound(req.id)),
+        }
+    }
+
+    /// `user_id`'s inbox, newest first.
+    pub async fn list(&self, req: ListRequest) -> Result<Vec<Notification>, Error> {
+        if req.user_id.trim().is_empty() {
+            return Err(Error::EmptyUserId);
+        }
+        let limit = match req.limit {
+            0 => DEFAULT_LIST_LIMIT,
+            n => n.min(MAX_LIST_LIMIT),
+        };
+        let rows = self
+            .store
+            .list(&req.user_id, limit)
+            .await
+            .map_err(Error::Internal)?;
+        Ok(rows.into_iter().map(to_proto).collect())
+    }
+}
+
+fn check_user_and_title(user_id: &str, title: &str) -> Result<(), Error> {
+    if user_id.trim().is_empty() {
+        return Err(Error::EmptyUserId);
+    }
+    if title.trim().is_empty() {
+        return Err(Error::EmptyTitle);
+    }
+    Ok(())
+}
+
+fn dedupe_key(key: String) -> Option<String> {
+    (!key.trim().is_empty()).then_some(key)
+}
+
+fn to_proto(row: NotificationRow) -> Notification {
+    let status = match row.status {
+        store::Status::Scheduled => NotificationStatus::Scheduled,
+        store::Status::Delivered => NotificationStatus::Delivered,
+        store::Status::Cancelled => NotificationStatus::Cancelled,
+    };
+    Notification {
+        id: row.id,
+        user_id: row.user_id,
+        kind: row.kind,
+        title: row.title,
+        body: row.body,
+        due_at: row.due_at_us.map(us_to_ts),
+        created_at: Some(us_to_ts(row.created_at_us)),
+        delivered_at: row.delivered_at_us.map(us_to_ts),
+        status: status as i32,
+        job_id: row.job_id,
+    }
+}
+
+pub(crate) fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+fn ts_to_us(t: &Timestamp) -> i64 {
+    t.seconds
+        .saturating_mul(1_000_000)
+        .saturating_add(i64::from(t.nanos) / 1_000)
+}
+
+fn us_to_ts(us: i64) -> Timestamp {
+    Timestamp {
+        seconds: us.div_euclid(1_000_000),
+        nanos: i32::try_from(us.rem_euclid(1_000_000) * 1_000).expect("below one second in nanos"),
+    }
+}
+
+#[tonic::async_trait]
+impl<St: NotificationStore, Sc: Scheduler> NotificationService for Notifications<St, Sc> {
+    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id, kind = %request.get_ref().kind))]
+    async fn notify(
+        &self,
+        request: Request<NotifyRequest>,
+    ) -> Result<Response<Notification>, Status> {
+        Ok(Response::new(
+            Notifications::notify(self, request.into_inner()).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id, kind = %request.get_ref().kind))]
+    async fn schedule(
+        &self,
+        request: Request<ScheduleRequest>,
+    ) -> Result<Response<Notification>, Status> {
+        Ok(Response::new(
+            Notifications::schedule(self, request.into_inner()).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip_all, fields(id = %request.get_ref().id, user_id = %request.get_ref().user_id))]
+    async fn cancel(
+        &self,
+        request: Request<CancelRequest>,
+    ) -> Result<Response<CancelResponse>, Status> {
+        let n = Notifications::cancel(self, request.into_inner()).await?;
+        tracing::info!("notification cancelled");
+        Ok(Response::new(CancelResponse {
+            notification: Some(n),
+        }))
+    }
+
+    type SubscribeStream = ReceiverStream<Result<Notification, Status>>;
+
+    /// Streams the user's notifications delivered from now on. A subscriber that falls more than
+    /// the subscriber buffer behind gets RESOURCE_EXHAUSTED; server shutdown ends it with
+    /// UNAVAILABLE.
+    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id))]
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let user_id = request.into_inner().user_id;
+        if user_id.trim().is_empty() {
+            return Err(Error::EmptyUserId.into());
+        }
+        // Subscribed before the response goes out: whatever is delivered after the caller sees
+        // the stream open reaches it.
+        let mut sub = self.hub.subscribe(&user_id);
+        let (tx, rx) = mpsc::channel(16);
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(
+            async move {
+                tracing::info!("subscriber joined");
+                loop {
+                    let item = tokio::select! {
+                        () = tx.closed() => break,
+                        () = shutdown.cancelled() => Err(Error::ShuttingDown),
+                        r = sub.recv() => r.map_err(|Ended::Lagged(n)| Error::SubscriberLagged(n)),
+                    };
+                    let last = item.is_err();
+                    if let Ok(n) = &item {
+                        tracing::info!(id = %n.id, "notification streamed");
+                    } else {
+                        tracing::warn!(error = ?item.as_ref().err(), "ending subscription");
+                    }
+                    let sent = tokio::select! {
+                        // A final status still goes out when there is room for it.
+                        biased;
+                        r = tx.send(item.map_err(Status::from)) => r.is_ok(),
+                        () = shutdown.cancelled() => false,
+                    };
+                    if last || !sent {
+                        break;
+                    }
+                }
+                tracing::info!("subscriber left");
+            }
+            .in_current_span(),
+        );
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id, limit = request.get_ref().limit))]
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let notifications = Notifications::list(self, request.into_inner()).await?;
+        Ok(Response::new(ListResponse { notifications }))
+    }
+}

@@ -1,1 +1,236 @@
+//! `ecoscan.v1.RewardService`: the character catalogue and who owns what. A scan of a recyclable
+//! item earns the character of its middle category, once per user; every decision is idempotent
+//! per job.
 
+pub mod catalogue;
+mod error;
+pub mod store;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use ecoscan_common::{CancellationToken, config::env_or};
+use ecoscan_proto::v1::{
+    EvaluateRequest, ListOwnedRequest, ListOwnedResponse, OwnedCharacter, RewardDecision,
+    reward_service_server::{RewardService, RewardServiceServer},
+};
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+pub use catalogue::Catalogue;
+pub use error::Error;
+use store::{Grant, RewardStore, SqliteRewardStore, StoredDecision};
+
+/// Fully-qualified gRPC service name.
+pub const SERVICE_NAME: &str = "ecoscan.v1.RewardService";
+
+/// Default database: a SQLite file under `./data`.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://./data/reward.db?mode=rwc";
+
+/// Configuration of the reward service.
+///
+/// Environment variables:
+/// - `REWARD_DATABASE_URL`: sqlx database URL (default `sqlite://./data/reward.db?mode=rwc`;
+///   `sqlite::memory:` for a throw-away database). The parent directory of a file is created.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where grants and decisions are stored.
+    pub database_url: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the configuration from the environment (see the type's docs).
+    pub fn from_env() -> anyhow::Result<Self> {
+        Ok(Self {
+            database_url: env_or("REWARD_DATABASE_URL", DEFAULT_DATABASE_URL.to_owned())?,
+        })
+    }
+}
+
+/// Serves `ecoscan.v1.RewardService` (with health and reflection) on `listener` until `shutdown`
+/// is cancelled.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let catalogue = Catalogue::embedded()?;
+    let store = SqliteRewardStore::connect(&config.database_url)
+        .await
+        .context("failed to open the reward database")?;
+    tracing::info!(characters = catalogue.len(), "reward service ready");
+    let svc = RewardServiceServer::new(Reward::new(catalogue, store.clone()))
+        .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
+    let result = ecoscan_common::server::serve(
+        tonic::service::Routes::new(svc),
+        &[SERVICE_NAME],
+        listener,
+        shutdown,
+    )
+    .await;
+    store.close().await;
+    result
+}
+
+/// The RewardService implementation over any [`RewardStore`].
+pub struct Reward<S> {
+    catalogue: Arc<Catalogue>,
+    store: S,
+}
+
+impl<S: RewardStore> Reward<S> {
+    /// A service granting characters from `catalogue`, stored in `store`.
+    pub fn new(catalogue: Catalogue, store: S) -> Self {
+        Self {
+            catalogue: Arc::new(catalogue),
+            store,
+        }
+    }
+
+    /// Decides (and grants) what the scan earns; see the RPC's docs.
+    pub async fn evaluate(&self, req: EvaluateRequest) -> Result<RewardDecision, Error> {
+        if req.job_id.trim().is_empty() {
+            return Err(Error::EmptyJobId);
+        }
+        if req.user_id.trim().is_empty() {
+            return Err(Error::EmptyUserId);
+        }
+        let classification = req.classification.ok_or(Error::MissingClassification)?;
+
+        // A replay returns the stored decision whatever it carries this time.
+        if let Some(stored) = self
+            .store
+            .decision(&req.job_id)
+            .await
+            .map_err(Error::Internal)?
+        {
+            return self.stored_to_proto(stored, &req.user_id);
+        }
+
+        // Ineligible decisions grant nothing and follow from the request alone, so they are
+        // answered without storing anything.
+        let Some(rules) = req.rules else {
+            return Ok(ineligible("no_rules"));
+        };
+        if !rules.recyclable {
+            return Ok(ineligible("not_recyclable"));
+        }
+        let Some(character) = self.catalogue.for_category(&classification.middle_category) else {
+            return Ok(ineligible("no_character_for_category"));
+        };
+
+        let stored = self
+            .store
+            .grant(Grant {
+                job_id: req.job_id,
+                user_id: req.user_id.clone(),
+                character_code: character.code.clone(),
+                now_us: now_us(),
+            })
+            .await
+            .map_err(Error::Internal)?;
+        self.stored_to_proto(stored, &req.user_id)
+    }
+
+    /// Characters `user_id` owns, oldest first.
+    pub async fn list_owned(&self, user_id: &str) -> Result<Vec<OwnedCharacter>, Error> {
+        if user_id.trim().is_empty() {
+            return Err(Error::EmptyUserId);
+        }
+        let rows = self
+            .store
+            .list_owned(user_id)
+            .await
+            .map_err(Error::Internal)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| {
+                let Some(character) = self.catalogue.by_code(&row.character_code) else {
+                    tracing::warn!(code = %row.character_code, "owned character is not in the catalogue");
+                    return None;
+                };
+                Some(OwnedCharacter {
+                    character: Some(character.clone()),
+                    acquired_at: Some(from_us(row.acquired_at_us)),
+                    job_id: row.job_id,
+                })
+            })
+            .collect())
+    }
+
+    fn stored_to_proto(&self, d: StoredDecision, user_id: &str) -> Result<RewardDecision, Error> {
+        if d.user_id != user_id {
+            return Err(Error::JobOfAnotherUser(d.job_id));
+        }
+        let character = d.character_code.as_deref().and_then(|code| {
+            let c = self.catalogue.by_code(code);
+            if c.is_none() {
+                tracing::warn!(code, "decided character is not in the catalogue");
+            }
+            c.cloned()
+        });
+        Ok(RewardDecision {
+            eligible: d.eligible,
+            newly_granted: d.newly_granted,
+            character,
+            reason: d.reason,
+        })
+    }
+}
+
+fn ineligible(reason: &str) -> RewardDecision {
+    RewardDecision {
+        eligible: false,
+        newly_granted: false,
+        character: None,
+        reason: reason.to_owned(),
+    }
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+fn from_us(us: i64) -> ecoscan_proto::Timestamp {
+    ecoscan_proto::Timestamp {
+        seconds: us.div_euclid(1_000_000),
+        nanos: i32::try_from(us.rem_euclid(1_000_000) * 1_000).expect("below one second in nanos"),
+    }
+}
+
+#[tonic::async_trait]
+impl<S: RewardStore> RewardService for Reward<S> {
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id, user_id = %request.get_ref().user_id, reason))]
+    async fn evaluate(
+        &self,
+        request: Request<EvaluateRequest>,
+    ) -> Result<Response<RewardDecision>, Status> {
+        let decision = Reward::evaluate(self, request.into_inner()).await?;
+        tracing::Span::current().record("reason", decision.reason.as_str());
+        tracing::info!(
+            eligible = decision.eligible,
+            newly_granted = decision.newly_granted,
+            "reward decided"
+        );
+        Ok(Response::new(decision))
+    }
+
+    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id))]
+    async fn list_owned(
+        &self,
+        request: Request<ListOwnedRequest>,
+    ) -> Result<Response<ListOwnedResponse>, Status> {
+        let characters = Reward::list_owned(self, &request.into_inner().user_id).await?;
+        Ok(Response::new(ListOwnedResponse { characters }))
+    }
+}

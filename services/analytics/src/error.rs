@@ -1,0 +1,89 @@
+//! The analytics service's errors and their one mapping to gRPC statuses.
+
+use tonic::Status;
+
+/// Everything an RPC of the analytics service can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("call_id is empty; send a client-generated uuid")]
+    EmptyCallId,
+    #[error("call_id {0:?} is not a uuid; send a client-generated uuid")]
+    InvalidCallId(String),
+    #[error("service is empty; name the service that made the call, e.g. \"vision\"")]
+    EmptyService,
+    #[error("model is empty; send the model name the provider reported")]
+    EmptyModel,
+    #[error("{field} must be a finite, non-negative number of milliseconds")]
+    InvalidDuration { field: &'static str },
+    #[error("status {0} is not a known CallStatus")]
+    InvalidStatus(i32),
+    #[error("since is after until; send a window whose start precedes its end")]
+    InvalidWindow,
+    #[error(
+        "call #{index} of the stream is invalid: {source}; the {index} calls before it were committed"
+    )]
+    InvalidStreamItem {
+        index: u64,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("no llm call with id {0}")]
+    NotFound(String),
+    #[error("the analytics writer is shutting down; retry on another instance")]
+    ShuttingDown,
+    #[error("internal storage error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::EmptyCallId
+            | Error::InvalidCallId(_)
+            | Error::EmptyService
+            | Error::EmptyModel
+            | Error::InvalidDuration { .. }
+            | Error::InvalidStatus(_)
+            | Error::InvalidWindow
+            | Error::InvalidStreamItem { .. } => Status::invalid_argument(e.to_string()),
+            Error::NotFound(_) => Status::not_found(e.to_string()),
+            Error::ShuttingDown => Status::unavailable(e.to_string()),
+            Error::Internal(ref cause) => {
+                tracing::error!(error = ?cause, "analytics store failed");
+                Status::internal(e.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn errors_map_to_the_right_codes_and_hide_internal_causes() {
+        assert_eq!(
+            Status::from(Error::EmptyCallId).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            Status::from(Error::InvalidWindow).code(),
+            Code::InvalidArgument
+        );
+        let item = Status::from(Error::InvalidStreamItem {
+            index: 3,
+            source: Box::new(Error::EmptyModel),
+        });
+        assert_eq!(item.code(), Code::InvalidArgument);
+        assert!(item.message().contains("#3") && item.message().contains("model is empty"));
+        assert_eq!(
+            Status::from(Error::NotFound("x".into())).code(),
+            Code::NotFound
+        );
+        assert_eq!(Status::from(Error::ShuttingDown).code(), Code::Unavailable);
+        let internal = Status::from(Error::Internal(anyhow::anyhow!("/secret/path")));
+        assert_eq!(internal.code(), Code::Internal);
+        assert!(!internal.message().contains("secret"));
+    }
+}

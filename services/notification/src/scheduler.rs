@@ -1,0 +1,217 @@
+//! When scheduled notifications fall due. The delivery loop talks to [`Scheduler`] only;
+//! [`MemoryScheduler`] is the embedded implementation (a Redis sorted set comes later). The SQL
+//! row stays the truth: a scheduler may hand an id out more than once, and delivery is guarded
+//! there.
+
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+    future::Future,
+    sync::Mutex,
+    time::Duration,
+};
+
+use tokio::sync::Notify;
+
+/// Due-time ordering with leased claims.
+pub trait Scheduler: Send + Sync + 'static {
+    /// Adds `id`, due at `due_at_us` (microseconds since the Unix epoch).
+    fn add(&self, id: String, due_at_us: i64) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Claims up to `max` ids due at `now_us`, each leased for `lease`: an id not acknowledged
+    /// before its lease ends can be claimed again (a delivery that failed is retried).
+    fn claim_due(
+        &self,
+        now_us: i64,
+        max: usize,
+        lease: Duration,
+    ) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
+
+    /// Forgets a claimed id: it was delivered, or there was nothing left to deliver.
+    fn ack(&self, id: &str) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Resolves when something may be claimable (an earlier entry arrived, a due time or a lease
+    /// end was reached), or after `max_wait` at the latest.
+    fn wait(&self, max_wait: Duration) -> impl Future<Output = ()> + Send;
+}
+
+#[derive(Default)]
+struct State {
+    /// Unclaimed entries, earliest due first.
+    heap: BinaryHeap<Reverse<(i64, String)>>,
+    /// Claimed entries: id → (lease end, due time to restore on expiry).
+    leased: HashMap<String, (i64, i64)>,
+}
+
+/// [`Scheduler`] in memory: a min-heap by due time plus a lease table. Entries are lost with the
+/// process, which is why the service reloads scheduled rows from SQL at start.
+#[derive(Default)]
+pub struct MemoryScheduler {
+    state: Mutex<State>,
+    /// Wakes the waiting delivery loop when an entry earlier than all others arrives. A wake-up
+    /// that comes while nobody waits is kept (a permit), so none is lost between claim and wait.
+    earlier: Notify,
+}
+
+impl MemoryScheduler {
+    /// An empty scheduler.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The critical sections below cannot panic halfway, so a poisoned lock still holds a
+        // consistent state.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Entries not yet acknowledged (unclaimed and leased).
+    pub fn len(&self) -> usize {
+        let s = self.lock();
+        s.heap.len() + s.leased.len()
+    }
+
+    /// Whether nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Scheduler for MemoryScheduler {
+    async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()> {
+        let earliest = {
+            let mut s = self.lock();
+            let earliest = s
+                .heap
+                .peek()
+                .is_none_or(|Reverse((due, _))| due_at_us < *due);
+            s.heap.push(Reverse((due_at_us, id)));
+            earliest
+        };
+        if earliest {
+            self.earlier.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn claim_due(
+        &self,
+        now_us: i64,
+        max: usize,
+        lease: Duration,
+    ) -> anyhow::Result<Vec<String>> {
+        let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
+        let mut s = self.lock();
+        let expired: Vec<(String, i64)> = s
+            .leased
+            .iter()
+            .filter(|(_, (until, _))| *until <= now_us)
+            .map(|(id, (_, due))| (id.clone(), *due))
+            .collect();
+        for (id, due) in expired {
+            s.leased.remove(&id);
+            s.heap.push(Reverse((due, id)));
+        }
+        let mut claimed = Vec::new();
+        while claimed.len() < max {
+            match s.heap.peek() {
+                Some(Reverse((due, _))) if *due <= now_us => {}
+                _ => break,
+            }
+            let Reverse((due, id)) = s.heap.pop().expect("peeked just above");
+            s.leased
+                .insert(id.clone(), (now_us.saturating_add(lease_us), due));
+            claimed.push(id);
+        }
+        Ok(claimed)
+    }
+
+    async fn ack(&self, id: &str) -> anyhow::Result<()> {
+        self.lock().leased.remove(id);
+        Ok(())
+    }
+
+    async fn wait(&self, max_wait: Duration) {
+        let next = {
+            let s = self.lock();
+            let next_due = s.heap.peek().map(|Reverse((due, _))| *due);
+            let next_lease = s.leased.values().map(|(until, _)| *until).min();
+            next_due.into_iter().chain(next_lease).min()
+        };
+        let wait = next.map_or(max_wait, |at| {
+            let us = u64::try_from(at.saturating_sub(crate::now_us())).unwrap_or(0);
+            Duration::from_micros(us).min(max_wait)
+        });
+        if wait.is_zero() {
+            return;
+        }
+        tokio::select! {
+            () = self.earlier.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn only_due_entries_are_claimed_in_due_order() {
+        let s = MemoryScheduler::new();
+        s.add("late".into(), 300).await.unwrap();
+        s.add("early".into(), 100).await.unwrap();
+        s.add("mid".into(), 200).await.unwrap();
+
+        assert_eq!(s.claim_due(250, 10, LEASE).await.unwrap(), ["early", "mid"]);
+        assert!(s.claim_due(250, 10, LEASE).await.unwrap().is_empty());
+        assert_eq!(s.claim_due(300, 10, LEASE).await.unwrap(), ["late"]);
+    }
+
+    #[tokio::test]
+    async fn an_unacknowledged_claim_comes_back_after_its_lease() {
+        let s = MemoryScheduler::new();
+        s.add("a".into(), 0).await.unwrap();
+        s.add("b".into(), 0).await.unwrap();
+        let lease = Duration::from_micros(1_000);
+
+        let first = s.claim_due(10, 10, lease).await.unwrap();
+        s.ack("a").await.unwrap();
+
+        assert_eq!(first, ["a", "b"]);
+        assert!(s.claim_due(500, 10, lease).await.unwrap().is_empty());
+        assert_eq!(s.claim_due(1_010, 10, lease).await.unwrap(), ["b"]);
+        s.ack("b").await.unwrap();
+        assert!(s.is_empty());
+    }
+
+    #[tokio::test]
+    async fn claims_are_capped_at_max() {
+        let s = MemoryScheduler::new();
+        for i in 0..5 {
+            s.add(format!("n{i}"), i).await.unwrap();
+        }
+        assert_eq!(s.claim_due(100, 2, LEASE).await.unwrap().len(), 2);
+        assert_eq!(s.claim_due(100, 10, LEASE).await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn an_earlier_entry_wakes_a_waiter() {
+        let s = std::sync::Arc::new(MemoryScheduler::new());
+        let waiter = tokio::spawn({
+            let s = s.clone();
+            async move { s.wait(Duration::from_secs(3600)).await }
+        });
+        s.add("now".into(), crate::now_us() + 3_600_000_000)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter woke up")
+            .unwrap();
+    }
+}

@@ -1,0 +1,101 @@
+//! Where the inbox lives. The service talks to [`NotificationStore`] only; [`sqlite`] is the
+//! embedded implementation and a PostgreSQL one can sit beside it.
+
+use std::future::Future;
+
+pub mod sqlite;
+
+pub use sqlite::SqliteNotificationStore;
+
+/// Lifecycle of a notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Scheduled,
+    Delivered,
+    Cancelled,
+}
+
+impl Status {
+    /// The value stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Scheduled => "scheduled",
+            Status::Delivered => "delivered",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses a stored `status` value.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "scheduled" => Ok(Status::Scheduled),
+            "delivered" => Ok(Status::Delivered),
+            "cancelled" => Ok(Status::Cancelled),
+            other => anyhow::bail!("unknown notification status {other:?}"),
+        }
+    }
+}
+
+/// One notification as stored. Times are microseconds since the Unix epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotificationRow {
+    pub id: String,
+    pub user_id: String,
+    pub kind: String,
+    pub title: String,
+    pub body: String,
+    pub job_id: String,
+    pub dedupe_key: Option<String>,
+    pub status: Status,
+    pub due_at_us: Option<i64>,
+    pub created_at_us: i64,
+    pub delivered_at_us: Option<i64>,
+}
+
+/// What a cancel found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// It was scheduled and is now cancelled.
+    Cancelled(NotificationRow),
+    /// It had been cancelled before.
+    AlreadyCancelled(NotificationRow),
+    /// It was delivered already; nothing changed.
+    AlreadyDelivered(NotificationRow),
+    /// No notification with that id belongs to that user.
+    NotFound,
+}
+
+/// Storage of the inbox.
+pub trait NotificationStore: Send + Sync + 'static {
+    /// Inserts `row` unless the user already has one with its dedupe key; returns the stored row
+    /// (the new one, or the first one with that key) and whether it was inserted.
+    fn insert(
+        &self,
+        row: NotificationRow,
+    ) -> impl Future<Output = anyhow::Result<(NotificationRow, bool)>> + Send;
+
+    /// Marks a scheduled notification delivered at `now_us` and returns it; `None` when it is
+    /// not scheduled (cancelled, delivered already, or unknown), so it is delivered at most once.
+    fn mark_delivered(
+        &self,
+        id: &str,
+        now_us: i64,
+    ) -> impl Future<Output = anyhow::Result<Option<NotificationRow>>> + Send;
+
+    /// Cancels `user_id`'s scheduled notification `id`.
+    fn cancel(
+        &self,
+        id: &str,
+        user_id: &str,
+    ) -> impl Future<Output = anyhow::Result<CancelOutcome>> + Send;
+
+    /// `user_id`'s notifications, newest first, at most `limit`.
+    fn list(
+        &self,
+        user_id: &str,
+        limit: u32,
+    ) -> impl Future<Output = anyhow::Result<Vec<NotificationRow>>> + Send;
+
+    /// `(id, due_at_us)` of every notification still scheduled.
+    fn pending(&self) -> impl Future<Output = anyhow::Result<Vec<(String, i64)>>> + Send;
+}

@@ -1,0 +1,202 @@
+//! The embedded [`NotificationStore`]: a SQLite file (or in-memory database) through sqlx.
+
+use std::{str::FromStr, time::Duration};
+
+use anyhow::Context;
+use sqlx::{
+    Row,
+    sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+        SqliteSynchronous,
+    },
+};
+
+use super::{CancelOutcome, NotificationRow, NotificationStore, Status};
+
+/// [`NotificationStore`] on SQLite.
+#[derive(Debug, Clone)]
+pub struct SqliteNotificationStore {
+    pool: SqlitePool,
+}
+
+impl SqliteNotificationStore {
+    /// Opens (creating if needed) the database at `url` and applies the schema. File databases
+    /// get their parent directory created, WAL journaling and a busy timeout.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let mut options = SqliteConnectOptions::from_str(url)
+            .with_context(|| format!("invalid sqlite url {url:?}"))?;
+        let mut pool = SqlitePoolOptions::new();
+        if in_memory {
+            // Every connection to an in-memory database would see its own empty database, and the
+            // database vanishes with its last connection: keep exactly one, forever.
+            pool = pool
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None);
+        } else {
+            if let Some(parent) = options.get_filename().parent()
+                && !parent.as_os_str().is_empty()
+            {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("failed to create directory {}", parent.display()))?;
+            }
+            options = options
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(10));
+            pool = pool.max_connections(8);
+        }
+        let pool = pool
+            .connect_with(options)
+            .await
+            .with_context(|| format!("failed to open sqlite database {url:?}"))?;
+        sqlx::raw_sql(include_str!("../../migrations/0001_init.sql"))
+            .execute(&pool)
+            .await
+            .context("failed to apply the notification schema")?;
+        Ok(Self { pool })
+    }
+
+    /// Closes every connection (so the file can be reopened at once, e.g. by a restarted server).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn fetch_by_id(
+        &self,
+        id: &str,
+        user_id: &str,
+    ) -> anyhow::Result<Option<NotificationRow>> {
+        let row = sqlx::query("SELECT * FROM notifications WHERE id = ? AND user_id = ?")
+            .bind(id)
+            .bind(user_id)
+            .fetch_optional(&self.pool)
+            .await
+            .context("failed to read notification")?;
+        row.as_ref().map(from_row).transpose()
+    }
+}
+
+fn from_row(r: &SqliteRow) -> anyhow::Result<NotificationRow> {
+    Ok(NotificationRow {
+        id: r.try_get("id")?,
+        user_id: r.try_get("user_id")?,
+        kind: r.try_get("kind")?,
+        title: r.try_get("title")?,
+        body: r.try_get("body")?,
+        job_id: r.try_get("job_id")?,
+        dedupe_key: r.try_get("dedupe_key")?,
+        status: Status::parse(r.try_get("status")?)?,
+        due_at_us: r.try_get("due_at_us")?,
+        created_at_us: r.try_get("created_at_us")?,
+        delivered_at_us: r.try_get("delivered_at_us")?,
+    })
+}
+
+impl NotificationStore for SqliteNotificationStore {
+    async fn insert(&self, n: NotificationRow) -> anyhow::Result<(NotificationRow, bool)> {
+        let inserted = sqlx::query(
+            "INSERT INTO notifications (id, user_id, kind, title, body, job_id, dedupe_key, \
+             status, due_at_us, created_at_us, delivered_at_us) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (user_id, dedupe_key) DO NOTHING",
+        )
+        .bind(&n.id)
+        .bind(&n.user_id)
+        .bind(&n.kind)
+        .bind(&n.title)
+        .bind(&n.body)
+        .bind(&n.job_id)
+        .bind(&n.dedupe_key)
+        .bind(n.status.as_str())
+        .bind(n.due_at_us)
+        .bind(n.created_at_us)
+        .bind(n.delivered_at_us)
+        .execute(&self.pool)
+        .await
+        .context("failed to insert notification")?
+        .rows_affected()
+            == 1;
+        if inserted {
+            return Ok((n, true));
+        }
+        // Only the dedupe key can conflict (ids are fresh v7 uuids): return the first one.
+        let row = sqlx::query("SELECT * FROM notifications WHERE user_id = ? AND dedupe_key = ?")
+            .bind(&n.user_id)
+            .bind(&n.dedupe_key)
+            .fetch_one(&self.pool)
+            .await
+            .context("failed to read the deduplicated notification")?;
+        Ok((from_row(&row)?, false))
+    }
+
+    async fn mark_delivered(
+        &self,
+        id: &str,
+        now_us: i64,
+    ) -> anyhow::Result<Option<NotificationRow>> {
+        // The status guard makes delivery happen once, and never for a cancelled notification,
+        // however many times the scheduler hands the id out.
+        let row = sqlx::query(
+            "UPDATE notifications SET status = 'delivered', delivered_at_us = ? \
+             WHERE id = ? AND status = 'scheduled' RETURNING *",
+        )
+        .bind(now_us)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .context("failed to mark notification delivered")?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    async fn cancel(&self, id: &str, user_id: &str) -> anyhow::Result<CancelOutcome> {
+        let row = sqlx::query(
+            "UPDATE notifications SET status = 'cancelled' \
+             WHERE id = ? AND user_id = ? AND status = 'scheduled' RETURNING *",
+        )
+        .bind(id)
+        .bind(user_id)
+        .fetch_optional(&self.pool)
+        .await
+        .context("failed to cancel notification")?;
+        if let Some(row) = row {
+            return Ok(CancelOutcome::Cancelled(from_row(&row)?));
+        }
+        Ok(match self.fetch_by_id(id, user_id).await? {
+            None => CancelOutcome::NotFound,
+            Some(n) if n.status == Status::Delivered => CancelOutcome::AlreadyDelivered(n),
+            Some(n) => CancelOutcome::AlreadyCancelled(n),
+        })
+    }
+
+    async fn list(&self, user_id: &str, limit: u32) -> anyhow::Result<Vec<NotificationRow>> {
+        let rows = sqlx::query(
+            "SELECT * FROM notifications WHERE user_id = ? \
+             ORDER BY created_at_us DESC, id DESC LIMIT ?",
+        )
+        .bind(user_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .context("failed to list notifications")?;
+        rows.iter().map(from_row).collect()
+    }
+
+    async fn pending(&self) -> anyhow::Result<Vec<(String, i64)>> {
+        let rows =
+            sqlx::query("SELECT id, due_at_us FROM notifications WHERE status = 'scheduled'")
+                .fetch_all(&self.pool)
+                .await
+                .context("failed to read scheduled notifications")?;
+        rows.iter()
+            .map(|r| {
+                let due: Option<i64> = r.try_get("due_at_us")?;
+                // A scheduled row always has a due time; treat a missing one as due now.
+                Ok((r.try_get("id")?, due.unwrap_or(0)))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,62 @@
+//! The reward service's errors and their one mapping to gRPC statuses.
+
+use tonic::Status;
+
+/// Everything an RPC of the reward service can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("job_id is empty; send the id of the scan being rewarded")]
+    EmptyJobId,
+    #[error("user_id is empty; send the id of the person who scanned")]
+    EmptyUserId,
+    #[error("classification is missing; send the scan's classification")]
+    MissingClassification,
+    #[error("job {0} was already evaluated for another user")]
+    JobOfAnotherUser(String),
+    #[error("internal storage error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::EmptyJobId | Error::EmptyUserId | Error::MissingClassification => {
+                Status::invalid_argument(e.to_string())
+            }
+            Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
+            Error::Internal(ref cause) => {
+                tracing::error!(error = ?cause, "reward store failed");
+                Status::internal(e.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn errors_map_to_the_right_codes_and_hide_internal_causes() {
+        assert_eq!(
+            Status::from(Error::EmptyJobId).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            Status::from(Error::EmptyUserId).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            Status::from(Error::MissingClassification).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            Status::from(Error::JobOfAnotherUser("j".into())).code(),
+            Code::FailedPrecondition
+        );
+        let internal = Status::from(Error::Internal(anyhow::anyhow!("disk on fire at /secret")));
+        assert_eq!(internal.code(), Code::Internal);
+        assert!(!internal.message().contains("secret"));
+    }
+}

@@ -1,0 +1,24 @@
+//! The reward service as its own process.
+
+use anyhow::Context;
+use ecoscan_common::{CancellationToken, config::env_addr};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _guard = ecoscan_common::telemetry::init("reward")?;
+    let config = ecoscan_reward::Config::from_env()?;
+    let addr = env_addr("REWARD_ADDR", "127.0.0.1:50055")?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("failed to bind grpc listener on {addr}"))?;
+    tracing::info!(%addr, "reward listening");
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            ecoscan_common::shutdown::signal().await;
+            shutdown.cancel();
+        }
+    });
+    ecoscan_reward::serve(config, listener, shutdown).await
+}
