@@ -40,6 +40,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .register_descriptors(&bytes)?
         // REST clients see the same snake_case names as the protos and the gateway's own JSON.
         .preserve_proto_field_names()
+        // Emit fields at their default values too (`"newly_granted": false`), so REST clients
+        // never have to know proto3's omission rules.
+        .emit_fields()
         .build(&[".ecoscan"])?;
     Ok(())
 }

@@ -1,1 +1,292 @@
+//! `ecoscan up`: every service and the gateway in one process, on the embedded stores, each on
+//! its own loopback port and talking real gRPC to the others, exactly as they do when deployed
+//! apart. This crate is the one place that wires all the services together.
 
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+};
+
+use anyhow::Context;
+use ecoscan_common::CancellationToken;
+use ecoscan_llm::LlmConfig;
+use tokio::{net::TcpListener, task::JoinSet};
+
+/// A port per service; 0 picks a free one.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub gateway: u16,
+    pub ingest: u16,
+    pub vision: u16,
+    pub rule: u16,
+    pub answer: u16,
+    pub reward: u16,
+    pub analytics: u16,
+    pub notification: u16,
+}
+
+impl Ports {
+    /// The documented default ports.
+    pub const DEFAULT: Self = Self {
+        gateway: 8080,
+        ingest: 50051,
+        vision: 50052,
+        rule: 50053,
+        answer: 50054,
+        reward: 50055,
+        analytics: 50056,
+        notification: 50057,
+    };
+
+    /// Every service on a free port (tests).
+    pub const EPHEMERAL: Self = Self {
+        gateway: 0,
+        ingest: 0,
+        vision: 0,
+        rule: 0,
+        answer: 0,
+        reward: 0,
+        analytics: 0,
+        notification: 0,
+    };
+}
+
+/// What `ecoscan up` runs.
+#[derive(Clone)]
+pub struct SuiteConfig {
+    /// Address every service binds (loopback by default).
+    pub host: IpAddr,
+    pub ports: Ports,
+    /// SQLite files, images and LLM bodies live here.
+    pub data_dir: PathBuf,
+    /// The model provider for vision and answer (`LLM_*` variables; `mock` by default).
+    pub llm: LlmConfig,
+    /// Pipeline workers in ingest.
+    pub ingest_workers: usize,
+}
+
+impl SuiteConfig {
+    /// Defaults plus the `LLM_*` and `INGEST_WORKERS` variables.
+    pub fn from_env(data_dir: &Path, host: IpAddr, ports: Ports) -> anyhow::Result<Self> {
+        Ok(Self {
+            host,
+            ports,
+            data_dir: data_dir.to_path_buf(),
+            llm: LlmConfig::from_env()?,
+            ingest_workers: ecoscan_common::config::env_or("INGEST_WORKERS", 256)?,
+        })
+    }
+
+    /// Every service on a free loopback port, the mock model, data under `data_dir` (tests).
+    pub fn ephemeral(data_dir: &Path) -> Self {
+        Self {
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            ports: Ports::EPHEMERAL,
+            data_dir: data_dir.to_path_buf(),
+            llm: LlmConfig::default(),
+            ingest_workers: 32,
+        }
+    }
+}
+
+/// Where each service listens.
+#[derive(Clone, Copy, Debug)]
+pub struct Addrs {
+    pub gateway: SocketAddr,
+    pub ingest: SocketAddr,
+    pub vision: SocketAddr,
+    pub rule: SocketAddr,
+    pub answer: SocketAddr,
+    pub reward: SocketAddr,
+    pub analytics: SocketAddr,
+    pub notification: SocketAddr,
+}
+
+/// The running suite.
+pub struct Running {
+    pub addrs: Addrs,
+    tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
+    shutdown: CancellationToken,
+}
+
+impl Running {
+    /// Waits until every service has stopped. If one stops with an error, the others are shut
+    /// down too and that error is returned.
+    pub async fn wait(mut self) -> anyhow::Result<()> {
+        let mut first_error = None;
+        while let Some(joined) = self.tasks.join_next().await {
+            let (name, result) = joined.context("a service task panicked")?;
+            if let Err(e) = result {
+                tracing::error!(
+                    service = name,
+                    error = format!("{e:#}"),
+                    "service stopped with an error"
+                );
+                self.shutdown.cancel();
+                first_error.get_or_insert(e.context(format!("{name} failed")));
+            } else if !self.shutdown.is_cancelled() {
+                tracing::error!(service = name, "service stopped unexpectedly");
+                self.shutdown.cancel();
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+async fn bind(host: IpAddr, port: u16, name: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind((host, port))
+        .await
+        .with_context(|| format!("failed to bind {name} on {host}:{port}; is another ecoscan running? (override with --{name}-port)"))
+}
+
+fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+/// Binds every port first (so every address is known before anything runs), then starts each
+/// service on its own listener. Everything stops when `shutdown` is cancelled.
+pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let SuiteConfig {
+        host,
+        ports,
+        data_dir,
+        llm,
+        ingest_workers,
+    } = config;
+    tokio::fs::create_dir_all(&data_dir)
+        .await
+        .with_context(|| format!("failed to create data directory {}", data_dir.display()))?;
+    let sqlite = |name: &str| {
+        format!(
+            "sqlite://{}?mode=rwc",
+            data_dir.join(format!("{name}.db")).display()
+        )
+    };
+
+    let gateway = bind(host, ports.gateway, "gateway").await?;
+    let ingest = bind(host, ports.ingest, "ingest").await?;
+    let vision = bind(host, ports.vision, "vision").await?;
+    let rule = bind(host, ports.rule, "rule").await?;
+    let answer = bind(host, ports.answer, "answer").await?;
+    let reward = bind(host, ports.reward, "reward").await?;
+    let analytics = bind(host, ports.analytics, "analytics").await?;
+    let notification = bind(host, ports.notification, "notification").await?;
+    let addrs = Addrs {
+        gateway: gateway.local_addr()?,
+        ingest: ingest.local_addr()?,
+        vision: vision.local_addr()?,
+        rule: rule.local_addr()?,
+        answer: answer.local_addr()?,
+        reward: reward.local_addr()?,
+        analytics: analytics.local_addr()?,
+        notification: notification.local_addr()?,
+    };
+
+    let mut tasks = JoinSet::new();
+    let rule_config = ecoscan_rule::Config::default();
+    let sd = shutdown.clone();
+    tasks.spawn(async move { ("rule", ecoscan_rule::serve(rule_config, rule, sd).await) });
+
+    let analytics_config = ecoscan_analytics::Config {
+        database_url: sqlite("analytics"),
+        body_dir: data_dir.join("analytics-bodies"),
+        ..Default::default()
+    };
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "analytics",
+            ecoscan_analytics::serve(analytics_config, analytics, sd).await,
+        )
+    });
+
+    let reward_config = ecoscan_reward::Config {
+        database_url: sqlite("reward"),
+    };
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "reward",
+            ecoscan_reward::serve(reward_config, reward, sd).await,
+        )
+    });
+
+    let notification_config = ecoscan_notification::Config {
+        database_url: sqlite("notification"),
+        ..Default::default()
+    };
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "notification",
+            ecoscan_notification::serve(notification_config, notification, sd).await,
+        )
+    });
+
+    let vision_config = ecoscan_vision::Config {
+        addr: addrs.vision,
+        rule_url: url(addrs.rule),
+        analytics_url: Some(url(addrs.analytics)),
+        llm: llm.clone(),
+    };
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "vision",
+            ecoscan_vision::serve(vision_config, vision, sd).await,
+        )
+    });
+
+    let answer_config = ecoscan_answer::Config {
+        addr: addrs.answer,
+        analytics_url: Some(url(addrs.analytics)),
+        llm,
+    };
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "answer",
+            ecoscan_answer::serve(answer_config, answer, sd).await,
+        )
+    });
+
+    let ingest_config = ecoscan_ingest::Config {
+        vision_url: url(addrs.vision),
+        rule_url: url(addrs.rule),
+        answer_url: url(addrs.answer),
+        reward_url: url(addrs.reward),
+        notification_url: url(addrs.notification),
+        database_url: sqlite("ingest"),
+        object_dir: data_dir.join("objects"),
+        workers: ingest_workers,
+        ..Default::default()
+    };
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "ingest",
+            ecoscan_ingest::serve(ingest_config, ingest, sd).await,
+        )
+    });
+
+    let gateway_config = ecoscan_gateway::Config {
+        ingest_url: url(addrs.ingest),
+        reward_url: url(addrs.reward),
+        analytics_url: url(addrs.analytics),
+        notification_url: url(addrs.notification),
+        ..Default::default()
+    };
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "gateway",
+            ecoscan_gateway::serve(gateway_config, gateway, sd).await,
+        )
+    });
+
+    Ok(Running {
+        addrs,
+        tasks,
+        shutdown,
+    })
+}

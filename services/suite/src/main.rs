@@ -1,0 +1,104 @@
+//! `ecoscan`: the whole suite in one process.
+
+use std::{net::IpAddr, path::PathBuf};
+
+use clap::{Parser, Subcommand};
+use ecoscan::{Ports, SuiteConfig};
+use ecoscan_common::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "ecoscan",
+    version,
+    about = "AI scan pipeline suite: seven gRPC services and an HTTP gateway"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every service and the gateway in one process on the embedded stores.
+    Up(UpArgs),
+}
+
+#[derive(clap::Args)]
+struct UpArgs {
+    /// Where SQLite files, images and LLM bodies are kept.
+    #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
+    /// Address every service binds.
+    #[arg(long, env = "ECOSCAN_HOST", default_value = "127.0.0.1")]
+    host: IpAddr,
+    #[arg(long, env = "ECOSCAN_GATEWAY_PORT", default_value_t = Ports::DEFAULT.gateway)]
+    gateway_port: u16,
+    #[arg(long, env = "ECOSCAN_INGEST_PORT", default_value_t = Ports::DEFAULT.ingest)]
+    ingest_port: u16,
+    #[arg(long, env = "ECOSCAN_VISION_PORT", default_value_t = Ports::DEFAULT.vision)]
+    vision_port: u16,
+    #[arg(long, env = "ECOSCAN_RULE_PORT", default_value_t = Ports::DEFAULT.rule)]
+    rule_port: u16,
+    #[arg(long, env = "ECOSCAN_ANSWER_PORT", default_value_t = Ports::DEFAULT.answer)]
+    answer_port: u16,
+    #[arg(long, env = "ECOSCAN_REWARD_PORT", default_value_t = Ports::DEFAULT.reward)]
+    reward_port: u16,
+    #[arg(long, env = "ECOSCAN_ANALYTICS_PORT", default_value_t = Ports::DEFAULT.analytics)]
+    analytics_port: u16,
+    #[arg(long, env = "ECOSCAN_NOTIFICATION_PORT", default_value_t = Ports::DEFAULT.notification)]
+    notification_port: u16,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let Command::Up(args) = Cli::parse().command;
+    let _telemetry = ecoscan_common::telemetry::init("suite")?;
+    let ports = Ports {
+        gateway: args.gateway_port,
+        ingest: args.ingest_port,
+        vision: args.vision_port,
+        rule: args.rule_port,
+        answer: args.answer_port,
+        reward: args.reward_port,
+        analytics: args.analytics_port,
+        notification: args.notification_port,
+    };
+    let config = SuiteConfig::from_env(&args.data_dir, args.host, ports)?;
+    let provider = config.llm.provider;
+    let shutdown = CancellationToken::new();
+    let running = ecoscan::start(config, shutdown.clone()).await?;
+    let a = running.addrs;
+    println!(
+        "\necoscan is up (model provider: {provider}; data in {data})\n\n\
+         gateway        http://{gw}   (demo page: http://{gw}/)\n\
+         ingest         {ingest}\n\
+         vision         {vision}\n\
+         rule           {rule}\n\
+         answer         {answer}\n\
+         reward         {reward}\n\
+         analytics      {analytics}\n\
+         notification   {notification}\n\n\
+         Run a scan and stream its events:\n  \
+         curl -N -F image=@photo.jpg -F hint='plastic bottle' http://{gw}/api/v1/scan/completion\n\n\
+         Explore over gRPC:\n  \
+         grpcurl -plaintext {ingest} list\n  \
+         grpcurl -plaintext -d '{{}}' {rule} ecoscan.v1.RuleService/ListCategories\n",
+        data = args.data_dir.display(),
+        gw = a.gateway,
+        ingest = a.ingest,
+        vision = a.vision,
+        rule = a.rule,
+        answer = a.answer,
+        reward = a.reward,
+        analytics = a.analytics,
+        notification = a.notification,
+    );
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            ecoscan_common::shutdown::signal().await;
+            shutdown.cancel();
+        }
+    });
+    running.wait().await
+}

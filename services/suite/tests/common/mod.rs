@@ -1,0 +1,163 @@
+//! Shared helpers for the suite's end-to-end tests: start the whole suite on ephemeral ports in a
+//! temporary data directory, and read SSE streams.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use ecoscan::{Running, SuiteConfig};
+use ecoscan_common::CancellationToken;
+use futures::StreamExt;
+
+pub struct TestSuite {
+    pub running: Running,
+    pub shutdown: CancellationToken,
+    pub http: reqwest::Client,
+    pub data_dir: tempfile::TempDir,
+}
+
+impl TestSuite {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(tweak: impl FnOnce(&mut SuiteConfig)) -> Self {
+        ecoscan_common::telemetry::init_for_tests();
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let mut config = SuiteConfig::ephemeral(data_dir.path());
+        // Fast enough for tests, slow enough that a scan is observably "running" for a moment.
+        config.llm.mock_latency = Duration::from_millis(150);
+        tweak(&mut config);
+        let shutdown = CancellationToken::new();
+        let running = ecoscan::start(config, shutdown.clone())
+            .await
+            .expect("suite starts");
+        Self {
+            running,
+            shutdown,
+            http: reqwest::Client::new(),
+            data_dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.running.addrs.gateway)
+    }
+}
+
+impl Drop for TestSuite {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A 1×1 PNG.
+pub const PNG: &[u8] = &[
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
+    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
+    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
+];
+
+/// One parsed SSE event.
+#[derive(Clone, Debug)]
+pub struct Sse {
+    pub id: Option<String>,
+    pub event: String,
+    pub data: serde_json::Value,
+}
+
+/// Reads an SSE response to its end (the server closes after `ready` or `error`), with a
+/// generous overall deadline so a hung stream fails the test instead of hanging it.
+pub async fn read_sse(res: reqwest::Response) -> Vec<Sse> {
+    assert_eq!(res.status(), 200, "SSE response status");
+    let ct = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(ct.starts_with("text/event-stream"), "content type {ct}");
+    let mut body = res.bytes_stream();
+    let mut buf = String::new();
+    let mut events = Vec::new();
+    let read = async {
+        while let Some(chunk) = body.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk.expect("stream chunk")));
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                if let Some(ev) = parse_block(&block) {
+                    events.push(ev);
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("SSE stream ended within 60 s");
+    events
+}
+
+fn parse_block(block: &str) -> Option<Sse> {
+    let (mut id, mut event, mut data) = (None, String::from("message"), String::new());
+    for line in block.lines() {
+        if let Some(v) = line.strip_prefix("id:") {
+            id = Some(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("event:") {
+            event = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            if !data.is_empty() {
+                data.push('\n');
+            }
+            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        }
+    }
+    if data.is_empty() {
+        return None; // a comment such as `: keepalive`
+    }
+    Some(Sse {
+        id,
+        event,
+        data: serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data)),
+    })
+}
+
+pub fn image_form(hint: &str) -> reqwest::multipart::Form {
+    reqwest::multipart::Form::new()
+        .part(
+            "image",
+            reqwest::multipart::Part::bytes(PNG.to_vec())
+                .file_name("photo.png")
+                .mime_str("image/png")
+                .expect("valid mime"),
+        )
+        .text("hint", hint.to_owned())
+}
+
+/// Polls `GET /api/v1/scan/{id}` until it answers 200, within a deadline.
+pub async fn wait_result(suite: &TestSuite, job_id: &str, user: &str) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let res = suite
+            .http
+            .get(suite.url(&format!("/api/v1/scan/{job_id}")))
+            .header("x-user-id", user)
+            .send()
+            .await
+            .expect("result request");
+        match res.status().as_u16() {
+            200 => return res.json().await.expect("result json"),
+            202 => {}
+            other => panic!(
+                "unexpected status {other}: {}",
+                res.text().await.unwrap_or_default()
+            ),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "scan {job_id} did not finish in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

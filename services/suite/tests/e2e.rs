@@ -1,0 +1,449 @@
+//! The whole suite in one process on ephemeral ports, driven through the gateway over HTTP (and
+//! ingest over gRPC) the way an app, a browser or `grpcurl` would.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PNG, TestSuite, image_form, read_sse, wait_result};
+use ecoscan_common::client::request_as;
+use ecoscan_proto::v1::{
+    GetResultRequest, SubmitRequest, WatchRequest, scan_service_client::ScanServiceClient,
+};
+use serde_json::{Value, json};
+use tonic::Code;
+
+fn stages(events: &[common::Sse]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for e in events {
+        let stage = e.data["stage"].as_str().unwrap_or_default().to_owned();
+        if out.last() != Some(&stage) {
+            out.push(stage);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn scan_streams_every_stage_in_order_and_resumes_after_last_event_id() {
+    let suite = TestSuite::start().await;
+
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/scan/completion"))
+        .header("x-user-id", "alice")
+        .multipart(image_form("투명 페트병 pet bottle"))
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(res).await;
+
+    assert_eq!(
+        stages(&events),
+        ["queued", "vision", "rule", "answer", "reward", "done"],
+        "events: {events:#?}"
+    );
+    let ids: Vec<&str> = events
+        .iter()
+        .map(|e| e.id.as_deref().expect("every event has an id"))
+        .collect();
+    let seqs: Vec<u64> = events
+        .iter()
+        .map(|e| e.data["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        seqs,
+        (1..=events.len() as u64).collect::<Vec<_>>(),
+        "no event missing or repeated"
+    );
+    assert!(
+        events.iter().any(|e| e.event == "delta"),
+        "answer text streams as delta events"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "ready");
+    let job_id = last.data["job_id"].as_str().unwrap().to_owned();
+    assert!(last.data["result_url"].as_str().unwrap().ends_with(&job_id));
+
+    let classified = events
+        .iter()
+        .find(|e| e.data["stage"] == "vision" && e.data["status"] == "completed")
+        .expect("vision completed event");
+    assert_eq!(
+        classified.data["classification"]["middle_category"],
+        "무색페트병"
+    );
+    assert_eq!(classified.data["classification"]["provider"], "mock");
+    let text: String = events
+        .iter()
+        .filter(|e| e.event == "delta")
+        .map(|e| e.data["delta"].as_str().unwrap())
+        .collect();
+    assert!(
+        text.contains("mock"),
+        "the mock answer says it is mock: {text}"
+    );
+
+    // Resume after the fourth event: exactly the rest, nothing before, nothing twice.
+    let res = suite
+        .http
+        .get(suite.url(&format!("/api/v1/scan/{job_id}/events")))
+        .header("x-user-id", "alice")
+        .header("last-event-id", ids[3])
+        .send()
+        .await
+        .unwrap();
+    let resumed = read_sse(res).await;
+    let resumed_ids: Vec<&str> = resumed.iter().map(|e| e.id.as_deref().unwrap()).collect();
+    assert_eq!(
+        resumed_ids,
+        ids[4..],
+        "resume yields exactly the events after Last-Event-ID"
+    );
+
+    // Another user cannot watch it.
+    let res = suite
+        .http
+        .get(suite.url(&format!("/api/v1/scan/{job_id}/events")))
+        .header("x-user-id", "mallory")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+}
+
+#[tokio::test]
+async fn result_endpoint_answers_202_while_running_then_200_with_the_result() {
+    let suite = TestSuite::start_with(|c| c.llm.mock_latency = Duration::from_millis(800)).await;
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/scan"))
+        .header("x-user-id", "bob")
+        .json(&json!({"image_base64": base64_png(), "hint": "aluminium can 알루미늄캔", "locale": "en"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    assert!(res.headers().get("location").is_some());
+    let body: Value = res.json().await.unwrap();
+    let job_id = body["job_id"].as_str().unwrap().to_owned();
+    assert_eq!(body["result_url"], format!("/api/v1/scan/{job_id}"));
+
+    let running = suite
+        .http
+        .get(suite.url(&format!("/api/v1/scan/{job_id}")))
+        .header("x-user-id", "bob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        running.status(),
+        202,
+        "a model call of 800 ms is still running"
+    );
+    assert!(running.headers().get("retry-after").is_some());
+
+    let result = wait_result(&suite, &job_id, "bob").await;
+    assert_eq!(result["status"], "succeeded", "{result:#}");
+    assert_eq!(result["classification"]["middle_category"], "금속류");
+    assert_eq!(result["rules"]["locale"], "en");
+    assert!(result["rules"]["recyclable"].as_bool().unwrap());
+    assert!(!result["answer"]["steps"].as_array().unwrap().is_empty());
+    assert_eq!(result["answer"]["locale"], "en");
+    assert_eq!(result["reward"]["newly_granted"], true);
+}
+
+fn base64_png() -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(PNG)
+}
+
+async fn scan_and_wait(suite: &TestSuite, user: &str, hint: &str) -> Value {
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/scan"))
+        .header("x-user-id", user)
+        .multipart(image_form(hint))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let job_id = res.json::<Value>().await.unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_result(suite, &job_id, user).await
+}
+
+#[tokio::test]
+async fn two_scans_of_the_same_category_grant_the_character_once_and_notify_the_owner() {
+    let suite = TestSuite::start().await;
+
+    let first = scan_and_wait(&suite, "carol", "glass bottle 유리병 소주병").await;
+    let second = scan_and_wait(&suite, "carol", "glass bottle 유리병 소주병").await;
+    assert_eq!(first["classification"]["middle_category"], "유리병");
+    assert_eq!(first["reward"]["newly_granted"], true, "{first:#}");
+    assert_eq!(second["reward"]["newly_granted"], false, "{second:#}");
+    assert_eq!(second["reward"]["eligible"], true);
+    assert_eq!(
+        first["reward"]["character"]["code"],
+        second["reward"]["character"]["code"]
+    );
+
+    let owned: Value = suite
+        .http
+        .get(suite.url("/api/v1/characters/me"))
+        .header("x-user-id", "carol")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let characters = owned["characters"].as_array().expect("characters array");
+    assert_eq!(characters.len(), 1, "{owned:#}");
+
+    // The owner has one scan_completed notification per scan; nobody else has any.
+    let inbox: Value = suite
+        .http
+        .get(suite.url("/api/v1/notifications"))
+        .header("x-user-id", "carol")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let notes = inbox["notifications"]
+        .as_array()
+        .expect("notifications array");
+    let scan_notes: Vec<&Value> = notes
+        .iter()
+        .filter(|n| n["kind"] == "scan_completed")
+        .collect();
+    assert_eq!(scan_notes.len(), 2, "{inbox:#}");
+    assert!(scan_notes.iter().any(|n| n["job_id"] == first["job_id"]));
+    let others: Value = suite
+        .http
+        .get(suite.url("/api/v1/notifications"))
+        .header("x-user-id", "dave")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        others["notifications"]
+            .as_array()
+            .is_none_or(|a| a.is_empty()),
+        "{others:#}"
+    );
+}
+
+#[tokio::test]
+async fn an_idempotency_key_returns_the_first_job() {
+    let suite = TestSuite::start().await;
+    let submit = || {
+        suite
+            .http
+            .post(suite.url("/api/v1/scan"))
+            .header("x-user-id", "erin")
+            .header("idempotency-key", "photo-42")
+            .multipart(image_form("milk carton 우유팩"))
+            .send()
+    };
+    let a: Value = submit().await.unwrap().json().await.unwrap();
+    let b: Value = submit().await.unwrap().json().await.unwrap();
+    assert_eq!(a["job_id"], b["job_id"]);
+    assert_eq!(a["duplicate"], false);
+    assert_eq!(b["duplicate"], true);
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_4xx_and_stores_nothing() {
+    let suite = TestSuite::start().await;
+    let post = |body: reqwest::RequestBuilder| async move {
+        body.header("x-user-id", "frank").send().await.unwrap()
+    };
+    let scan = || suite.http.post(suite.url("/api/v1/scan"));
+
+    let empty = reqwest::multipart::Form::new().part(
+        "image",
+        reqwest::multipart::Part::bytes(Vec::new()).file_name("a.png"),
+    );
+    let not_image = reqwest::multipart::Form::new().part(
+        "image",
+        reqwest::multipart::Part::bytes(b"%PDF-1.7 not a photo".to_vec()).file_name("a.png"),
+    );
+    let mut huge = PNG.to_vec();
+    huge.resize(11 * 1024 * 1024, 0);
+    let too_big = reqwest::multipart::Form::new().part(
+        "image",
+        reqwest::multipart::Part::bytes(huge).file_name("a.png"),
+    );
+
+    let cases = [
+        ("empty image", post(scan().multipart(empty)).await, 400),
+        ("not an image", post(scan().multipart(not_image)).await, 415),
+        (
+            "image over the limit",
+            post(scan().multipart(too_big)).await,
+            413,
+        ),
+        (
+            "malformed JSON",
+            post(
+                scan()
+                    .header("content-type", "application/json")
+                    .body("{\"image_base64\": "),
+            )
+            .await,
+            400,
+        ),
+    ];
+    for (what, res, want) in cases {
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, want, "{what}: {body}");
+        assert!(
+            body["code"].is_string() && body["message"].is_string(),
+            "{what}: JSON error body, got {body}"
+        );
+    }
+
+    let unknown = uuid::Uuid::now_v7();
+    let res = suite
+        .http
+        .get(suite.url(&format!("/api/v1/scan/{unknown}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    assert_eq!(res.json::<Value>().await.unwrap()["code"], "NOT_FOUND");
+    let res = suite
+        .http
+        .get(suite.url(&format!("/api/v1/scan/{unknown}/events")))
+        .header("last-event-id", "yesterday")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+
+    // Nothing was stored: the user has no jobs, no notifications, and ingest's image store is empty.
+    let images = suite.data_dir.path().join("objects").join("images");
+    let stored = std::fs::read_dir(&images).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(stored, 0, "no image stored under {}", images.display());
+}
+
+#[tokio::test]
+async fn ingest_answers_bad_grpc_input_with_the_matching_codes() {
+    let suite = TestSuite::start().await;
+    let mut ingest = ScanServiceClient::new(
+        ecoscan_common::client::channel(&format!("http://{}", suite.running.addrs.ingest)).unwrap(),
+    );
+    let deadline = Duration::from_secs(10);
+    let submit = |req: SubmitRequest| request_as(req, deadline, "grace");
+
+    let empty = ingest
+        .submit(submit(SubmitRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), Code::InvalidArgument, "{empty:?}");
+    let not_image = ingest
+        .submit(submit(SubmitRequest {
+            image: b"hello".to_vec(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(not_image.code(), Code::InvalidArgument);
+    let bad_locale = ingest
+        .submit(submit(SubmitRequest {
+            image: PNG.to_vec(),
+            locale: "fr".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(bad_locale.code(), Code::InvalidArgument);
+    assert!(bad_locale.message().contains("locale"));
+
+    let unknown = uuid::Uuid::now_v7().to_string();
+    let missing = ingest
+        .get_result(request_as(
+            GetResultRequest {
+                job_id: unknown.clone(),
+                ..Default::default()
+            },
+            deadline,
+            "grace",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    let not_uuid = ingest
+        .get_result(request_as(
+            GetResultRequest {
+                job_id: "42".into(),
+                ..Default::default()
+            },
+            deadline,
+            "grace",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(not_uuid.code(), Code::InvalidArgument);
+    let bad_event_id = ingest
+        .watch(request_as(
+            WatchRequest {
+                job_id: unknown,
+                after_event_id: "not-an-id".into(),
+                ..Default::default()
+            },
+            deadline,
+            "grace",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(bad_event_id.code(), Code::InvalidArgument);
+    let anonymous = ingest
+        .submit(tonic::Request::new(SubmitRequest {
+            image: PNG.to_vec(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        anonymous.code(),
+        Code::InvalidArgument,
+        "a job needs an owner"
+    );
+}
+
+#[tokio::test]
+async fn every_service_answers_health_and_reflection() {
+    let suite = TestSuite::start().await;
+    let a = &suite.running.addrs;
+    for (addr, service) in [
+        (a.ingest, "ecoscan.v1.ScanService"),
+        (a.vision, "ecoscan.v1.VisionService"),
+        (a.rule, "ecoscan.v1.RuleService"),
+        (a.answer, "ecoscan.v1.AnswerService"),
+        (a.reward, "ecoscan.v1.RewardService"),
+        (a.analytics, "ecoscan.v1.AnalyticsService"),
+        (a.notification, "ecoscan.v1.NotificationService"),
+    ] {
+        ecoscan_common::testing::assert_health_and_reflection(&format!("http://{addr}"), service)
+            .await;
+    }
+    let res = suite.http.get(suite.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let res = suite.http.get(suite.url("/readyz")).send().await.unwrap();
+    assert_eq!(
+        res.status(),
+        200,
+        "{}",
+        res.text().await.unwrap_or_default()
+    );
+}
