@@ -92,14 +92,13 @@ impl Kind {
 pub(crate) fn kind(ev: &ScanEvent) -> Kind {
     let status = EventStatus::try_from(ev.status).unwrap_or(EventStatus::Unspecified);
     let stage = Stage::try_from(ev.stage).unwrap_or(Stage::Unspecified);
-    if status == EventStatus::Failed || matches!(ev.payload, Some(Payload::Error(_))) {
-        Kind::Error
-    } else if stage == Stage::Done && status == EventStatus::Completed {
-        Kind::Ready
-    } else if status == EventStatus::Delta {
-        Kind::Delta
-    } else {
-        Kind::Stage
+    // Only the job's final event (stage `done`) ends the stream: a stage that failed is a
+    // transition like any other (`stage`, with its error), and the `error` event follows it.
+    match (stage, status) {
+        (Stage::Done, EventStatus::Completed) => Kind::Ready,
+        (Stage::Done, _) => Kind::Error,
+        (_, EventStatus::Delta) => Kind::Delta,
+        _ => Kind::Stage,
     }
 }
 
@@ -404,7 +403,7 @@ mod tests {
         let delta = Some(Payload::Delta("분리".into()));
         assert_eq!(kind(&ev(Stage::Answer, S::Delta, delta)), Kind::Delta);
         assert_eq!(kind(&ev(Stage::Done, S::Completed, None)), Kind::Ready);
-        assert_eq!(kind(&ev(Stage::Vision, S::Failed, None)), Kind::Error);
+        assert_eq!(kind(&ev(Stage::Vision, S::Failed, None)), Kind::Stage);
         assert_eq!(kind(&ev(Stage::Done, S::Failed, None)), Kind::Error);
     }
 
@@ -418,7 +417,7 @@ mod tests {
 
     #[test]
     fn failed_events_without_error_info_still_carry_an_error() {
-        let e = ev(Stage::Vision, EventStatus::Failed, None);
+        let e = ev(Stage::Done, EventStatus::Failed, None);
         let (json, kind) = scan_event_json(&e, &|id| format!("/r/{id}"));
         assert_eq!(kind, Kind::Error);
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();

@@ -497,9 +497,15 @@ async fn a_failed_job_ends_its_stream_with_an_error_event() {
         .unwrap();
     let events = parse_sse(&res.text().await.unwrap());
     let names: Vec<_> = events.iter().map(SseEvent::name).collect();
-    assert_eq!(names, ["stage", "stage", "error"]);
-    let err = events[2].json();
-    assert_eq!(events[2].id.as_deref(), Some("1700000000000-2"));
+    assert_eq!(names, ["stage", "stage", "stage", "error"]);
+    assert_eq!(
+        events[2].json()["status"],
+        "failed",
+        "the failed stage is a transition"
+    );
+    assert_eq!(events[2].json()["error"]["code"], "UNAVAILABLE");
+    let err = events[3].json();
+    assert_eq!(events[3].id.as_deref(), Some("1700000000000-3"));
     assert_eq!(
         err["error"],
         json!({"code": "UNAVAILABLE", "http_status": 503, "message": "the vision service is unavailable", "retryable": true})

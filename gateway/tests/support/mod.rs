@@ -169,6 +169,14 @@ fn failed_events(job: &str) -> Vec<ScanEvent> {
             EventStatus::Failed,
             Some(Payload::Error(error_info())),
         ),
+        // ingest ends every failed job with a `done` event carrying the error.
+        event(
+            3,
+            job,
+            Stage::Done,
+            EventStatus::Failed,
+            Some(Payload::Error(error_info())),
+        ),
     ]
 }
 

@@ -1,0 +1,493 @@
+//! The pipeline against in-test stage services on a real socket: resuming at the first stage
+//! without a checkpoint, failing a job cleanly, and shedding load.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use ecoscan_common::{client::request_as, testing::spawn};
+use ecoscan_ingest::{
+    Config, Stores,
+    store::{NewJob, QueueEntry, jobs::Checkpoint},
+};
+use ecoscan_proto::v1::{
+    Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyEvent,
+    ClassifyRequest, DisposalRules, EvaluateRequest, EventStatus, GenerateEvent, GenerateRequest,
+    GetResultRequest, JobStatus, ListCategoriesRequest, ListCategoriesResponse, ListOwnedRequest,
+    ListOwnedResponse, ListRequest, ListResponse, LookupEvent, LookupRequest, Notification,
+    NotifyRequest, RewardDecision, ScanEvent, ScheduleRequest, Stage, SubmitRequest,
+    SubscribeRequest, WatchRequest, answer_service_server, classify_event, generate_event,
+    lookup_event, notification_service_server, reward_service_server, rule_service_server,
+    scan_service_client::ScanServiceClient, vision_service_server,
+};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Code, Request, Response, Status};
+
+const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+
+type BoxStream<T> = std::pin::Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn stream_of<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
+    Box::pin(tokio_stream::iter(items.into_iter().map(Ok)))
+}
+
+/// Stage services that count their calls; vision can be told to fail.
+#[derive(Clone, Default)]
+struct Stages {
+    calls: Arc<HashMap<&'static str, AtomicUsize>>,
+    vision_fails_with: Option<Code>,
+}
+
+impl Stages {
+    fn new(vision_fails_with: Option<Code>) -> Self {
+        let calls = ["vision", "rule", "answer", "reward", "notify"]
+            .into_iter()
+            .map(|k| (k, AtomicUsize::new(0)))
+            .collect();
+        Self {
+            calls: Arc::new(calls),
+            vision_fails_with,
+        }
+    }
+
+    fn hit(&self, name: &str) {
+        self.calls[name].fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn count(&self, name: &str) -> usize {
+        self.calls[name].load(Ordering::SeqCst)
+    }
+}
+
+fn classification() -> Classification {
+    Classification {
+        major_category: "재활용폐기물".into(),
+        middle_category: "무색페트병".into(),
+        minor_category: "음료PET병".into(),
+        item_name: "페트병".into(),
+        confidence: 0.9,
+        provider: "test".into(),
+        ..Default::default()
+    }
+}
+
+#[tonic::async_trait]
+impl vision_service_server::VisionService for Stages {
+    type ClassifyStream = BoxStream<ClassifyEvent>;
+    async fn classify(
+        &self,
+        req: Request<ClassifyRequest>,
+    ) -> Result<Response<Self::ClassifyStream>, Status> {
+        self.hit("vision");
+        assert_eq!(req.get_ref().image, PNG, "vision receives the stored image");
+        if let Some(code) = self.vision_fails_with {
+            return Err(Status::new(code, "the photo shows no object"));
+        }
+        Ok(Response::new(stream_of(vec![ClassifyEvent {
+            event: Some(classify_event::Event::Classification(classification())),
+        }])))
+    }
+}
+
+#[tonic::async_trait]
+impl rule_service_server::RuleService for Stages {
+    type LookupStream = BoxStream<LookupEvent>;
+    async fn lookup(
+        &self,
+        _: Request<LookupRequest>,
+    ) -> Result<Response<Self::LookupStream>, Status> {
+        self.hit("rule");
+        Ok(Response::new(stream_of(vec![LookupEvent {
+            event: Some(lookup_event::Event::Rules(DisposalRules {
+                recyclable: true,
+                ..Default::default()
+            })),
+        }])))
+    }
+    async fn list_categories(
+        &self,
+        _: Request<ListCategoriesRequest>,
+    ) -> Result<Response<ListCategoriesResponse>, Status> {
+        Ok(Response::new(ListCategoriesResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl answer_service_server::AnswerService for Stages {
+    type GenerateStream = BoxStream<GenerateEvent>;
+    async fn generate(
+        &self,
+        req: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        self.hit("answer");
+        assert!(req.get_ref().classification.is_some() && req.get_ref().rules.is_some());
+        let delta = |d: &str| GenerateEvent {
+            event: Some(generate_event::Event::Delta(d.into())),
+        };
+        Ok(Response::new(stream_of(vec![
+            delta("Remove the label, "),
+            delta("rinse, "),
+            delta("crush."),
+            GenerateEvent {
+                event: Some(generate_event::Event::Answer(Answer {
+                    text: "Remove the label, rinse, crush.".into(),
+                    ..Default::default()
+                })),
+            },
+        ])))
+    }
+}
+
+#[tonic::async_trait]
+impl reward_service_server::RewardService for Stages {
+    async fn evaluate(
+        &self,
+        _: Request<EvaluateRequest>,
+    ) -> Result<Response<RewardDecision>, Status> {
+        self.hit("reward");
+        Ok(Response::new(RewardDecision {
+            eligible: true,
+            newly_granted: true,
+            character: Some(Character {
+                code: "char-petty".into(),
+                ..Default::default()
+            }),
+            reason: "granted".into(),
+        }))
+    }
+    async fn list_owned(
+        &self,
+        _: Request<ListOwnedRequest>,
+    ) -> Result<Response<ListOwnedResponse>, Status> {
+        Ok(Response::new(ListOwnedResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl notification_service_server::NotificationService for Stages {
+    async fn notify(&self, req: Request<NotifyRequest>) -> Result<Response<Notification>, Status> {
+        self.hit("notify");
+        assert_eq!(req.get_ref().kind, "scan_completed");
+        Ok(Response::new(Notification::default()))
+    }
+    async fn schedule(
+        &self,
+        _: Request<ScheduleRequest>,
+    ) -> Result<Response<Notification>, Status> {
+        Err(Status::unimplemented("not used by ingest"))
+    }
+    async fn cancel(&self, _: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
+        Err(Status::unimplemented("not used by ingest"))
+    }
+    type SubscribeStream = BoxStream<Notification>;
+    async fn subscribe(
+        &self,
+        _: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        Err(Status::unimplemented("not used by ingest"))
+    }
+    async fn list(&self, _: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        Err(Status::unimplemented("not used by ingest"))
+    }
+}
+
+struct Env {
+    stages: Stages,
+    stores: Stores,
+    ingest: ScanServiceClient<ecoscan_common::client::TracedChannel>,
+    dir: tempfile::TempDir,
+    _servers: Vec<ecoscan_common::testing::Spawned>,
+}
+
+async fn start(vision_fails_with: Option<Code>, tweak: impl FnOnce(&mut Config)) -> Env {
+    let stages = Stages::new(vision_fails_with);
+    let s = stages.clone();
+    let upstream = spawn(move |l, sd| async move {
+        let routes =
+            tonic::service::Routes::new(vision_service_server::VisionServiceServer::new(s.clone()))
+                .add_service(rule_service_server::RuleServiceServer::new(s.clone()))
+                .add_service(answer_service_server::AnswerServiceServer::new(s.clone()))
+                .add_service(reward_service_server::RewardServiceServer::new(s.clone()))
+                .add_service(notification_service_server::NotificationServiceServer::new(
+                    s,
+                ));
+        ecoscan_common::server::serve(routes, &[], l, sd).await
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream.uri();
+    let mut config = Config {
+        vision_url: up.clone(),
+        rule_url: up.clone(),
+        answer_url: up.clone(),
+        reward_url: up.clone(),
+        notification_url: up,
+        database_url: format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("ingest.db").display()
+        ),
+        object_dir: dir.path().join("objects"),
+        workers: 4,
+        stage_retries: 1,
+        ..Config::default()
+    };
+    tweak(&mut config);
+    let stores = Stores::embedded(&config).await.unwrap();
+    let st = stores.clone();
+    let ingest = spawn(move |l, sd| ecoscan_ingest::serve_with(config, st, l, sd)).await;
+    let client = ScanServiceClient::new(ecoscan_common::client::channel(&ingest.uri()).unwrap());
+    Env {
+        stages,
+        stores,
+        ingest: client,
+        dir,
+        _servers: vec![upstream, ingest],
+    }
+}
+
+async fn watch_all(env: &Env, job_id: &str) -> Vec<ScanEvent> {
+    let mut stream = env
+        .ingest
+        .clone()
+        .watch(request_as(
+            WatchRequest {
+                job_id: job_id.into(),
+                ..Default::default()
+            },
+            Duration::from_secs(60),
+            "u1",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    let read = async {
+        while let Some(ev) = stream.next().await {
+            events.push(ev.unwrap());
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("the job finishes within 60 s");
+    events
+}
+
+#[tokio::test]
+async fn a_resumed_job_runs_only_the_stages_without_a_checkpoint() {
+    let env = start(None, |_| {}).await;
+    // A job that got through vision and rule before its worker died.
+    env.stores
+        .objects
+        .put("images/aa/photo", Bytes::from_static(PNG))
+        .await
+        .unwrap();
+    let (job, _) = env
+        .stores
+        .jobs
+        .insert(NewJob {
+            id: uuid::Uuid::now_v7().to_string(),
+            user_id: "u1".into(),
+            image_key: "images/aa/photo".into(),
+            content_type: "image/png".into(),
+            hint: String::new(),
+            locale: "en".into(),
+            idempotency_key: None,
+            trace_carrier: HashMap::new(),
+        })
+        .await
+        .unwrap();
+    env.stores
+        .jobs
+        .mark_running(&job.id, Stage::Rule, true)
+        .await
+        .unwrap();
+    env.stores
+        .jobs
+        .checkpoint(&job.id, Checkpoint::Classification(classification()))
+        .await
+        .unwrap();
+    env.stores
+        .jobs
+        .checkpoint(&job.id, Checkpoint::Rules(DisposalRules::default()))
+        .await
+        .unwrap();
+    env.stores
+        .queue
+        .enqueue(QueueEntry {
+            job_id: job.id.clone(),
+            carrier: HashMap::new(),
+            deliveries: 1,
+            enqueued_at: std::time::SystemTime::now(),
+        })
+        .await
+        .unwrap();
+
+    let events = watch_all(&env, &job.id).await;
+
+    assert_eq!(env.stages.count("vision"), 0, "vision had a checkpoint");
+    assert_eq!(env.stages.count("rule"), 0, "rule had a checkpoint");
+    assert_eq!(env.stages.count("answer"), 1);
+    assert_eq!(env.stages.count("reward"), 1);
+    assert_eq!(env.stages.count("notify"), 1, "the owner is told once");
+    let stages: Vec<i32> = events.iter().map(|e| e.stage).collect();
+    assert_eq!(stages.first(), Some(&(Stage::Answer as i32)), "{events:?}");
+    assert_eq!(stages.last(), Some(&(Stage::Done as i32)));
+    let text: String = events
+        .iter()
+        .filter(|e| e.status == EventStatus::Delta as i32)
+        .filter_map(|e| match &e.payload {
+            Some(ecoscan_proto::v1::scan_event::Payload::Delta(d)) => Some(d.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        text, "Remove the label, rinse, crush.",
+        "coalesced deltas keep every character in order"
+    );
+    let row = env.stores.jobs.get(&job.id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Succeeded);
+    assert!(row.answer.is_some() && row.reward.is_some());
+}
+
+#[tokio::test]
+async fn a_stage_that_fails_for_good_fails_the_job_with_its_error() {
+    let env = start(Some(Code::InvalidArgument), |_| {}).await;
+    let job_id = env
+        .ingest
+        .clone()
+        .submit(request_as(
+            SubmitRequest {
+                image: PNG.to_vec(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+
+    let events = watch_all(&env, &job_id).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.stage, Stage::Done as i32);
+    assert_eq!(last.status, EventStatus::Failed as i32);
+    let failed_stage = events
+        .iter()
+        .find(|e| e.stage == Stage::Vision as i32 && e.status == EventStatus::Failed as i32)
+        .expect("a vision failed event");
+    assert!(
+        failed_stage.message.contains("the photo shows no object"),
+        "{}",
+        failed_stage.message
+    );
+    assert_eq!(
+        env.stages.count("vision"),
+        1,
+        "INVALID_ARGUMENT is not retried"
+    );
+    assert_eq!(env.stages.count("rule"), 0);
+
+    let result = env
+        .ingest
+        .clone()
+        .get_result(request_as(
+            GetResultRequest {
+                job_id: job_id.clone(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(result.status, JobStatus::Failed as i32);
+    assert_eq!(
+        result.stage,
+        Stage::Vision as i32,
+        "the result says where it failed"
+    );
+    let error = result.error.unwrap();
+    assert_eq!(error.code, "INVALID_ARGUMENT");
+    assert_eq!(error.http_status, 400);
+    assert!(!error.retryable);
+}
+
+#[tokio::test]
+async fn a_transient_stage_failure_is_retried() {
+    let env = start(Some(Code::Unavailable), |c| c.stage_retries = 2).await;
+    let job_id = env
+        .ingest
+        .clone()
+        .submit(request_as(
+            SubmitRequest {
+                image: PNG.to_vec(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let events = watch_all(&env, &job_id).await;
+    assert_eq!(env.stages.count("vision"), 3, "one call and two retries");
+    let last = events.last().unwrap();
+    match &last.payload {
+        Some(ecoscan_proto::v1::scan_event::Payload::Error(e)) => {
+            assert_eq!(e.code, "UNAVAILABLE");
+            assert!(e.retryable);
+        }
+        other => panic!("expected an error payload, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn submit_sheds_load_past_the_backlog_and_stores_nothing() {
+    let env = start(None, |c| {
+        c.max_backlog = 0;
+        c.retry_after = Duration::from_secs(7);
+    })
+    .await;
+    let err = env
+        .ingest
+        .clone()
+        .submit(request_as(
+            SubmitRequest {
+                image: PNG.to_vec(),
+                idempotency_key: "k".into(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert_eq!(err.metadata().get("retry-after").unwrap(), "7");
+    assert!(err.message().contains("try again"), "{}", err.message());
+    assert!(
+        env.stores
+            .jobs
+            .find_by_idempotency_key("u1", "k")
+            .await
+            .unwrap()
+            .is_none(),
+        "no job row"
+    );
+    let images = env.dir.path().join("objects").join("images");
+    assert!(
+        !images.exists() || std::fs::read_dir(&images).unwrap().next().is_none(),
+        "no image stored"
+    );
+    assert_eq!(env.stores.queue.backlog().await.unwrap(), 0);
+}
