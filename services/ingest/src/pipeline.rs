@@ -134,7 +134,8 @@ pub fn event(
         seq: 0,
         stage: stage as i32,
         status: status as i32,
-        progress,
+        // Three decimals are plenty, and keep the JSON free of float noise (0.39499998).
+        progress: (progress * 1000.0).round() / 1000.0,
         message: message.to_owned(),
         ts: Some(ecoscan_proto::now()),
         trace_id: ecoscan_common::telemetry::current_trace_id(),

@@ -447,3 +447,77 @@ async fn every_service_answers_health_and_reflection() {
         res.text().await.unwrap_or_default()
     );
 }
+
+#[tokio::test]
+async fn a_scan_whose_model_is_unreachable_ends_with_an_error_event_and_a_failed_result() {
+    let suite = TestSuite::start_with(|c| {
+        c.llm.provider = ecoscan_llm::Provider::OpenAi;
+        // Nothing listens on port 1: every model call fails to connect.
+        c.llm.base_url = "http://127.0.0.1:1/v1".into();
+        c.llm.max_retries = 0;
+    })
+    .await;
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/scan/completion"))
+        .header("x-user-id", "heidi")
+        .multipart(image_form("can"))
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(res).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "error", "{events:#?}");
+    assert_eq!(last.data["error"]["code"], "UNAVAILABLE");
+    assert_eq!(last.data["error"]["http_status"], 503);
+    assert_eq!(last.data["error"]["retryable"], true);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.data["stage"] == "vision" && e.data["status"] == "failed"),
+        "the failed stage is reported: {events:#?}"
+    );
+    assert!(
+        !events.iter().any(|e| e.data["stage"] == "rule"),
+        "no stage runs after a failure"
+    );
+
+    let job_id = last.data["job_id"].as_str().unwrap();
+    let result = wait_result(&suite, job_id, "heidi").await;
+    assert_eq!(result["status"], "failed", "{result:#}");
+    assert_eq!(result["error"]["code"], "UNAVAILABLE");
+
+    // The failed model call was recorded in analytics.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let usage: Value = suite
+            .http
+            .get(suite.url("/api/v1/analytics/usage"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let errors: u64 = usage["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["service"] == "vision")
+            .map(|r| {
+                r["errors"]
+                    .as_u64()
+                    .or_else(|| r["errors"].as_str()?.parse().ok())
+                    .unwrap_or(0)
+            })
+            .sum();
+        if errors >= 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no vision error in analytics: {usage:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
