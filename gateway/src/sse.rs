@@ -37,15 +37,19 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// within this window still gets a proper HTTP status (e.g. 404 for an unknown job).
 pub(crate) const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(500);
 
-/// Open SSE connections, for the SSE-connections gauge (exported once metrics arrive).
+/// Open SSE connections, exported as `gateway_sse_connections`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SseGauge(Arc<AtomicUsize>);
 
 impl SseGauge {
     /// Connections open now.
+    pub(crate) fn open(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
     #[cfg(test)]
     fn get(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
+        self.open()
     }
 
     /// Counts a connection until the returned guard is dropped (when the response body is).
@@ -424,7 +428,7 @@ mod tests {
         assert_eq!(v["error"]["code"], "INTERNAL");
         assert_eq!(v["error"]["http_status"], 500);
         assert_eq!(v["error"]["message"], "hi");
-        assert_eq!(v["stage"], "vision");
+        assert_eq!(v["stage"], "done");
         assert_eq!(v["status"], "failed");
     }
 

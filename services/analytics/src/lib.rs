@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context, bail};
 use ecoscan_common::{
     CancellationToken,
-    config::{env_duration, env_or},
+    config::{env_duration, env_opt, env_or},
 };
 use ecoscan_proto::{
     Timestamp,
@@ -28,8 +28,10 @@ use ecoscan_proto::{
 use tokio::{net::TcpListener, sync::oneshot};
 use tonic::{Request, Response, Status, Streaming};
 
+use ecoscan_objects::ObjectStore;
+pub use ecoscan_objects::ObjectStoreConfig;
 pub use error::Error;
-use store::{BodyStore, CallRow, CallStore, LocalDirBodyStore, SqliteCallStore, UsageSample};
+use store::{AnyCallStore, CallRow, CallStore, UsageSample};
 use writer::{Ack, BatchOptions, NewCall, Writer};
 
 /// Fully-qualified gRPC service name.
@@ -41,19 +43,26 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://./data/analytics.db?mode=rwc";
 /// Default directory for LLM request/response bodies.
 pub const DEFAULT_BODY_DIR: &str = "./data/analytics-bodies";
 
+/// Prefix of the body objects' keys in a shared bucket.
+pub const BODY_KEY_PREFIX: &str = "analytics-bodies/";
+
 /// Configuration of the analytics service.
 ///
 /// Environment variables:
-/// - `ANALYTICS_DATABASE_URL`: sqlx database URL (default `sqlite://./data/analytics.db?mode=rwc`;
-///   the parent directory of a file is created).
-/// - `ANALYTICS_BODY_DIR`: directory of the body objects (default `./data/analytics-bodies`).
+/// - `ANALYTICS_DATABASE_URL`, else `DATABASE_URL`: sqlx database URL (default
+///   `sqlite://./data/analytics.db?mode=rwc`, the parent directory of a file is created; a
+///   `postgres://` URL selects PostgreSQL, whose migrations are applied at start).
+/// - `S3_ENDPOINT` + `S3_BUCKET` (+ `S3_REGION`, `S3_ACCESS_KEY_ID`, `S3_SECRET_ACCESS_KEY`): keep
+///   the bodies in S3 under `analytics-bodies/` (see `ecoscan_objects::S3Config`); unset, they go
+///   to `ANALYTICS_BODY_DIR` (default `./data/analytics-bodies`).
 /// - `ANALYTICS_BATCH_MAX_ROWS`: most calls per group commit (default 500, at most 1000).
 /// - `ANALYTICS_BATCH_LINGER`: how long a batch waits for more calls, e.g. `2ms` (default 2 ms).
 /// - `ANALYTICS_QUEUE_CAPACITY`: calls queued for the writer before callers wait (default 4096).
 #[derive(Debug, Clone)]
 pub struct Config {
     pub database_url: String,
-    pub body_dir: PathBuf,
+    /// Where the request/response bodies go (one object per batch).
+    pub bodies: ObjectStoreConfig,
     pub batch_max_rows: usize,
     pub batch_linger: Duration,
     pub queue_capacity: usize,
@@ -63,7 +72,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
-            body_dir: PathBuf::from(DEFAULT_BODY_DIR),
+            bodies: ObjectStoreConfig::Local(PathBuf::from(DEFAULT_BODY_DIR)),
             batch_max_rows: 500,
             batch_linger: Duration::from_millis(2),
             queue_capacity: 4096,
@@ -76,8 +85,14 @@ impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         let d = Self::default();
         let config = Self {
-            database_url: env_or("ANALYTICS_DATABASE_URL", d.database_url)?,
-            body_dir: env_or("ANALYTICS_BODY_DIR", d.body_dir)?,
+            database_url: match env_opt("ANALYTICS_DATABASE_URL") {
+                Some(url) => url,
+                None => env_or("DATABASE_URL", d.database_url)?,
+            },
+            bodies: ObjectStoreConfig::from_env(
+                env_or("ANALYTICS_BODY_DIR", PathBuf::from(DEFAULT_BODY_DIR))?,
+                BODY_KEY_PREFIX,
+            )?,
             batch_max_rows: env_or("ANALYTICS_BATCH_MAX_ROWS", d.batch_max_rows)?,
             batch_linger: env_duration("ANALYTICS_BATCH_LINGER", d.batch_linger)?,
             queue_capacity: env_or("ANALYTICS_QUEUE_CAPACITY", d.queue_capacity)?,
@@ -100,6 +115,35 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Switches this configuration onto the production stores the environment names, store by
+    /// store, and leaves the rest as it is: `ANALYTICS_DATABASE_URL`/`DATABASE_URL` when it is a
+    /// `postgres://` URL (call rows), the `S3_*` variables (bodies). `ecoscan up` builds its own
+    /// embedded configuration and passes it through here.
+    pub fn with_stores_from_env(mut self) -> anyhow::Result<Self> {
+        if let Some(url) = env_opt("ANALYTICS_DATABASE_URL")
+            .or_else(|| env_opt("DATABASE_URL"))
+            .filter(|u| store::is_postgres(u))
+        {
+            self.database_url = url;
+        }
+        if let Some(s3) = ecoscan_objects::S3Config::from_env(BODY_KEY_PREFIX)? {
+            self.bodies = ObjectStoreConfig::S3(s3);
+        }
+        Ok(self)
+    }
+}
+
+/// Brings the database's schema up to date and returns (`ecoscan-analytics migrate`); `serve`
+/// does the same at start.
+pub async fn migrate(config: &Config) -> anyhow::Result<()> {
+    let store = AnyCallStore::connect(&config.database_url)
+        .await
+        .context("failed to migrate the analytics database")?;
+    store.close().await;
+    Ok(())
+}
+
 /// Serves `ecoscan.v1.AnalyticsService` (with health and reflection) on `listener` until
 /// `shutdown` is cancelled; calls accepted before shutdown are committed before it returns.
 pub async fn serve(
@@ -109,12 +153,18 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     config.validate()?;
     let store = Arc::new(
-        SqliteCallStore::connect(&config.database_url)
+        AnyCallStore::connect(&config.database_url)
             .await
             .context("failed to open the analytics database")?,
     );
-    let bodies = Arc::new(LocalDirBodyStore::open(&config.body_dir).await?);
+    let bodies = config
+        .bodies
+        .open()
+        .await
+        .context("failed to open the analytics body store")?;
     let stop_writer = CancellationToken::new();
+    let mut metrics = ecoscan_common::metrics::Metrics::new("analytics");
+    let writer_metrics = writer::WriterMetrics::register(&mut metrics);
     let (writer, writer_task) = Writer::spawn(
         store.clone(),
         bodies.clone(),
@@ -123,14 +173,16 @@ pub async fn serve(
             linger: config.batch_linger,
             queue_capacity: config.queue_capacity,
         },
+        writer_metrics,
         stop_writer.clone(),
     );
     let svc = AnalyticsServiceServer::new(Analytics::new(store.clone(), bodies, writer))
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
     tracing::info!("analytics service ready");
-    let result = ecoscan_common::server::serve(
+    let result = ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(svc),
         &[SERVICE_NAME],
+        metrics,
         listener,
         shutdown,
     )
@@ -144,10 +196,10 @@ pub async fn serve(
     result
 }
 
-/// The AnalyticsService implementation over any [`CallStore`] and [`BodyStore`].
-pub struct Analytics<S, B> {
+/// The AnalyticsService implementation over any [`CallStore`] and object store.
+pub struct Analytics<S> {
     store: Arc<S>,
-    bodies: Arc<B>,
+    bodies: Arc<dyn ObjectStore>,
     writer: Writer,
 }
 
@@ -155,9 +207,9 @@ pub struct Analytics<S, B> {
 /// stream's memory while keeping enough calls in flight to fill batches.
 const MAX_UNACKED_PER_STREAM: usize = 2048;
 
-impl<S: CallStore, B: BodyStore> Analytics<S, B> {
+impl<S: CallStore> Analytics<S> {
     /// A service reading from `store` and `bodies` and writing through `writer`.
-    pub fn new(store: Arc<S>, bodies: Arc<B>, writer: Writer) -> Self {
+    pub fn new(store: Arc<S>, bodies: Arc<dyn ObjectStore>, writer: Writer) -> Self {
         Self {
             store,
             bodies,
@@ -265,7 +317,7 @@ impl<S: CallStore, B: BodyStore> Analytics<S, B> {
                 .bodies
                 .get(&row.body_key)
                 .await
-                .map_err(Error::Internal)?
+                .map_err(|e| Error::Internal(e.into()))?
                 .ok_or_else(|| {
                     Error::Internal(anyhow::anyhow!("body object {} is missing", row.body_key))
                 })?;
@@ -460,7 +512,7 @@ fn us_to_ts(us: i64) -> Timestamp {
 }
 
 #[tonic::async_trait]
-impl<S: CallStore, B: BodyStore> AnalyticsService for Analytics<S, B> {
+impl<S: CallStore> AnalyticsService for Analytics<S> {
     #[tracing::instrument(skip_all, fields(call_id = %request.get_ref().call_id, service = %request.get_ref().service))]
     async fn record(&self, request: Request<LlmCall>) -> Result<Response<RecordResponse>, Status> {
         let res = Analytics::record(self, request.into_inner()).await?;

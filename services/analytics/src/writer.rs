@@ -5,6 +5,10 @@
 use std::{sync::Arc, time::Duration};
 
 use ecoscan_common::CancellationToken;
+use prometheus_client::metrics::{
+    counter::Counter,
+    histogram::{Histogram, exponential_buckets},
+};
 use tokio::{
     sync::{mpsc, oneshot},
     task::JoinHandle,
@@ -12,7 +16,10 @@ use tokio::{
 };
 use tracing::Instrument;
 
-use crate::store::{BodyStore, CallRow, CallStore};
+use bytes::Bytes;
+use ecoscan_objects::ObjectStore;
+
+use crate::store::{CallRow, CallStore};
 
 /// A validated call waiting to be written.
 #[derive(Debug)]
@@ -60,14 +67,15 @@ pub struct WriterClosed;
 impl Writer {
     /// Starts the writer task. Cancelling `stop` makes it write what is already queued, refuse
     /// new calls and end.
-    pub fn spawn<S: CallStore, B: BodyStore>(
+    pub fn spawn<S: CallStore>(
         store: Arc<S>,
-        bodies: Arc<B>,
+        bodies: Arc<dyn ObjectStore>,
         options: BatchOptions,
+        metrics: WriterMetrics,
         stop: CancellationToken,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(options.queue_capacity.max(1));
-        let handle = tokio::spawn(run(store, bodies, rx, options, stop));
+        let handle = tokio::spawn(run(store, bodies, rx, options, metrics, stop));
         (Self { tx }, handle)
     }
 
@@ -83,11 +91,12 @@ impl Writer {
     }
 }
 
-async fn run<S: CallStore, B: BodyStore>(
+async fn run<S: CallStore>(
     store: Arc<S>,
-    bodies: Arc<B>,
+    bodies: Arc<dyn ObjectStore>,
     mut rx: mpsc::Receiver<Pending>,
     options: BatchOptions,
+    metrics: WriterMetrics,
     stop: CancellationToken,
 ) {
     let max = options.max_rows.max(1);
@@ -110,16 +119,21 @@ async fn run<S: CallStore, B: BodyStore>(
                 () = tokio::time::sleep_until(deadline) => break,
             }
         }
-        write_batch(&*store, &*bodies, &mut batch).await;
+        write_batch(&*store, &*bodies, &mut batch, &metrics).await;
     }
     // Stopping: refuse new calls, write everything already accepted.
     rx.close();
     while rx.recv_many(&mut batch, max).await > 0 {
-        write_batch(&*store, &*bodies, &mut batch).await;
+        write_batch(&*store, &*bodies, &mut batch, &metrics).await;
     }
 }
 
-async fn write_batch<S: CallStore, B: BodyStore>(store: &S, bodies: &B, batch: &mut Vec<Pending>) {
+async fn write_batch<S: CallStore>(
+    store: &S,
+    bodies: &dyn ObjectStore,
+    batch: &mut Vec<Pending>,
+    metrics: &WriterMetrics,
+) {
     let span = tracing::info_span!(
         "analytics.write_batch",
         rows = batch.len(),
@@ -148,15 +162,17 @@ async fn write_batch<S: CallStore, B: BodyStore>(store: &S, bodies: &B, batch: &
             rows.push(row);
             acks.push(ack);
         }
+        let started = std::time::Instant::now();
         let written = async {
             if !object.is_empty() {
-                bodies.put(&key, object).await?;
+                bodies.put(&key, Bytes::from(object)).await?;
             }
             store.insert_batch(&rows).await
         }
         .await;
         match written {
             Ok(mut inserted) => {
+                metrics.committed(rows.len(), inserted.len(), started.elapsed());
                 let mut duplicates = 0_u64;
                 for (row, ack) in rows.iter().zip(acks) {
                     // The first occurrence of an inserted id takes it; any later one is a repeat.
@@ -181,4 +197,54 @@ async fn write_batch<S: CallStore, B: BodyStore>(store: &S, bodies: &B, batch: &
 
 fn len_i64(n: usize) -> i64 {
     i64::try_from(n).expect("a batch object is far below i64::MAX bytes")
+}
+
+/// The writer's Prometheus series. Cheap to clone; clones share the series.
+#[derive(Clone, Debug)]
+pub struct WriterMetrics {
+    recorded: Counter,
+    batch_rows: Histogram,
+    commit: Histogram,
+}
+
+impl Default for WriterMetrics {
+    /// Series registered nowhere (for tests that do not scrape).
+    fn default() -> Self {
+        Self {
+            recorded: Counter::default(),
+            batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            commit: ecoscan_common::metrics::seconds_histogram(),
+        }
+    }
+}
+
+impl WriterMetrics {
+    /// Registers `analytics_calls_recorded_total`, `analytics_batch_rows` and
+    /// `analytics_commit_duration_seconds` in `metrics`.
+    pub fn register(metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
+        let this = Self::default();
+        let r = metrics.registry();
+        r.register(
+            "analytics_calls_recorded",
+            "LLM calls committed (repeats of a call id not counted)",
+            this.recorded.clone(),
+        );
+        r.register(
+            "analytics_batch_rows",
+            "Rows per committed batch (group commit)",
+            this.batch_rows.clone(),
+        );
+        r.register(
+            "analytics_commit_duration_seconds",
+            "Time to write a batch: its bodies object and its rows in one transaction",
+            this.commit.clone(),
+        );
+        this
+    }
+
+    fn committed(&self, rows: usize, inserted: usize, took: std::time::Duration) {
+        self.recorded.inc_by(inserted as u64);
+        self.batch_rows.observe(rows as f64);
+        self.commit.observe(took.as_secs_f64());
+    }
 }

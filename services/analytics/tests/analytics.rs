@@ -25,7 +25,7 @@ async fn start() -> Harness {
     let dir = TempDir::new().unwrap();
     let config = Config {
         database_url: format!("sqlite://{}/db/analytics.db?mode=rwc", dir.path().display()),
-        body_dir: dir.path().join("bodies"),
+        bodies: ecoscan_objects::ObjectStoreConfig::Local(dir.path().join("bodies")),
         batch_max_rows: 100,
         batch_linger: Duration::from_millis(2),
         queue_capacity: 64,

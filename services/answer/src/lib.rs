@@ -59,13 +59,16 @@ pub async fn serve(
         .as_deref()
         .map(AnalyticsReporter::new)
         .transpose()?;
-    let llm = Llm::new(config.llm, "answer", reporter)?;
+    let mut metrics = ecoscan_common::metrics::Metrics::new("answer");
+    let llm_metrics = ecoscan_llm::LlmMetrics::register(&mut metrics, reporter.as_ref());
+    let llm = Llm::new(config.llm, "answer", reporter)?.with_metrics(llm_metrics);
     tracing::info!(provider = %llm.provider(), "answer service ready");
     let svc = AnswerServiceServer::new(AnswerSvc { llm: Arc::new(llm) })
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
-    ecoscan_common::server::serve(
+    ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(svc),
         &[SERVICE_NAME],
+        metrics,
         listener,
         shutdown,
     )

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod codes;
 pub mod config;
+pub mod metrics;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;

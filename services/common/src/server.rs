@@ -2,7 +2,7 @@
 //! and v1alpha), a span per RPC whose parent comes from the caller's `traceparent`, and graceful
 //! shutdown.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -13,15 +13,37 @@ use tower_http::trace::TraceLayer;
 use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::metrics::{CONTENT_TYPE, Metrics, RpcMetrics, RpcMetricsLayer};
+
 /// Largest message any ecoscan server accepts (images travel in messages).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Serves `routes` on `listener` until `shutdown` is cancelled, with health and reflection
 /// mounted. `service_names` are the fully-qualified names reported SERVING by the health service
-/// (the empty name, meaning the whole server, is always reported).
+/// (the empty name, meaning the whole server, is always reported). `/metrics` shows the RPC
+/// metrics only; services with metrics of their own use [`serve_with_metrics`].
 pub async fn serve(
     routes: Routes,
     service_names: &[&str],
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    serve_with_metrics(
+        routes,
+        service_names,
+        Metrics::default(),
+        listener,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`], with `metrics` (the service's registry) served as plain HTTP/1.1 `GET /metrics`
+/// on the same port as gRPC, and the RED metrics of every RPC registered into it.
+pub async fn serve_with_metrics(
+    routes: Routes,
+    service_names: &[&str],
+    mut metrics: Metrics,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -34,14 +56,8 @@ pub async fn serve(
             .set_service_status(*name, ServingStatus::Serving)
             .await;
     }
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(ecoscan_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(ecoscan_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let reflection_v1 = reflection(service_names).build_v1()?;
+    let reflection_v1alpha = reflection(service_names).build_v1alpha()?;
 
     let names: Vec<String> = service_names.iter().map(|s| (*s).to_owned()).collect();
     let on_shutdown = {
@@ -60,7 +76,25 @@ pub async fn serve(
         }
     };
 
+    let rpc_metrics = RpcMetrics::register(metrics.registry(), service_names);
+    let metrics = Arc::new(metrics);
+    // Same port as gRPC: nothing more to bind, and scraping works with port 0 in tests.
+    let routes = Routes::from(routes.into_axum_router().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(http::header::CONTENT_TYPE, CONTENT_TYPE)],
+                    metrics.render().await,
+                )
+            }
+        }),
+    ));
+
     Server::builder()
+        // `GET /metrics` is plain HTTP/1.1 (Prometheus does not speak HTTP/2 without TLS).
+        .accept_http1(true)
         // Detect dead peers on idle connections (watch streams can be quiet for a long time).
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
@@ -71,8 +105,12 @@ pub async fn serve(
                 .on_request(())
                 .on_response(on_response)
                 .on_eos(on_eos)
+                // A span event per message sent: every server stream is marked, message by message.
+                .on_body_chunk(crate::telemetry::GrpcMessageEvents::default())
                 .on_failure(()),
         )
+        // Inside the span layer: RED metrics per RPC, recorded at the end of each stream.
+        .layer(RpcMetricsLayer(rpc_metrics))
         .add_routes(routes)
         .add_service(health)
         .add_service(reflection_v1)
@@ -80,6 +118,25 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming(listener), on_shutdown)
         .await?;
     Ok(())
+}
+
+/// Server reflection with full descriptors (messages, enums, streaming shapes, imports) that
+/// lists only what this server serves: its own services, health and reflection (both versions:
+/// grpcurl and most tools still ask v1alpha), not every service of the shared proto package.
+fn reflection(service_names: &[&str]) -> tonic_reflection::server::Builder<'static> {
+    let mut builder = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ecoscan_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+        .include_reflection_service(false)
+        .with_service_name("grpc.health.v1.Health")
+        .with_service_name("grpc.reflection.v1.ServerReflection")
+        .with_service_name("grpc.reflection.v1alpha.ServerReflection");
+    for name in service_names {
+        builder = builder.with_service_name(*name);
+    }
+    builder
 }
 
 /// Accepted connections with `TCP_NODELAY`: without it, small replies wait for delayed ACKs and
@@ -99,7 +156,10 @@ fn incoming(
 
 fn rpc_span<B>(req: &http::Request<B>) -> Span {
     let path = req.uri().path();
-    if path.starts_with("/grpc.health.v1.Health/") || path.starts_with("/grpc.reflection.") {
+    if path.starts_with("/grpc.health.v1.Health/")
+        || path.starts_with("/grpc.reflection.")
+        || path == "/metrics"
+    {
         return Span::none();
     }
     let (service, method) = path
@@ -115,6 +175,8 @@ fn rpc_span<B>(req: &http::Request<B>) -> Span {
         rpc.service = %service,
         rpc.method = %method,
         rpc.grpc.status_code = Empty,
+        error.type = Empty,
+        otel.status_message = Empty,
         user.id = Empty,
     );
     if let Some(user) = req
@@ -128,15 +190,36 @@ fn rpc_span<B>(req: &http::Request<B>) -> Span {
     span
 }
 
+/// Records the call's gRPC status. Following the OpenTelemetry gRPC conventions for server
+/// spans, only codes that say the server failed mark the span as an error; a caller's mistake
+/// (`INVALID_ARGUMENT`, `NOT_FOUND`, …) is recorded as `error.type` without failing the span.
 fn record_status(headers: &http::HeaderMap, span: &Span) {
-    if let Some(code) = headers
+    let Some(code) = headers
         .get("grpc-status")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<i32>().ok())
-    {
-        span.record("rpc.grpc.status_code", code);
-        if code != 0 {
-            span.record("otel.status_code", "ERROR");
+    else {
+        return;
+    };
+    span.record("rpc.grpc.status_code", code);
+    if code == 0 {
+        return;
+    }
+    let code = tonic::Code::from_i32(code);
+    span.record("error.type", crate::codes::code_name(code));
+    if matches!(
+        code,
+        tonic::Code::Unknown
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unimplemented
+            | tonic::Code::Internal
+            | tonic::Code::Unavailable
+            | tonic::Code::DataLoss
+    ) {
+        span.record("otel.status_code", "ERROR");
+        // `grpc-message` is percent-encoded; the raw form is readable enough for a trace.
+        if let Some(message) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) {
+            span.record("otel.status_message", message);
         }
     }
 }

@@ -1,10 +1,26 @@
 //! Telemetry set up in one call: logs (`RUST_LOG` filter, `LOG_FORMAT=json|text`), OpenTelemetry
-//! spans with W3C trace-context and baggage propagation, and OTLP export when
-//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Also the small helpers that move a trace context in and
-//! out of headers, gRPC metadata and queue entries.
+//! spans with W3C trace-context and baggage propagation, and OTLP export when an endpoint is
+//! set. Also the small helpers that move a trace context in and out of headers, gRPC metadata
+//! and queue entries, and that mark each message of a stream on the current span.
+//!
+//! Environment (the `OTEL_*` names are the OpenTelemetry standard ones):
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) | unset | export spans there; unset means no export |
+//! | `OTEL_EXPORTER_OTLP_PROTOCOL` (or `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`) | `grpc` | `grpc` or `http/protobuf` (`/v1/traces` is appended to the generic endpoint) |
+//! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | `parentbased_always_on` | read by the SDK: `always_on`, `always_off`, `traceidratio`, `parentbased_always_on`, `parentbased_always_off`, `parentbased_traceidratio` |
+//! | `OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, `OTEL_BSP_EXPORT_TIMEOUT` | 5000 ms, 2048, 512, 30000 ms | read by the SDK's batch processor |
+//! | `OTEL_RESOURCE_ATTRIBUTES` | unset | extra resource attributes (`service.name` is always `ecoscan-<service>`) |
+//! | `ECOSCAN_TRACE_FILTER` | [`DEFAULT_TRACE_FILTER`] | which spans and events become OpenTelemetry spans and span events, independent of `RUST_LOG` |
+//!
+//! Export never blocks a request: spans go to a bounded queue (the SDK's batch processor, which
+//! drops when full) and a background thread sends them; the network part of an export runs on
+//! the service's Tokio runtime. [`TelemetryGuard`] flushes what is queued when dropped.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use anyhow::{Context as _, bail};
 use opentelemetry::{
     Context, KeyValue,
     propagation::{Extractor, Injector, TextMapCompositePropagator},
@@ -12,11 +28,25 @@ use opentelemetry::{
 };
 use opentelemetry_sdk::{
     Resource,
+    error::{OTelSdkError, OTelSdkResult},
     propagation::{BaggagePropagator, TraceContextPropagator},
-    trace::SdkTracerProvider,
+    trace::{SdkTracerProvider, SpanData, SpanExporter},
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
+
+/// Target of the per-message stream events ([`message_sent`], [`message_received`]). They go to
+/// traces (span events) but not to the log by default: a scan streams hundreds of messages.
+pub const STREAM_TARGET: &str = "ecoscan_stream";
+
+/// Log filter when `RUST_LOG` is unset.
+pub const DEFAULT_LOG_FILTER: &str =
+    "info,h2=warn,hyper=warn,tower=warn,sqlx=warn,ecoscan_stream=warn";
+
+/// Span filter when `ECOSCAN_TRACE_FILTER` is unset: our spans and events at `info` and above
+/// (stream messages included), none from the transport crates underneath.
+pub const DEFAULT_TRACE_FILTER: &str =
+    "info,h2=off,hyper=off,hyper_util=off,tower=off,sqlx=off,reqwest=off,opentelemetry=off";
 
 /// Keeps the tracer provider alive; flushes pending spans when dropped (last thing at shutdown).
 #[must_use = "dropping the guard flushes and stops span export"]
@@ -42,11 +72,17 @@ impl Drop for TelemetryGuard {
 }
 
 /// Installs the global subscriber, tracer provider and propagator for `service`
-/// (exported as `service.name = ecoscan-<service>`).
+/// (exported as `service.name = ecoscan-<service>`). Call it inside the Tokio runtime.
 pub fn init(service: &str) -> anyhow::Result<TelemetryGuard> {
-    let (provider, tracer) = tracer(service)?;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,h2=warn,hyper=warn,tower=warn,sqlx=warn"));
+    let provider = provider(service, export_enabled())?;
+    let log_filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    let trace_filter = match crate::config::env_opt("ECOSCAN_TRACE_FILTER") {
+        Some(f) => {
+            EnvFilter::try_new(&f).with_context(|| format!("invalid ECOSCAN_TRACE_FILTER {f:?}"))?
+        }
+        None => EnvFilter::new(DEFAULT_TRACE_FILTER),
+    };
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let fmt = if json {
         tracing_subscriber::fmt::layer().json().boxed()
@@ -54,21 +90,24 @@ pub fn init(service: &str) -> anyhow::Result<TelemetryGuard> {
         tracing_subscriber::fmt::layer().boxed()
     };
     tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .with(tracing_opentelemetry::layer().with_tracer(tracer))
+        .with(fmt.with_filter(log_filter))
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("ecoscan"))
+                .with_filter(trace_filter),
+        )
         .try_init()?;
     Ok(TelemetryGuard {
         provider: Some(provider),
     })
 }
 
-/// For tests: installs telemetry once per process; logs go to the test output only when
-/// `TEST_LOG` is set.
+/// For tests: installs telemetry once per process (never exporting); logs go to the test output
+/// only when `TEST_LOG` is set.
 pub fn init_for_tests() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let Ok((provider, tracer)) = tracer("test") else {
+        let Ok(provider) = provider("test", false) else {
             return;
         };
         let filter = if std::env::var_os("TEST_LOG").is_some() {
@@ -78,7 +117,11 @@ pub fn init_for_tests() {
             EnvFilter::new("off")
         };
         let _ = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(tracer))
+            .with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(provider.tracer("ecoscan"))
+                    .with_filter(EnvFilter::new(DEFAULT_TRACE_FILTER)),
+            )
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_test_writer()
@@ -90,30 +133,228 @@ pub fn init_for_tests() {
     });
 }
 
-fn tracer(service: &str) -> anyhow::Result<(SdkTracerProvider, opentelemetry_sdk::trace::Tracer)> {
+/// Whether an OTLP endpoint is configured.
+fn export_enabled() -> bool {
+    crate::config::env_opt("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+        || crate::config::env_opt("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+}
+
+/// The resource every span of `service` carries: `service.name = ecoscan-<service>`, the
+/// version, and an id unique to this process (so replicas of a service stay apart).
+pub fn resource(service: &str) -> Resource {
+    Resource::builder()
+        .with_service_name(format!("ecoscan-{service}"))
+        .with_attributes([
+            KeyValue::new("service.namespace", "ecoscan"),
+            KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+            KeyValue::new("service.instance.id", uuid::Uuid::new_v4().to_string()),
+        ])
+        .build()
+}
+
+fn provider(service: &str, export: bool) -> anyhow::Result<SdkTracerProvider> {
     opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
         Box::new(TraceContextPropagator::new()),
         Box::new(BaggagePropagator::new()),
     ]));
-    let resource = Resource::builder()
-        .with_service_name(format!("ecoscan-{service}"))
-        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-        .build();
     // A provider is installed even without an exporter so that every span has a real trace id
-    // to propagate and to stamp on events.
-    let mut builder = SdkTracerProvider::builder().with_resource(resource);
-    if let Some(endpoint) = crate::config::env_opt("OTEL_EXPORTER_OTLP_ENDPOINT") {
-        use opentelemetry_otlp::WithExportConfig;
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint)
-            .build()?;
-        builder = builder.with_batch_exporter(exporter);
+    // to propagate and to stamp on events. The sampler comes from `OTEL_TRACES_SAMPLER` (the
+    // SDK's default configuration reads it).
+    let mut builder = SdkTracerProvider::builder().with_resource(resource(service));
+    if export {
+        builder = builder.with_batch_exporter(exporter()?);
     }
     let provider = builder.build();
     opentelemetry::global::set_tracer_provider(provider.clone());
-    let tracer = provider.tracer("ecoscan");
-    Ok((provider, tracer))
+    Ok(provider)
+}
+
+/// The OTLP exporter chosen by `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`; it reads its endpoint,
+/// headers and timeout from the standard variables itself.
+fn exporter() -> anyhow::Result<OnRuntime<opentelemetry_otlp::SpanExporter>> {
+    use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
+    let protocol = crate::config::env_opt("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|| crate::config::env_opt("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|| "grpc".to_owned());
+    let exporter = match protocol.trim() {
+        "grpc" => SpanExporter::builder().with_tonic().build(),
+        "http/protobuf" => SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build(),
+        other => bail!(
+            "unsupported OTEL_EXPORTER_OTLP_PROTOCOL {other:?}; use \"grpc\" or \"http/protobuf\""
+        ),
+    }
+    .context("failed to build the OTLP span exporter")?;
+    let runtime = tokio::runtime::Handle::try_current()
+        .context("telemetry with OTLP export must be initialised inside a Tokio runtime")?;
+    Ok(OnRuntime {
+        inner: Arc::new(exporter),
+        runtime,
+    })
+}
+
+/// Runs each export on the service's Tokio runtime. The SDK's batch processor exports from a
+/// thread of its own, where neither the gRPC nor the HTTP client could do I/O (both need a
+/// Tokio reactor); spawning onto the runtime keeps the export off every request's path.
+#[derive(Debug)]
+struct OnRuntime<E> {
+    inner: Arc<E>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl<E: SpanExporter + 'static> SpanExporter for OnRuntime<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let inner = self.inner.clone();
+        match self
+            .runtime
+            .spawn(async move { inner.export(batch).await })
+            .await
+        {
+            Ok(result) => result,
+            Err(e) => Err(OTelSdkError::InternalFailure(format!(
+                "span export task failed: {e}"
+            ))),
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        // Called once while the provider is built, before any export could share the exporter.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.set_resource(resource);
+        }
+    }
+}
+
+/// Marks one message a server-streaming RPC (or an SSE response) sent, as an event on the
+/// current span: the OpenTelemetry RPC conventions' `message` event with `message.type = SENT`
+/// and `message.id` (1, 2, … within the stream). `kind` says what the message was (`progress`,
+/// `delta`, `stage`, …).
+pub fn message_sent(id: u64, kind: &str) {
+    tracing::event!(
+        target: STREAM_TARGET,
+        tracing::Level::INFO,
+        { "rpc.message.type" = "SENT",
+        rpc.message.id = id,
+        rpc.message.kind = kind },
+        "message"
+    );
+}
+
+/// Marks one message a client-streaming RPC received, as an event on the current span.
+pub fn message_received(id: u64, kind: &str) {
+    tracing::event!(
+        target: STREAM_TARGET,
+        tracing::Level::INFO,
+        { "rpc.message.type" = "RECEIVED",
+        rpc.message.id = id,
+        rpc.message.kind = kind },
+        "message"
+    );
+}
+
+/// A span event per gRPC message in a response body, for `TraceLayer::on_body_chunk`: walks the
+/// gRPC length-prefixed framing (a flag byte and a 4-byte length per message) across chunks, so
+/// every message a server stream sends is marked on the RPC span, whatever the handler.
+#[derive(Clone, Debug, Default)]
+pub struct GrpcMessageEvents {
+    sent: u64,
+    /// Bytes of the current message's prefix seen so far.
+    prefix: Vec<u8>,
+    /// Bytes of the current message's body still to skip.
+    remaining: usize,
+}
+
+impl GrpcMessageEvents {
+    /// Reads `buf` and returns how many messages started in it.
+    fn feed(&mut self, mut buf: &[u8]) -> u64 {
+        let mut started = 0;
+        while !buf.is_empty() {
+            if self.remaining > 0 {
+                let n = self.remaining.min(buf.len());
+                self.remaining -= n;
+                buf = &buf[n..];
+                continue;
+            }
+            let n = (5 - self.prefix.len()).min(buf.len());
+            self.prefix.extend_from_slice(&buf[..n]);
+            buf = &buf[n..];
+            if self.prefix.len() == 5 {
+                let len = u32::from_be_bytes([
+                    self.prefix[1],
+                    self.prefix[2],
+                    self.prefix[3],
+                    self.prefix[4],
+                ]);
+                self.prefix.clear();
+                self.remaining = len as usize;
+                started += 1;
+            }
+        }
+        started
+    }
+}
+
+impl<B: AsRef<[u8]>> tower_http::trace::OnBodyChunk<B> for GrpcMessageEvents {
+    fn on_body_chunk(&mut self, chunk: &B, _latency: Duration, span: &tracing::Span) {
+        // Untraced calls (health, reflection) have no span to mark.
+        if span.is_disabled() {
+            return;
+        }
+        for _ in 0..self.feed(chunk.as_ref()) {
+            self.sent += 1;
+            span.in_scope(|| message_sent(self.sent, "grpc"));
+        }
+    }
+}
+
+/// A span event per Server-Sent Event in a response body, for `TraceLayer::on_body_chunk` on
+/// an HTTP server: each `event:`/`data:` block is one message (its `event:` name as the kind);
+/// comments such as `: keepalive` are not messages.
+#[derive(Clone, Debug, Default)]
+pub struct SseMessageEvents {
+    sent: u64,
+}
+
+/// The SSE messages in `text`, by their `event:` name (`message` when unnamed).
+fn sse_messages(text: &str) -> Vec<&str> {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let mut kind = None;
+            let mut is_message = false;
+            for line in block.lines() {
+                if let Some(name) = line.strip_prefix("event:") {
+                    kind = Some(name.trim());
+                }
+                is_message |= line.starts_with("data:") || line.starts_with("event:");
+            }
+            is_message.then(|| kind.unwrap_or("message"))
+        })
+        .collect()
+}
+
+impl<B: AsRef<[u8]>> tower_http::trace::OnBodyChunk<B> for SseMessageEvents {
+    fn on_body_chunk(&mut self, chunk: &B, _latency: Duration, span: &tracing::Span) {
+        if span.is_disabled() {
+            return;
+        }
+        let Ok(text) = std::str::from_utf8(chunk.as_ref()) else {
+            return;
+        };
+        for kind in sse_messages(text) {
+            self.sent += 1;
+            span.in_scope(|| message_sent(self.sent, kind));
+        }
+    }
 }
 
 /// The trace id of the current span, as 32 hex digits (empty when there is none).
@@ -176,5 +417,91 @@ impl Injector for HeaderInjector<'_> {
         ) {
             self.0.insert(k, v);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(len: u32) -> Vec<u8> {
+        let mut f = vec![0];
+        f.extend_from_slice(&len.to_be_bytes());
+        f.extend(std::iter::repeat_n(7, len as usize));
+        f
+    }
+
+    #[test]
+    fn grpc_message_events_count_each_message_across_chunk_boundaries() {
+        let mut body = frame(3);
+        body.extend(frame(0));
+        body.extend(frame(300));
+        let mut one = GrpcMessageEvents::default();
+        assert_eq!(one.feed(&body), 3, "three messages in one chunk");
+        for split in [1, 2, 5, 6, 8, 9, 100] {
+            let mut ev = GrpcMessageEvents::default();
+            let (a, b) = body.split_at(split);
+            assert_eq!(ev.feed(a) + ev.feed(b), 3, "split at {split}");
+        }
+        let mut bytewise = GrpcMessageEvents::default();
+        assert_eq!(body.iter().map(|b| bytewise.feed(&[*b])).sum::<u64>(), 3);
+    }
+
+    #[test]
+    fn sse_messages_are_events_and_data_but_not_comments() {
+        let text = "id: 1\nevent: stage\ndata: {}\n\n: keepalive\n\ndata: x\n\n";
+        assert_eq!(sse_messages(text), ["stage", "message"]);
+        assert!(sse_messages(":keepalive\n\n").is_empty());
+    }
+
+    #[test]
+    fn the_carrier_keeps_the_callers_trace_and_baggage() {
+        init_for_tests();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            http::HeaderValue::from_static(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+        );
+        headers.insert("baggage", http::HeaderValue::from_static("tenant=acme"));
+        let span = tracing::info_span!("request");
+        span.set_parent(context_from_headers(&headers))
+            .expect("span accepts a parent before it starts");
+        let (trace_id, carrier) = span.in_scope(|| (current_trace_id(), current_carrier()));
+        assert_eq!(trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert!(
+            carrier["traceparent"].starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+            "{carrier:?}"
+        );
+        assert!(
+            !carrier["traceparent"].contains("00f067aa0ba902b7"),
+            "the carrier names our span, not the caller's: {carrier:?}"
+        );
+        assert_eq!(
+            carrier.get("baggage").map(String::as_str),
+            Some("tenant=acme")
+        );
+        let back = context_from_carrier(&carrier);
+        assert_eq!(
+            back.span().span_context().trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+    }
+
+    #[test]
+    fn the_resource_names_the_service_and_this_process() {
+        let r = resource("vision");
+        let get = |k: &'static str| r.get(&opentelemetry::Key::from_static_str(k));
+        assert_eq!(
+            get("service.name").map(|v| v.to_string()),
+            Some("ecoscan-vision".into())
+        );
+        assert!(get("service.version").is_some());
+        let a = get("service.instance.id").expect("instance id");
+        let b = resource("vision")
+            .get(&opentelemetry::Key::from_static_str("service.instance.id"))
+            .expect("instance id");
+        assert_ne!(a, b, "a fresh id per provider");
     }
 }

@@ -106,3 +106,55 @@ pub async fn assert_health_and_reflection(uri: &str, service: &str) {
         "health not in reflection list {names:?}"
     );
 }
+
+/// `GET /metrics` of the server at `addr` over plain HTTP/1.1; panics unless it answers 200.
+pub async fn scrape(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("server accepts connections");
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("request sent");
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).await.expect("response read");
+    let raw = String::from_utf8(raw).expect("metrics are utf-8");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an http response");
+    assert!(head.starts_with("HTTP/1.1 200"), "GET /metrics: {head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
+        "GET /metrics: {head}"
+    );
+    body.to_owned()
+}
+
+/// The value of the sample `name{labels}` in a Prometheus text scrape, matching the given labels
+/// whatever their order (other labels of the sample are ignored); `None` when absent.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = match series.split_once('{') {
+                Some((m, rest)) => (m, rest.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            if metric != name {
+                return None;
+            }
+            // Label values here never contain `",`, so splitting on it is enough.
+            let pairs: Vec<(&str, &str)> = rest
+                .split("\",")
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| {
+                    let (k, v) = p.split_once("=\"")?;
+                    Some((k, v.trim_end_matches('"')))
+                })
+                .collect();
+            labels
+                .iter()
+                .all(|want| pairs.contains(want))
+                .then(|| value.parse().ok())?
+        })
+}

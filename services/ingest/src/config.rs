@@ -3,13 +3,19 @@
 use std::{path::PathBuf, time::Duration};
 
 use ecoscan_common::config::{env_duration, env_opt, env_or};
+use ecoscan_objects::S3Config;
+
+use crate::store::postgres::is_postgres_url;
 
 /// Ingest settings. Environment variables (defaults in brackets):
 ///
 /// | variable | meaning |
 /// |---|---|
 /// | `VISION_URL` `RULE_URL` `ANSWER_URL` `REWARD_URL` `NOTIFICATION_URL` | stage services [`http://127.0.0.1:5005{2,3,4,5,7}`] |
-/// | `INGEST_DATABASE_URL` | job rows [`sqlite://./data/ingest.db?mode=rwc`] |
+/// | `INGEST_DATABASE_URL`, else `DATABASE_URL` | job rows; `postgres://…` selects PostgreSQL [`sqlite://./data/ingest.db?mode=rwc`] |
+/// | `REDIS_URL` | set: event log and dispatch queue on Redis Streams; unset: in memory |
+/// | `INGEST_REDIS_PREFIX` | prefix of every Redis key ingest uses [empty] |
+/// | `S3_ENDPOINT` + `S3_BUCKET` (+ `S3_REGION`, `S3_ACCESS_KEY_ID`, `S3_SECRET_ACCESS_KEY`) | set: images in S3; unset: `INGEST_OBJECT_DIR` |
 /// | `INGEST_OBJECT_DIR` | image store [`./data/objects`] |
 /// | `INGEST_WORKERS` | concurrent pipeline workers [256] |
 /// | `INGEST_LEASE` | a claimed job's lease, renewed while it runs [30s] |
@@ -19,6 +25,9 @@ use ecoscan_common::config::{env_duration, env_opt, env_or};
 /// | `INGEST_STAGE_RETRIES` | retries of a stage call that failed transiently [3] |
 /// | `INGEST_MAX_IMAGE_BYTES` | largest image accepted [10485760] |
 /// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
+/// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
+/// | `INGEST_SWEEP_INTERVAL` | how often the sweeper looks for unfinished jobs missing from the queue [30s] |
+/// | `INGEST_SWEEP_GRACE` | age below which a job is never swept (it may be between insert and enqueue) [60s] |
 /// | `INGEST_RESULT_URL_PREFIX` | prefix of the result URL in `done` events [`/api/v1/scan/`] |
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -28,6 +37,11 @@ pub struct Config {
     pub reward_url: String,
     pub notification_url: String,
     pub database_url: String,
+    /// Redis for the event log and the queue; `None` keeps them in memory.
+    pub redis_url: Option<String>,
+    pub redis_prefix: String,
+    /// S3 for images; `None` uses `object_dir`.
+    pub s3: Option<S3Config>,
     pub object_dir: PathBuf,
     pub workers: usize,
     pub lease: Duration,
@@ -37,6 +51,9 @@ pub struct Config {
     pub stage_retries: usize,
     pub max_image_bytes: usize,
     pub event_ttl: Duration,
+    pub event_max_len: usize,
+    pub sweep_interval: Duration,
+    pub sweep_grace: Duration,
     pub result_url_prefix: String,
 }
 
@@ -49,6 +66,9 @@ impl Default for Config {
             reward_url: "http://127.0.0.1:50055".into(),
             notification_url: "http://127.0.0.1:50057".into(),
             database_url: "sqlite://./data/ingest.db?mode=rwc".into(),
+            redis_url: None,
+            redis_prefix: String::new(),
+            s3: None,
             object_dir: PathBuf::from("./data/objects"),
             workers: 256,
             lease: Duration::from_secs(30),
@@ -58,6 +78,9 @@ impl Default for Config {
             stage_retries: 3,
             max_image_bytes: 10 * 1024 * 1024,
             event_ttl: Duration::from_secs(3600),
+            event_max_len: 2048,
+            sweep_interval: Duration::from_secs(30),
+            sweep_grace: Duration::from_secs(60),
             result_url_prefix: "/api/v1/scan/".into(),
         }
     }
@@ -72,7 +95,12 @@ impl Config {
             answer_url: env_opt("ANSWER_URL").unwrap_or(d.answer_url),
             reward_url: env_opt("REWARD_URL").unwrap_or(d.reward_url),
             notification_url: env_opt("NOTIFICATION_URL").unwrap_or(d.notification_url),
-            database_url: env_opt("INGEST_DATABASE_URL").unwrap_or(d.database_url),
+            database_url: env_opt("INGEST_DATABASE_URL")
+                .or_else(|| env_opt("DATABASE_URL"))
+                .unwrap_or(d.database_url),
+            redis_url: env_opt("REDIS_URL"),
+            redis_prefix: env_opt("INGEST_REDIS_PREFIX").unwrap_or_default(),
+            s3: S3Config::from_env("")?,
             object_dir: env_opt("INGEST_OBJECT_DIR").map_or(d.object_dir, PathBuf::from),
             workers: env_or("INGEST_WORKERS", d.workers)?.max(1),
             lease: env_duration("INGEST_LEASE", d.lease)?,
@@ -82,7 +110,36 @@ impl Config {
             stage_retries: env_or("INGEST_STAGE_RETRIES", d.stage_retries)?,
             max_image_bytes: env_or("INGEST_MAX_IMAGE_BYTES", d.max_image_bytes)?,
             event_ttl: env_duration("INGEST_EVENT_TTL", d.event_ttl)?,
+            event_max_len: env_or("INGEST_EVENT_MAX_LEN", d.event_max_len)?.max(1),
+            sweep_interval: env_duration("INGEST_SWEEP_INTERVAL", d.sweep_interval)?,
+            sweep_grace: env_duration("INGEST_SWEEP_GRACE", d.sweep_grace)?,
             result_url_prefix: env_opt("INGEST_RESULT_URL_PREFIX").unwrap_or(d.result_url_prefix),
         })
+    }
+}
+
+impl Config {
+    /// Switches this configuration onto the production stores the environment names, store by
+    /// store, and leaves the rest as it is: `REDIS_URL` (event log and queue),
+    /// `INGEST_DATABASE_URL`/`DATABASE_URL` when it is a `postgres://` URL (job rows), the
+    /// `S3_*` variables (images). `ecoscan up` builds its own embedded configuration and passes
+    /// it through here.
+    pub fn with_stores_from_env(mut self) -> anyhow::Result<Self> {
+        if let Some(url) = env_opt("INGEST_DATABASE_URL")
+            .or_else(|| env_opt("DATABASE_URL"))
+            .filter(|u| is_postgres_url(u))
+        {
+            self.database_url = url;
+        }
+        if let Some(url) = env_opt("REDIS_URL") {
+            self.redis_url = Some(url);
+        }
+        if let Some(prefix) = env_opt("INGEST_REDIS_PREFIX") {
+            self.redis_prefix = prefix;
+        }
+        if let Some(s3) = S3Config::from_env("")? {
+            self.s3 = Some(s3);
+        }
+        Ok(self)
     }
 }

@@ -27,6 +27,10 @@ pub enum StoreError {
     Sql(#[from] sqlx::Error),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("objects: {0}")]
+    Object(#[from] ecoscan_objects::ObjectError),
     #[error("corrupt record: {0}")]
     Corrupt(String),
     #[error("{0}")]
@@ -36,6 +40,12 @@ pub enum StoreError {
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
         Self::Store(StoreError::Sql(e))
+    }
+}
+
+impl From<ecoscan_objects::ObjectError> for Error {
+    fn from(e: ecoscan_objects::ObjectError) -> Self {
+        Self::Store(StoreError::Object(e))
     }
 }
 

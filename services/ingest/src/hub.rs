@@ -13,16 +13,17 @@ use ecoscan_proto::v1::ScanEvent;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::EventLog;
+use crate::{error::StoreError, store::EventLog};
 
 /// Fan-out of live events to watchers, keyed by job.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Hub {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
+    /// Told which jobs are watched, so it reads only those (through its fixed connections).
+    log: Arc<dyn EventLog>,
     jobs: Mutex<HashMap<String, broadcast::Sender<ScanEvent>>>,
     watchers: AtomicU64,
 }
@@ -32,10 +33,15 @@ pub struct Subscription {
     pub rx: broadcast::Receiver<ScanEvent>,
     hub: Hub,
     job_id: String,
+    /// Whether the log was told about this watcher (and so must be told when it leaves).
+    watching: bool,
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        if self.watching {
+            self.hub.inner.log.unwatch(&self.job_id);
+        }
         self.hub.inner.watchers.fetch_sub(1, Ordering::Relaxed);
         let mut jobs = self.hub.inner.jobs.lock().expect("hub lock poisoned");
         // The receiver is dropped after this body runs, so the last watcher still counts as one.
@@ -51,8 +57,14 @@ impl Drop for Subscription {
 impl Hub {
     /// Starts the hub's single reader over `log`'s feed; it stops with `shutdown`.
     pub fn start(log: Arc<dyn EventLog>, shutdown: CancellationToken) -> Self {
-        let hub = Self::default();
         let mut feed = log.feed();
+        let hub = Self {
+            inner: Arc::new(Inner {
+                log,
+                jobs: Mutex::default(),
+                watchers: AtomicU64::new(0),
+            }),
+        };
         let reader = hub.clone();
         tokio::spawn(async move {
             loop {
@@ -74,19 +86,25 @@ impl Hub {
     }
 
     /// Registers interest in `job_id`. Subscribe before reading the log's backlog, so that no
-    /// event can fall between the two.
-    pub fn subscribe(&self, job_id: &str) -> Subscription {
-        let mut jobs = self.inner.jobs.lock().expect("hub lock poisoned");
-        let rx = jobs
-            .entry(job_id.to_owned())
-            .or_insert_with(|| broadcast::channel(256).0)
-            .subscribe();
+    /// event can fall between the two: once this returns, every event appended to the job
+    /// reaches the subscription.
+    pub async fn subscribe(&self, job_id: &str) -> Result<Subscription, StoreError> {
+        let rx = {
+            let mut jobs = self.inner.jobs.lock().expect("hub lock poisoned");
+            jobs.entry(job_id.to_owned())
+                .or_insert_with(|| broadcast::channel(256).0)
+                .subscribe()
+        };
         self.inner.watchers.fetch_add(1, Ordering::Relaxed);
-        Subscription {
+        let mut sub = Subscription {
             rx,
             hub: self.clone(),
             job_id: job_id.to_owned(),
-        }
+            watching: false,
+        };
+        self.inner.log.watch(job_id).await?;
+        sub.watching = true;
+        Ok(sub)
     }
 
     /// Watchers currently registered.

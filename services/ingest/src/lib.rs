@@ -7,11 +7,15 @@ pub mod config;
 pub mod error;
 pub mod hub;
 pub mod image;
+pub mod metrics;
 pub mod pipeline;
 pub mod service;
 pub mod store;
+pub mod sweeper;
 
 use std::{sync::Arc, time::Duration};
+
+use anyhow::Context;
 
 use ecoscan_common::CancellationToken;
 use ecoscan_proto::v1::scan_service_server::ScanServiceServer;
@@ -21,8 +25,9 @@ pub use config::Config;
 pub use error::Error;
 
 use crate::store::{
-    EventLog, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue, ObjectStore, Queue,
-    SqliteJobStore,
+    EventLog, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue, ObjectStore, PgJobStore,
+    Queue, RedisConn, RedisEventLog, RedisQueue, S3ObjectStore, SqliteJobStore,
+    postgres::is_postgres_url, redis::consumer_name,
 };
 
 /// Every store ingest uses.
@@ -44,15 +49,88 @@ impl Stores {
             objects: Arc::new(LocalObjectStore::open(&config.object_dir).await?),
         })
     }
+
+    /// The stores `config` selects, each on its own: PostgreSQL job rows for a `postgres://`
+    /// database URL (else SQLite), Redis event log and queue with `redis_url` (else in memory),
+    /// S3 images with `s3` (else the object directory).
+    pub async fn from_config(config: &Config) -> anyhow::Result<Self> {
+        let jobs: Arc<dyn JobStore> = if is_postgres_url(&config.database_url) {
+            tracing::info!("job rows in postgresql");
+            Arc::new(
+                PgJobStore::connect(&config.database_url)
+                    .await
+                    .context("failed to open the postgresql job store")?,
+            )
+        } else {
+            Arc::new(
+                SqliteJobStore::open(&config.database_url)
+                    .await
+                    .with_context(|| format!("failed to open {}", config.database_url))?,
+            )
+        };
+        let (events, queue): (Arc<dyn EventLog>, Arc<dyn Queue>) = match &config.redis_url {
+            Some(url) => {
+                tracing::info!("event log and dispatch queue in redis");
+                let consumer = consumer_name();
+                let redis = RedisConn::connect(url, &format!("ecoscan-ingest:{consumer}"))
+                    .await
+                    .context("failed to connect to redis (REDIS_URL)")?;
+                let prefix = &config.redis_prefix;
+                (
+                    Arc::new(RedisEventLog::open(&redis, prefix, config.event_max_len).await?),
+                    Arc::new(RedisQueue::open(&redis, prefix, &consumer).await?),
+                )
+            }
+            None => (
+                Arc::new(MemoryEventLog::new(config.event_max_len)),
+                Arc::new(MemoryQueue::new()),
+            ),
+        };
+        let objects: Arc<dyn ObjectStore> = match &config.s3 {
+            Some(s3) => {
+                tracing::info!(bucket = %s3.bucket, "images in s3");
+                Arc::new(
+                    S3ObjectStore::connect(s3.clone())
+                        .await
+                        .context("failed to open the s3 object store (S3_ENDPOINT)")?,
+                )
+            }
+            None => Arc::new(LocalObjectStore::open(&config.object_dir).await?),
+        };
+        Ok(Self {
+            jobs,
+            events,
+            queue,
+            objects,
+        })
+    }
 }
 
-/// Serves `ScanService` and runs the pipeline workers on the embedded stores until `shutdown`.
+/// Applies the job store's migrations (PostgreSQL; SQLite's schema is created the same way)
+/// and returns: `ecoscan-ingest migrate`.
+pub async fn migrate(config: &Config) -> anyhow::Result<()> {
+    if is_postgres_url(&config.database_url) {
+        PgJobStore::connect(&config.database_url)
+            .await
+            .context("failed to migrate the postgresql job store")?
+            .close()
+            .await;
+    } else {
+        SqliteJobStore::open(&config.database_url)
+            .await
+            .with_context(|| format!("failed to migrate {}", config.database_url))?;
+    }
+    Ok(())
+}
+
+/// Serves `ScanService` and runs the pipeline workers on the stores `config` selects (see
+/// [`Stores::from_config`]) until `shutdown`.
 pub async fn serve(
     config: Config,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let stores = Stores::embedded(&config).await?;
+    let stores = Stores::from_config(&config).await?;
     serve_with(config, stores, listener, shutdown).await
 }
 
@@ -65,14 +143,30 @@ pub async fn serve_with(
 ) -> anyhow::Result<()> {
     let hub = hub::Hub::start(stores.events.clone(), shutdown.clone());
     let stages = pipeline::StageClients::connect(&config)?;
-    let workers = pipeline::spawn_workers(&config, stores.clone(), stages, shutdown.clone());
-    let api = service::ScanApi::new(config, stores, hub, shutdown.clone());
+    let mut metrics = ecoscan_common::metrics::Metrics::new("ingest");
+    let ingest_metrics =
+        metrics::IngestMetrics::register(&mut metrics, stores.queue.clone(), hub.clone());
+    let workers = pipeline::spawn_workers(
+        &config,
+        stores.clone(),
+        stages,
+        ingest_metrics.clone(),
+        shutdown.clone(),
+    );
+    let sweeper = sweeper::spawn(
+        stores.clone(),
+        config.sweep_interval,
+        config.sweep_grace,
+        shutdown.clone(),
+    );
+    let api = service::ScanApi::new(config, stores, hub, ingest_metrics, shutdown.clone());
     let server = ScanServiceServer::new(api)
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
-    let served = ecoscan_common::server::serve(
+    let served = ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(server),
         &["ecoscan.v1.ScanService"],
+        metrics,
         listener,
         shutdown,
     )
@@ -85,5 +179,6 @@ pub async fn serve_with(
     {
         tracing::warn!("pipeline workers still busy after 10 s; leaving their jobs to the lease");
     }
+    sweeper.abort();
     served
 }

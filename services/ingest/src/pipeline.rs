@@ -28,6 +28,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::{
     Config, Stores,
     error::StoreError,
+    metrics::IngestMetrics,
     store::{Job, Lease, jobs::Checkpoint},
 };
 
@@ -76,12 +77,14 @@ pub fn spawn_workers(
     config: &Config,
     stores: Stores,
     stages: StageClients,
+    metrics: IngestMetrics,
     shutdown: CancellationToken,
 ) -> Workers {
     let ctx = Arc::new(Ctx {
         config: config.clone(),
         stores,
         stages,
+        metrics,
     });
     let mut set = JoinSet::new();
     for _ in 0..config.workers {
@@ -111,6 +114,7 @@ struct Ctx {
     config: Config,
     stores: Stores,
     stages: StageClients,
+    metrics: IngestMetrics,
 }
 
 /// A stage failed for good; the job fails with this.
@@ -203,11 +207,18 @@ fn stage_name(stage: Stage) -> &'static str {
 impl Ctx {
     async fn process(&self, lease: Lease) {
         let job_id = lease.entry.job_id.clone();
+        if lease.entry.deliveries == 0 {
+            // A redelivery's enqueue time is the first one: it would count the lease timeout.
+            let lag = std::time::SystemTime::now()
+                .duration_since(lease.entry.enqueued_at)
+                .unwrap_or_default();
+            self.metrics.dispatch_lag(lag);
+        }
         let span = tracing::info_span!(
             "pipeline",
             otel.name = "pipeline",
             job.id = %job_id,
-            job.deliveries = lease.entry.deliveries,
+            job.deliveries = i64::from(lease.entry.deliveries),
         );
         // The pipeline joins the trace of the request that submitted the job.
         let _ = span.set_parent(ecoscan_common::telemetry::context_from_carrier(
@@ -284,6 +295,7 @@ impl Ctx {
                     .jobs
                     .finish(job_id, JobStatus::Succeeded, None)
                     .await?;
+                self.metrics.finished("succeeded");
                 self.append(terminal_event_from_row(
                     &Job {
                         status: JobStatus::Succeeded,
@@ -316,6 +328,7 @@ impl Ctx {
                     .jobs
                     .finish(job_id, JobStatus::Failed, Some(error.clone()))
                     .await?;
+                self.metrics.finished("failed");
                 let message = error.message.clone();
                 self.append(event(
                     job_id,
@@ -466,10 +479,11 @@ impl Ctx {
             otel.name = %format!("stage {}", stage_name(stage)),
             job.id = %job.id,
             stage = stage_name(stage),
-            attempt = job.attempts + 1,
+            attempt = i64::from(job.attempts) + 1,
             otel.status_code = tracing::field::Empty,
         );
-        async {
+        let started = std::time::Instant::now();
+        let result = async {
             self.stores.jobs.mark_running(&job.id, stage, false).await?;
             let (lo, _) = progress_range(stage);
             self.append(event(&job.id, stage, EventStatus::Started, lo, &format!("{} started", stage_name(stage)), None))
@@ -495,7 +509,15 @@ impl Ctx {
             }
         }
         .instrument(span)
-        .await
+        .await;
+        let outcome = match &result {
+            Ok(Ok(_)) => "ok",
+            Ok(Err(_)) => "failed",
+            Err(_) => "store_error",
+        };
+        self.metrics
+            .stage(stage_name(stage), outcome, started.elapsed());
+        result
     }
 
     async fn progress(&self, id: &str, stage: Stage, p: &Progress) -> Result<(), StoreError> {
@@ -519,7 +541,8 @@ impl Ctx {
             .stores
             .objects
             .get(&job.image_key)
-            .await?
+            .await
+            .map_err(StoreError::from)?
             .ok_or_else(|| {
                 StoreError::Corrupt(format!(
                     "image {} of job {} is missing",

@@ -19,6 +19,7 @@ use crate::{
     error::Error,
     hub::Hub,
     image,
+    metrics::IngestMetrics,
     pipeline::{event, terminal_event_from_row},
     store::{EventId, Job, NewJob, QueueEntry},
 };
@@ -32,13 +33,20 @@ struct Inner {
     stores: Stores,
     hub: Hub,
     http: reqwest::Client,
+    metrics: IngestMetrics,
     shutdown: CancellationToken,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<ScanEvent, Status>> + Send>>;
 
 impl ScanApi {
-    pub fn new(config: Config, stores: Stores, hub: Hub, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        config: Config,
+        stores: Stores,
+        hub: Hub,
+        metrics: IngestMetrics,
+        shutdown: CancellationToken,
+    ) -> Self {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::limited(3))
             .build()
@@ -49,6 +57,7 @@ impl ScanApi {
                 stores,
                 hub,
                 http,
+                metrics,
                 shutdown,
             }),
         }
@@ -90,7 +99,22 @@ fn parse_job_id(id: &str) -> Result<String, Error> {
 }
 
 impl Inner {
+    /// [`Self::accept`], counted: jobs accepted, and scans refused by reason.
     async fn submit(&self, user_id: String, req: SubmitRequest) -> Result<(Job, bool), Error> {
+        let accepted = self.accept(user_id, req).await;
+        match &accepted {
+            Ok((_, true)) => self.metrics.submitted(),
+            Ok((_, false)) => {}
+            Err(Error::Overloaded { .. }) => self.metrics.rejected("overloaded"),
+            Err(Error::InvalidArgument(_) | Error::ImageFetch(_)) => {
+                self.metrics.rejected("invalid");
+            }
+            Err(_) => {}
+        }
+        accepted
+    }
+
+    async fn accept(&self, user_id: String, req: SubmitRequest) -> Result<(Job, bool), Error> {
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown);
         }
@@ -230,7 +254,7 @@ impl Inner {
         after: Option<EventId>,
         tx: &mpsc::Sender<Result<ScanEvent, Status>>,
     ) -> Result<(), Status> {
-        let mut sub = self.hub.subscribe(&job.id);
+        let mut sub = self.hub.subscribe(&job.id).await.map_err(Error::from)?;
         let mut last = after;
         let mut last_seq: Option<u64> = None;
 

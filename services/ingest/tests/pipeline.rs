@@ -239,7 +239,8 @@ async fn start(vision_fails_with: Option<Code>, tweak: impl FnOnce(&mut Config))
         ..Config::default()
     };
     tweak(&mut config);
-    let stores = Stores::embedded(&config).await.unwrap();
+    // The stores the configuration selects: embedded unless a test points it at servers.
+    let stores = Stores::from_config(&config).await.unwrap();
     let st = stores.clone();
     let ingest = spawn(move |l, sd| ecoscan_ingest::serve_with(config, st, l, sd)).await;
     let client = ScanServiceClient::new(ecoscan_common::client::channel(&ingest.uri()).unwrap());
@@ -490,4 +491,151 @@ async fn submit_sheds_load_past_the_backlog_and_stores_nothing() {
         "no image stored"
     );
     assert_eq!(env.stores.queue.backlog().await.unwrap(), 0);
+}
+
+/// The whole pipeline on the production stores (`infra/services.sh` starts them): job rows in
+/// PostgreSQL (a schema of its own), event log and queue in Redis (a key prefix of its own),
+/// images in S3 (a bucket of its own); everything is removed at the end.
+#[tokio::test]
+async fn a_scan_completes_on_redis_postgres_and_s3() {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let redis_url =
+        std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let db_url = std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let s3_endpoint =
+        std::env::var("TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9000".into());
+    let schema = format!("t_{id}");
+    ecoscan_ingest::store::PgJobStore::connect_in_schema(&db_url, Some(&schema))
+        .await
+        .unwrap_or_else(|e| panic!("postgresql at {db_url} (TEST_DATABASE_URL) is unreachable: {e}; start it with infra/services.sh"))
+        .close()
+        .await;
+    let s3 = ecoscan_ingest::store::S3Config {
+        endpoint: s3_endpoint,
+        bucket: format!("t-{id}"),
+        region: "us-east-1".into(),
+        credentials: Some(("test".into(), "test".into())),
+        key_prefix: String::new(),
+    };
+    let prefix = format!("t:{id}:");
+    let env = {
+        let (s3, prefix, schema) = (s3.clone(), prefix.clone(), schema.clone());
+        start(None, move |c| {
+            let sep = if db_url.contains('?') { '&' } else { '?' };
+            c.database_url = format!("{db_url}{sep}options=-c%20search_path%3D{schema}");
+            c.redis_url = Some(redis_url);
+            c.redis_prefix = prefix;
+            c.s3 = Some(s3);
+        })
+        .await
+    };
+
+    let job_id = env
+        .ingest
+        .clone()
+        .submit(request_as(
+            SubmitRequest {
+                image: PNG.to_vec(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let events = watch_all(&env, &job_id).await;
+    assert_eq!(events.first().unwrap().stage, Stage::Queued as i32);
+    assert_eq!(events.last().unwrap().stage, Stage::Done as i32);
+    assert!(
+        events.windows(2).all(|w| w[0].seq + 1 == w[1].seq),
+        "every event once, in order"
+    );
+    let row = env.stores.jobs.get(&job_id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Succeeded);
+    assert_eq!(
+        env.stores
+            .objects
+            .get(&row.image_key)
+            .await
+            .unwrap()
+            .unwrap(),
+        Bytes::from_static(PNG),
+        "the image is in the bucket"
+    );
+    assert_eq!(env.stores.queue.backlog().await.unwrap(), 0, "acknowledged");
+
+    // Resuming from an event id replays exactly what follows it.
+    let mid = &events[events.len() / 2];
+    let mut stream = env
+        .ingest
+        .clone()
+        .watch(request_as(
+            WatchRequest {
+                job_id: job_id.clone(),
+                after_event_id: mid.event_id.clone(),
+                ..Default::default()
+            },
+            Duration::from_secs(30),
+            "u1",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut replayed = Vec::new();
+    while let Some(ev) = stream.next().await {
+        replayed.push(ev.unwrap().seq);
+    }
+    assert_eq!(
+        replayed,
+        events
+            .iter()
+            .filter(|e| e.seq > mid.seq)
+            .map(|e| e.seq)
+            .collect::<Vec<_>>()
+    );
+
+    // Stop ingest first, so no worker recreates the queue after the keys are deleted.
+    let Env {
+        stores, _servers, ..
+    } = env;
+    for server in _servers.into_iter().rev() {
+        server.stop().await.unwrap();
+    }
+    drop(stores);
+    ecoscan_objects::S3ObjectStore::connect(s3)
+        .await
+        .unwrap()
+        .delete_bucket()
+        .await
+        .unwrap();
+    let mut raw = redis::Client::open(
+        std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    )
+    .unwrap()
+    .get_multiplexed_async_connection()
+    .await
+    .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    if !keys.is_empty() {
+        redis::cmd("DEL")
+            .arg(&keys)
+            .query_async::<()>(&mut raw)
+            .await
+            .unwrap();
+    }
+    use sqlx::Connection;
+    let db_url = std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let mut conn = sqlx::PgConnection::connect(&db_url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
 }

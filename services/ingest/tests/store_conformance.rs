@@ -1,12 +1,25 @@
 //! Conformance suites for ingest's store traits. Each suite is a function over the trait object;
-//! every implementation (embedded today; Redis/PostgreSQL/S3 alongside them) runs all of them.
+//! every implementation runs all of them: the embedded ones, and the production ones against the
+//! servers `infra/services.sh` starts (`TEST_REDIS_URL`, `TEST_DATABASE_URL`; each test uses
+//! its own Redis key prefix or PostgreSQL schema and removes it at the end).
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use bytes::Bytes;
-use ecoscan_ingest::store::{
-    EventId, EventLog, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue, NewJob,
-    ObjectStore, Queue, QueueEntry, SqliteJobStore, jobs::Checkpoint,
+use ecoscan_common::CancellationToken;
+use ecoscan_ingest::{
+    Stores,
+    hub::Hub,
+    store::{
+        EventId, EventLog, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue, NewJob,
+        ObjectStore, PgJobStore, Queue, QueueEntry, RedisConn, RedisEventLog, RedisQueue,
+        SqliteJobStore, jobs::Checkpoint,
+    },
+    sweeper::sweep_once,
 };
 use ecoscan_proto::v1::{Classification, ErrorInfo, EventStatus, JobStatus, ScanEvent, Stage};
 
@@ -23,6 +36,7 @@ async fn event_log_conformance(log: Arc<dyn EventLog>) {
     let job = uuid::Uuid::now_v7().to_string();
     let other = uuid::Uuid::now_v7().to_string();
     let mut feed = log.feed();
+    log.watch(&job).await.unwrap();
 
     let mut ids = Vec::new();
     for i in 0..5 {
@@ -64,6 +78,7 @@ async fn event_log_conformance(log: Arc<dyn EventLog>) {
         "the feed carries appended events in order"
     );
 
+    log.unwatch(&job);
     log.expire(&job, Duration::ZERO).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     log.expire(&other, Duration::from_secs(60)).await.unwrap();
@@ -129,17 +144,22 @@ async fn queue_conformance(queue: Arc<dyn Queue>) {
     assert_eq!(queue.backlog().await.unwrap(), 1);
 
     // A lease that runs out hands the entry to the next claimer, counted as a redelivery.
-    let b = queue
-        .claim(Duration::from_millis(50), Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = Duration::from_millis(200);
+    let b = queue.claim(lease, Duration::ZERO).await.unwrap().unwrap();
     assert_eq!(b.entry.job_id, "b");
+    assert_eq!(
+        queue
+            .queued(&["a".into(), "b".into(), "z".into()])
+            .await
+            .unwrap(),
+        HashSet::from(["b".to_owned()]),
+        "a claimed entry is still queued; an acknowledged one is not"
+    );
     let again = queue
-        .claim(Duration::from_secs(5), Duration::from_secs(5))
+        .claim(lease, Duration::from_secs(10))
         .await
         .unwrap()
-        .unwrap();
+        .expect("the expired lease is reclaimed");
     assert_eq!(again.entry.job_id, "b");
     assert_eq!(again.entry.deliveries, 1);
     assert!(
@@ -165,6 +185,7 @@ async fn queue_conformance(queue: Arc<dyn Queue>) {
         .expect("waiting claim receives the entry");
     assert_eq!(c.entry.job_id, "c");
     queue.ack(&c).await.unwrap();
+    assert!(queue.queued(&["c".into()]).await.unwrap().is_empty());
 }
 
 fn new_job(user: &str, key: Option<&str>) -> NewJob {
@@ -257,6 +278,27 @@ async fn job_store_conformance(jobs: Arc<dyn JobStore>) {
             .unwrap()
             .is_none()
     );
+
+    let later = SystemTime::now() + Duration::from_secs(60);
+    let left: HashSet<String> = jobs
+        .unfinished(later, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(
+        left,
+        HashSet::from([other_user.id.clone()]),
+        "only jobs not yet terminal are unfinished"
+    );
+    assert!(
+        jobs.unfinished(SystemTime::UNIX_EPOCH + Duration::from_secs(1), 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "jobs created after the cut-off are left alone"
+    );
 }
 
 async fn object_store_conformance(objects: Arc<dyn ObjectStore>) {
@@ -316,4 +358,460 @@ async fn sqlite_job_store_conforms() {
 async fn local_object_store_conforms() {
     let dir = tempfile::tempdir().unwrap();
     object_store_conformance(Arc::new(LocalObjectStore::open(dir.path()).await.unwrap())).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Production implementations, against the servers `infra/services.sh` starts.
+
+fn redis_url() -> String {
+    std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn database_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// This test's own Redis keys (`t:<uuid>:…`) and connection name; deletes the keys at the end.
+struct RedisScope {
+    prefix: String,
+    conn: RedisConn,
+}
+
+impl RedisScope {
+    async fn new() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let url = redis_url();
+        let conn = RedisConn::connect(&url, &format!("test-{id}"))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("redis at {url} (TEST_REDIS_URL) is unreachable: {e}; start it with infra/services.sh")
+            });
+        Self {
+            prefix: format!("t:{id}:"),
+            conn,
+        }
+    }
+
+    async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(redis_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// Connections named after this test, as Redis sees them.
+    async fn connections(&self) -> usize {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap();
+        let name = format!(" name={} ", self.conn.name());
+        list.lines().filter(|l| l.contains(&name)).count()
+    }
+
+    async fn cleanup(self) {
+        let mut raw = self.raw().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}*", self.prefix))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<()>(&mut raw)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// This test's own PostgreSQL schema; dropped at the end.
+struct PgScope {
+    schema: String,
+    store: PgJobStore,
+}
+
+impl PgScope {
+    async fn new() -> Self {
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let url = database_url();
+        let store = PgJobStore::connect_in_schema(&url, Some(&schema))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("postgresql at {url} (TEST_DATABASE_URL) is unreachable: {e}; start it with infra/services.sh")
+            });
+        Self { schema, store }
+    }
+
+    async fn cleanup(self) {
+        use sqlx::Connection;
+        self.store.close().await;
+        let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn redis_event_log_conforms() {
+    let scope = RedisScope::new().await;
+    let log = RedisEventLog::open(&scope.conn, &scope.prefix, 100)
+        .await
+        .unwrap();
+    event_log_conformance(Arc::new(log)).await;
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_event_log_trims_to_about_max_len_events_per_job() {
+    let scope = RedisScope::new().await;
+    let log = RedisEventLog::open(&scope.conn, &scope.prefix, 10)
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        log.append(ev("j", Stage::Answer)).await.unwrap();
+    }
+    let kept = log.read_after("j", None).await.unwrap();
+    // `MAXLEN ~` trims whole nodes: at least max_len, far fewer than appended.
+    assert!(
+        (10..500).contains(&kept.len()),
+        "kept {} events",
+        kept.len()
+    );
+    assert_eq!(kept.last().unwrap().seq, 500, "seq keeps counting");
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_event_log_feeds_a_watcher_events_appended_by_another_process() {
+    let scope = RedisScope::new().await;
+    let writer = RedisEventLog::open(&scope.conn, &scope.prefix, 100)
+        .await
+        .unwrap();
+    let reader = RedisEventLog::open(&scope.conn, &scope.prefix, 100)
+        .await
+        .unwrap();
+    let job = uuid::Uuid::now_v7().to_string();
+    let before = writer.append(ev(&job, Stage::Queued)).await.unwrap();
+    let mut feed = reader.feed();
+    reader.watch(&job).await.unwrap();
+    let appended = writer.append(ev(&job, Stage::Vision)).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), feed.recv())
+        .await
+        .expect("the watched job's event arrives")
+        .unwrap();
+    assert_eq!(got.event_id, appended.event_id);
+    assert_eq!(got.seq, 2);
+    assert_ne!(got.event_id, before.event_id, "only events after watch");
+    reader.unwatch(&job);
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_queue_conforms() {
+    let scope = RedisScope::new().await;
+    let queue = RedisQueue::open(&scope.conn, &scope.prefix, "c1")
+        .await
+        .unwrap();
+    queue_conformance(Arc::new(queue)).await;
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_queue_hands_a_dead_consumers_entry_to_another_process() {
+    let scope = RedisScope::new().await;
+    let dead = RedisQueue::open(&scope.conn, &scope.prefix, "dead")
+        .await
+        .unwrap();
+    let alive = RedisQueue::open(&scope.conn, &scope.prefix, "alive")
+        .await
+        .unwrap();
+    dead.enqueue(entry("j1")).await.unwrap();
+    let lease = Duration::from_millis(200);
+    let lost = dead.claim(lease, Duration::ZERO).await.unwrap().unwrap();
+    let taken = alive
+        .claim(lease, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("reclaimed after the lease");
+    assert_eq!(taken.entry.job_id, "j1");
+    assert_eq!(taken.entry.deliveries, 1);
+    assert!(
+        !dead.extend(&lost, lease).await.unwrap(),
+        "the dead lease is lost"
+    );
+    alive.ack(&taken).await.unwrap();
+    assert_eq!(alive.backlog().await.unwrap(), 0);
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_queue_recovers_when_its_stream_and_group_vanish() {
+    let scope = RedisScope::new().await;
+    let queue = RedisQueue::open(&scope.conn, &scope.prefix, "c1")
+        .await
+        .unwrap();
+    queue.enqueue(entry("j1")).await.unwrap();
+    let held = queue
+        .claim(Duration::from_secs(5), Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    // What a Redis restart without persistence does to this queue.
+    redis::cmd("DEL")
+        .arg(format!("{}scan:dispatch", scope.prefix))
+        .query_async::<()>(&mut scope.raw().await)
+        .await
+        .unwrap();
+    assert!(!queue.extend(&held, Duration::from_secs(5)).await.unwrap());
+    queue.ack(&held).await.unwrap();
+    queue.enqueue(entry("j2")).await.unwrap();
+    let next = queue
+        .claim(Duration::from_secs(5), Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the group is recreated and new entries flow");
+    assert_eq!(next.entry.job_id, "j2");
+    queue.ack(&next).await.unwrap();
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn postgres_job_store_conforms() {
+    let scope = PgScope::new().await;
+    job_store_conformance(Arc::new(scope.store.clone())).await;
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn postgres_migrations_apply_once_and_again_without_change() {
+    let scope = PgScope::new().await;
+    // A second start (or `ecoscan-ingest migrate`) on a migrated schema is a no-op.
+    let again = PgJobStore::connect_in_schema(&database_url(), Some(&scope.schema))
+        .await
+        .unwrap();
+    let (job, _) = again.insert(new_job("u", None)).await.unwrap();
+    assert!(scope.store.get(&job.id).await.unwrap().is_some());
+    again.close().await;
+    scope.cleanup().await;
+}
+
+/// Unfinished jobs missing from the queue go back on it; queued, young and finished ones don't.
+async fn sweeper_conformance(stores: Stores) {
+    let (missing, _) = stores.jobs.insert(new_job("u", None)).await.unwrap();
+    let (present, _) = stores.jobs.insert(new_job("u", None)).await.unwrap();
+    stores.queue.enqueue(entry(&present.id)).await.unwrap();
+    let (done, _) = stores.jobs.insert(new_job("u", None)).await.unwrap();
+    stores
+        .jobs
+        .finish(&done.id, JobStatus::Succeeded, None)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        sweep_once(&stores, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0,
+        "jobs younger than the grace period are left alone"
+    );
+    // Rows carry millisecond timestamps: let the clock pass them.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(sweep_once(&stores, Duration::ZERO).await.unwrap(), 1);
+    let ids = [missing.id.clone(), present.id.clone(), done.id.clone()];
+    assert_eq!(
+        stores.queue.queued(&ids).await.unwrap(),
+        HashSet::from([missing.id.clone(), present.id.clone()])
+    );
+    assert_eq!(
+        sweep_once(&stores, Duration::ZERO).await.unwrap(),
+        0,
+        "a second pass finds everything queued"
+    );
+    assert_eq!(stores.queue.backlog().await.unwrap(), 2);
+    for _ in 0..2 {
+        let l = stores
+            .queue
+            .claim(Duration::from_secs(5), Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        stores.queue.ack(&l).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn sweeper_requeues_lost_jobs_on_the_embedded_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    sweeper_conformance(Stores {
+        jobs: Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap()),
+        events: Arc::new(MemoryEventLog::new(10)),
+        queue: Arc::new(MemoryQueue::new()),
+        objects: Arc::new(LocalObjectStore::open(dir.path()).await.unwrap()),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sweeper_requeues_lost_jobs_on_redis_and_postgres() {
+    let redis = RedisScope::new().await;
+    let pg = PgScope::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    sweeper_conformance(Stores {
+        jobs: Arc::new(pg.store.clone()),
+        events: Arc::new(
+            RedisEventLog::open(&redis.conn, &redis.prefix, 10)
+                .await
+                .unwrap(),
+        ),
+        queue: Arc::new(
+            RedisQueue::open(&redis.conn, &redis.prefix, "c1")
+                .await
+                .unwrap(),
+        ),
+        objects: Arc::new(LocalObjectStore::open(dir.path()).await.unwrap()),
+    })
+    .await;
+    pg.cleanup().await;
+    redis.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_hub_serves_200_watchers_over_a_fixed_number_of_redis_connections() {
+    let scope = RedisScope::new().await;
+    let log: Arc<dyn EventLog> = Arc::new(
+        RedisEventLog::open(&scope.conn, &scope.prefix, 100)
+            .await
+            .unwrap(),
+    );
+    let _queue = RedisQueue::open(&scope.conn, &scope.prefix, "c1")
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let hub = Hub::start(log.clone(), shutdown.clone());
+    let before = scope.connections().await;
+    assert!(
+        (1..=4).contains(&before),
+        "{before} connections for the process"
+    );
+
+    let jobs: Vec<String> = (0..200).map(|_| uuid::Uuid::now_v7().to_string()).collect();
+    let mut subs = Vec::new();
+    for job in &jobs {
+        subs.push(hub.subscribe(job).await.unwrap());
+    }
+    assert_eq!(hub.watchers(), 200);
+    assert_eq!(
+        scope.connections().await,
+        before,
+        "watchers never open connections"
+    );
+
+    // Every watcher still gets its own job's events.
+    for job in &jobs {
+        log.append(ev(job, Stage::Vision)).await.unwrap();
+    }
+    for (job, sub) in jobs.iter().zip(subs.iter_mut()) {
+        let got = tokio::time::timeout(Duration::from_secs(10), sub.rx.recv())
+            .await
+            .expect("each watcher receives its job's event")
+            .unwrap();
+        assert_eq!(&got.job_id, job);
+    }
+    assert_eq!(scope.connections().await, before);
+    drop(subs);
+    assert_eq!(hub.watchers(), 0);
+    shutdown.cancel();
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_stores_recover_when_their_connections_are_killed() {
+    let scope = RedisScope::new().await;
+    let log = RedisEventLog::open(&scope.conn, &scope.prefix, 100)
+        .await
+        .unwrap();
+    let queue = RedisQueue::open(&scope.conn, &scope.prefix, "c1")
+        .await
+        .unwrap();
+    let job = uuid::Uuid::now_v7().to_string();
+    let mut feed = log.feed();
+    log.watch(&job).await.unwrap();
+    // Make sure the queue's blocking connection is in use before it is killed.
+    assert!(
+        queue
+            .claim(Duration::from_secs(5), Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // What a Redis restart looks like to the client: every connection drops.
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut scope.raw().await)
+        .await
+        .unwrap();
+    let name = format!(" name={} ", scope.conn.name());
+    for line in list.lines().filter(|l| l.contains(&name)) {
+        let id = line.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async::<()>(&mut scope.raw().await)
+            .await
+            .unwrap();
+    }
+
+    // Commands fail until the connections are back, then everything works again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let appended = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the log never recovered"
+        );
+        if let Ok(ev) = log.append(ev(&job, Stage::Vision)).await {
+            break ev;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let got = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let ev = feed.recv().await.unwrap();
+            if ev.event_id == appended.event_id {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("the reader reconnects and delivers new events");
+    assert_eq!(got.seq, appended.seq);
+
+    queue.enqueue(entry("after")).await.unwrap();
+    let claimed = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue never recovered"
+        );
+        if let Ok(Some(l)) = queue
+            .claim(Duration::from_secs(5), Duration::from_millis(300))
+            .await
+        {
+            break l;
+        }
+    };
+    assert_eq!(claimed.entry.job_id, "after");
+    queue.ack(&claimed).await.unwrap();
+    log.unwatch(&job);
+    scope.cleanup().await;
 }

@@ -9,6 +9,7 @@
 mod config;
 mod error;
 mod limit;
+mod metrics;
 mod mock;
 mod openai;
 mod report;
@@ -29,6 +30,7 @@ use tracing::{Instrument, Span, field::Empty};
 
 pub use config::{LlmConfig, Operation, Provider};
 pub use error::LlmError;
+pub use metrics::LlmMetrics;
 pub use mock::{MODEL as MOCK_MODEL, marker as mock_marker};
 pub use report::{AnalyticsReporter, DEFAULT_BUFFER};
 pub use types::{
@@ -66,6 +68,8 @@ struct Inner {
     service: &'static str,
     reporter: Option<AnalyticsReporter>,
     backend: Backend,
+    /// Set once by [`Llm::with_metrics`]; calls before that are not counted.
+    metrics: std::sync::OnceLock<LlmMetrics>,
 }
 
 enum Backend {
@@ -94,8 +98,17 @@ impl Llm {
                 service,
                 reporter,
                 backend,
+                metrics: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Records every call in `metrics` (see [`LlmMetrics::register`]). Only the first call of
+    /// this on a client (or any of its clones) takes effect.
+    #[must_use]
+    pub fn with_metrics(self, metrics: LlmMetrics) -> Self {
+        let _ = self.inner.metrics.set(metrics);
+        self
     }
 
     pub fn provider(&self) -> Provider {
@@ -209,8 +222,9 @@ impl Llm {
         let span = Span::current();
         let latency = log.started.elapsed();
         span.record("gen_ai.response.model", log.model.as_str());
-        span.record("gen_ai.usage.input_tokens", log.input_tokens);
-        span.record("gen_ai.usage.output_tokens", log.output_tokens);
+        // As i64: OpenTelemetry attributes have no unsigned type (u64 would become a string).
+        span.record("gen_ai.usage.input_tokens", i64::from(log.input_tokens));
+        span.record("gen_ai.usage.output_tokens", i64::from(log.output_tokens));
         if let Some(ttft) = log.ttft {
             span.record("gen_ai.server.time_to_first_token_ms", ms(ttft));
         }
@@ -226,6 +240,18 @@ impl Llm {
                 output_tokens = log.output_tokens,
                 "llm call finished"
             ),
+        }
+        if let Some(metrics) = self.inner.metrics.get() {
+            metrics.record(&metrics::CallRecord {
+                provider: self.inner.config.provider.as_str(),
+                model: &log.model,
+                operation: log.operation.as_str(),
+                status: failure.as_ref().map_or("ok", |f| f.kind),
+                input_tokens: log.input_tokens,
+                output_tokens: log.output_tokens,
+                latency_seconds: latency.as_secs_f64(),
+                ttft_seconds: log.ttft.map(|t| t.as_secs_f64()),
+            });
         }
         let Some(reporter) = &self.inner.reporter else {
             return;

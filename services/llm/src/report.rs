@@ -10,7 +10,10 @@ use std::{
 
 use backon::{ExponentialBuilder, Retryable};
 use ecoscan_proto::v1::{LlmCall, analytics_service_client::AnalyticsServiceClient};
+use opentelemetry::trace::{SpanContext, TraceContextExt};
 use tokio::sync::mpsc;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// Calls buffered in memory before new ones are dropped (and counted).
 pub const DEFAULT_BUFFER: usize = 1024;
@@ -26,13 +29,26 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// down) the call is dropped, counted in [`AnalyticsReporter::dropped`] and warned about. A
 /// batch that still fails after a few retries is dropped the same way. Clones share the buffer;
 /// the background task ends once every clone is gone and the buffer is drained.
+///
+/// Tracing: one `RecordStream` carries calls from many traces, so each batch is sent from a
+/// `report llm calls` span that links every reported call's span (in Jaeger: "references").
+/// When all calls of a batch belong to one trace — a single scan's call, the usual case below
+/// saturation — that span is also a child of the call's span, so analytics' side of the report
+/// shows up inside the scan's trace. A mixed batch is a trace of its own; each call still
+/// carries its `trace_id` in the stored record.
 #[derive(Clone)]
 pub struct AnalyticsReporter {
     inner: Arc<Inner>,
 }
 
+/// A call to report and the span of the call it records (invalid when there was none).
+struct Reported {
+    call: LlmCall,
+    span: SpanContext,
+}
+
 struct Inner {
-    tx: mpsc::Sender<LlmCall>,
+    tx: mpsc::Sender<Reported>,
     counters: Arc<Counters>,
     last_warning: Mutex<Option<Instant>>,
 }
@@ -67,9 +83,15 @@ impl AnalyticsReporter {
         })
     }
 
-    /// Queues `call` for sending; never waits.
+    /// Queues `call` for sending; never waits. Call it inside the model call's span: the
+    /// report links to it.
     pub fn report(&self, call: LlmCall) {
-        if self.inner.tx.try_send(call).is_err() {
+        let span = tracing::Span::current()
+            .context()
+            .span()
+            .span_context()
+            .clone();
+        if self.inner.tx.try_send(Reported { call, span }).is_err() {
             let total = self.inner.counters.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             self.warn_dropped(total);
         }
@@ -103,10 +125,12 @@ impl AnalyticsReporter {
 
 type Client = AnalyticsServiceClient<ecoscan_common::client::TracedChannel>;
 
-async fn drain(client: Client, mut rx: mpsc::Receiver<LlmCall>, counters: Arc<Counters>) {
+async fn drain(client: Client, mut rx: mpsc::Receiver<Reported>, counters: Arc<Counters>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let calls = std::mem::take(&mut batch);
+        let reported = std::mem::take(&mut batch);
+        let span = report_span(&reported);
+        let calls: Vec<LlmCall> = reported.into_iter().map(|r| r.call).collect();
         let n = calls.len() as u64;
         let send = || {
             let mut client = client.clone();
@@ -128,6 +152,7 @@ async fn drain(client: Client, mut rx: mpsc::Receiver<LlmCall>, counters: Arc<Co
                     .with_jitter(),
             )
             .sleep(tokio::time::sleep)
+            .instrument(span)
             .await;
         match result {
             Ok(_) => {
@@ -145,4 +170,33 @@ async fn drain(client: Client, mut rx: mpsc::Receiver<LlmCall>, counters: Arc<Co
             }
         }
     }
+}
+
+/// The span a batch is sent from: linked to every reported call's span, and a child of the
+/// calls' span when they all belong to one trace (see [`AnalyticsReporter`]).
+fn report_span(batch: &[Reported]) -> tracing::Span {
+    let contexts: Vec<&SpanContext> = batch
+        .iter()
+        .map(|r| &r.span)
+        .filter(|c| c.is_valid())
+        .collect();
+    let one_trace = contexts
+        .first()
+        .filter(|first| contexts.iter().all(|c| c.trace_id() == first.trace_id()));
+    let span = tracing::info_span!(
+        parent: None,
+        "analytics.report",
+        otel.name = "report llm calls",
+        otel.kind = "client",
+        llm.calls = i64::try_from(batch.len()).unwrap_or(i64::MAX),
+        llm.traces_joined = one_trace.is_some(),
+    );
+    if let Some(parent) = one_trace {
+        let _ = span
+            .set_parent(opentelemetry::Context::new().with_remote_span_context((*parent).clone()));
+    }
+    for c in contexts {
+        span.add_link(c.clone());
+    }
+    span
 }

@@ -10,6 +10,24 @@ use std::{
 use ecoscan_proto::v1::Notification;
 use tokio::sync::broadcast::{self, error::RecvError};
 
+/// How a delivered notification reaches live subscribers: this process's hub directly, or every
+/// replica's hub through Redis (this process's included, by its own subscription).
+pub enum Fanout {
+    Local(Arc<Hub>),
+    Redis(crate::redis_store::RedisFanout),
+}
+
+impl Fanout {
+    /// Hands `n` to its user's live subscribers; returns how many subscribers (local) or
+    /// processes (Redis) received it.
+    pub async fn publish(&self, n: &Notification) -> anyhow::Result<usize> {
+        match self {
+            Self::Local(hub) => Ok(hub.publish(n)),
+            Self::Redis(fanout) => fanout.publish(n).await,
+        }
+    }
+}
+
 /// Live subscribers per user.
 pub struct Hub {
     users: Mutex<HashMap<String, broadcast::Sender<Notification>>>,
@@ -62,6 +80,14 @@ impl Hub {
     /// Users with at least one live subscriber.
     pub fn users_with_subscribers(&self) -> usize {
         self.users().len()
+    }
+
+    /// Live subscribers, over all users.
+    pub fn subscribers(&self) -> usize {
+        self.users()
+            .values()
+            .map(broadcast::Sender::receiver_count)
+            .sum()
     }
 
     fn release(&self, user_id: &str) {

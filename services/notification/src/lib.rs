@@ -1,8 +1,11 @@
 //! `ecoscan.v1.NotificationService`: an inbox in SQL, notifications delivered now or at a due
-//! time by a scheduler, and a live stream per user fed by an in-process hub.
+//! time by a scheduler, and a live stream per user fed by an in-process hub (through Redis
+//! Pub/Sub across replicas when `REDIS_URL` is set).
 
 mod error;
 pub mod hub;
+pub mod metrics;
+pub mod redis_store;
 pub mod scheduler;
 pub mod store;
 
@@ -14,7 +17,7 @@ use std::{
 use anyhow::{Context, bail};
 use ecoscan_common::{
     CancellationToken,
-    config::{env_duration, env_or},
+    config::{env_duration, env_opt, env_or},
 };
 use ecoscan_proto::{
     Timestamp,
@@ -30,9 +33,10 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 pub use error::Error;
-use hub::{Ended, Hub};
-use scheduler::{MemoryScheduler, Scheduler};
-use store::{CancelOutcome, NotificationRow, NotificationStore, SqliteNotificationStore};
+use hub::{Ended, Fanout, Hub};
+use metrics::NotificationMetrics;
+use scheduler::{AnyScheduler, MemoryScheduler, Scheduler};
+use store::{AnyNotificationStore, CancelOutcome, NotificationRow, NotificationStore};
 
 /// Fully-qualified gRPC service name.
 pub const SERVICE_NAME: &str = "ecoscan.v1.NotificationService";
@@ -55,8 +59,15 @@ const MAX_IDLE: Duration = Duration::from_secs(60);
 /// Configuration of the notification service.
 ///
 /// Environment variables:
-/// - `NOTIFICATION_DATABASE_URL`: sqlx database URL (default
-///   `sqlite://./data/notification.db?mode=rwc`; the parent directory of a file is created).
+/// - `NOTIFICATION_DATABASE_URL`, else `DATABASE_URL`: sqlx database URL (default
+///   `sqlite://./data/notification.db?mode=rwc`, the parent directory of a file is created; a
+///   `postgres://` URL selects PostgreSQL, whose migrations are applied at start).
+/// - `REDIS_URL`: schedule on Redis and deliver to subscribers of every replica through Redis
+///   Pub/Sub (unset: an in-memory scheduler and in-process delivery, one replica only).
+/// - `NOTIFICATION_REDIS_PREFIX`: prefix of every Redis key and channel (default empty), for
+///   deployments or tests sharing one Redis.
+/// - `NOTIFICATION_POLL_INTERVAL`: with Redis, the longest the delivery loop waits before looking
+///   for entries other replicas scheduled, e.g. `100ms` (default 100 ms).
 /// - `NOTIFICATION_SUBSCRIBER_BUFFER`: notifications a live subscriber may fall behind by before
 ///   its stream is ended with RESOURCE_EXHAUSTED (default 64).
 /// - `NOTIFICATION_DELIVERY_LEASE`: how long a claimed due notification stays claimed before
@@ -66,6 +77,10 @@ pub struct Config {
     pub database_url: String,
     pub subscriber_buffer: usize,
     pub delivery_lease: Duration,
+    /// Redis for scheduling and cross-replica delivery; `None` keeps both in this process.
+    pub redis_url: Option<String>,
+    pub redis_prefix: String,
+    pub poll_interval: Duration,
 }
 
 impl Default for Config {
@@ -74,6 +89,9 @@ impl Default for Config {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             subscriber_buffer: 64,
             delivery_lease: Duration::from_secs(30),
+            redis_url: None,
+            redis_prefix: String::new(),
+            poll_interval: Duration::from_millis(100),
         }
     }
 }
@@ -83,9 +101,15 @@ impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         let d = Self::default();
         let config = Self {
-            database_url: env_or("NOTIFICATION_DATABASE_URL", d.database_url)?,
+            database_url: match env_opt("NOTIFICATION_DATABASE_URL") {
+                Some(url) => url,
+                None => env_or("DATABASE_URL", d.database_url)?,
+            },
             subscriber_buffer: env_or("NOTIFICATION_SUBSCRIBER_BUFFER", d.subscriber_buffer)?,
             delivery_lease: env_duration("NOTIFICATION_DELIVERY_LEASE", d.delivery_lease)?,
+            redis_url: env_opt("REDIS_URL"),
+            redis_prefix: env_opt("NOTIFICATION_REDIS_PREFIX").unwrap_or_default(),
+            poll_interval: env_duration("NOTIFICATION_POLL_INTERVAL", d.poll_interval)?,
         };
         config.validate()?;
         Ok(config)
@@ -98,13 +122,49 @@ impl Config {
         if self.delivery_lease.is_zero() {
             bail!("delivery_lease must be positive");
         }
+        if self.poll_interval.is_zero() {
+            bail!("poll_interval must be positive");
+        }
         Ok(())
     }
 }
 
+impl Config {
+    /// Switches this configuration onto the production stores the environment names, store by
+    /// store, and leaves the rest as it is: `NOTIFICATION_DATABASE_URL`/`DATABASE_URL` when it is
+    /// a `postgres://` URL (the inbox), `REDIS_URL` and `NOTIFICATION_REDIS_PREFIX` (schedule and
+    /// cross-replica delivery). `ecoscan up` builds its own embedded configuration and passes it
+    /// through here.
+    pub fn with_stores_from_env(mut self) -> Self {
+        if let Some(url) = env_opt("NOTIFICATION_DATABASE_URL")
+            .or_else(|| env_opt("DATABASE_URL"))
+            .filter(|u| store::is_postgres(u))
+        {
+            self.database_url = url;
+        }
+        if let Some(url) = env_opt("REDIS_URL") {
+            self.redis_url = Some(url);
+        }
+        if let Some(prefix) = env_opt("NOTIFICATION_REDIS_PREFIX") {
+            self.redis_prefix = prefix;
+        }
+        self
+    }
+}
+
+/// Brings the database's schema up to date and returns (`ecoscan-notification migrate`);
+/// `serve` does the same at start.
+pub async fn migrate(config: &Config) -> anyhow::Result<()> {
+    let store = AnyNotificationStore::connect(&config.database_url)
+        .await
+        .context("failed to migrate the notification database")?;
+    store.close().await;
+    Ok(())
+}
+
 /// Serves `ecoscan.v1.NotificationService` (with health and reflection) on `listener` until
 /// `shutdown` is cancelled. Notifications still scheduled in the database are loaded into the
-/// scheduler first, so none is lost across restarts.
+/// scheduler first, so none is lost across restarts (or a Redis that lost its data).
 pub async fn serve(
     config: Config,
     listener: TcpListener,
@@ -112,40 +172,66 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     config.validate()?;
     let store = Arc::new(
-        SqliteNotificationStore::connect(&config.database_url)
+        AnyNotificationStore::connect(&config.database_url)
             .await
             .context("failed to open the notification database")?,
     );
-    let scheduler = Arc::new(MemoryScheduler::new());
+    let hub = Hub::new(config.subscriber_buffer);
+    let stop_relay = CancellationToken::new();
+    let (scheduler, fanout, relay) = match &config.redis_url {
+        Some(url) => {
+            let (scheduler, fanout, relay) = redis_store::open(
+                url,
+                &config.redis_prefix,
+                config.poll_interval,
+                hub.clone(),
+                stop_relay.clone(),
+            )
+            .await
+            .context("failed to set up the redis scheduler")?;
+            (
+                AnyScheduler::Redis(scheduler),
+                Fanout::Redis(fanout),
+                Some(relay),
+            )
+        }
+        None => (
+            AnyScheduler::Memory(MemoryScheduler::new()),
+            Fanout::Local(hub.clone()),
+            None,
+        ),
+    };
+    let scheduler = Arc::new(scheduler);
+    let fanout = Arc::new(fanout);
     let pending = store.pending().await?;
     tracing::info!(pending = pending.len(), "reloading scheduled notifications");
-    for (id, due) in pending {
-        scheduler.add(id, due).await?;
-    }
-    let hub = Hub::new(config.subscriber_buffer);
+    scheduler.add_many(pending).await?;
 
+    let mut metrics = ecoscan_common::metrics::Metrics::new("notification");
+    let notification_metrics =
+        NotificationMetrics::register(&mut metrics, scheduler.clone(), hub.clone());
     let stop_delivery = CancellationToken::new();
     let delivery = tokio::spawn(
         deliver_due(
             store.clone(),
             scheduler.clone(),
-            hub.clone(),
+            fanout.clone(),
+            notification_metrics.clone(),
             config.delivery_lease,
             stop_delivery.clone(),
         )
         .instrument(tracing::info_span!("notification.delivery")),
     );
 
-    let svc = NotificationServiceServer::new(Notifications::new(
-        store.clone(),
-        scheduler,
-        hub,
-        shutdown.clone(),
-    ))
+    let svc = NotificationServiceServer::new(
+        Notifications::new(store.clone(), scheduler, hub, fanout, shutdown.clone())
+            .with_metrics(notification_metrics),
+    )
     .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
-    let result = ecoscan_common::server::serve(
+    let result = ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(svc),
         &[SERVICE_NAME],
+        metrics,
         listener,
         shutdown,
     )
@@ -153,6 +239,12 @@ pub async fn serve(
     stop_delivery.cancel();
     if let Err(e) = delivery.await {
         tracing::error!(error = %e, "delivery task failed");
+    }
+    stop_relay.cancel();
+    if let Some(relay) = relay
+        && let Err(e) = relay.await
+    {
+        tracing::error!(error = %e, "redis relay task failed");
     }
     store.close().await;
     result
@@ -162,7 +254,8 @@ pub async fn serve(
 async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
     store: Arc<St>,
     scheduler: Arc<Sc>,
-    hub: Arc<Hub>,
+    fanout: Arc<Fanout>,
+    metrics: NotificationMetrics,
     lease: Duration,
     stop: CancellationToken,
 ) {
@@ -175,7 +268,7 @@ async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
             }
         };
         for id in &claimed {
-            deliver_one(&*store, &*scheduler, &hub, id).await;
+            deliver_one(&*store, &*scheduler, &fanout, &metrics, id).await;
         }
         if claimed.len() == CLAIM_BATCH {
             continue;
@@ -190,13 +283,19 @@ async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
 async fn deliver_one<St: NotificationStore, Sc: Scheduler>(
     store: &St,
     scheduler: &Sc,
-    hub: &Hub,
+    fanout: &Fanout,
+    metrics: &NotificationMetrics,
     id: &str,
 ) {
-    match store.mark_delivered(id, now_us()).await {
+    let now = now_us();
+    match store.mark_delivered(id, now).await {
         Ok(Some(row)) => {
+            if let Some(due) = row.due_at_us {
+                let late_us = u64::try_from(now.saturating_sub(due)).unwrap_or(0);
+                metrics.delivery_lag(Duration::from_micros(late_us));
+            }
             let n = to_proto(row);
-            let subscribers = hub.publish(&n);
+            let subscribers = publish(fanout, metrics, &n).await;
             tracing::info!(id, user_id = %n.user_id, subscribers, "scheduled notification delivered");
         }
         // Cancelled, or delivered by an earlier claim: nothing to do.
@@ -212,28 +311,56 @@ async fn deliver_one<St: NotificationStore, Sc: Scheduler>(
     }
 }
 
+/// Publishes a stored notification to live subscribers. A failure is logged, not returned: the
+/// notification is in the inbox already, and a live stream is best-effort by design.
+async fn publish(fanout: &Fanout, metrics: &NotificationMetrics, n: &Notification) -> usize {
+    metrics.delivered(&n.kind);
+    match fanout.publish(n).await {
+        Ok(receivers) => receivers,
+        Err(e) => {
+            tracing::error!(id = %n.id, error = ?e, "failed to publish a notification to live subscribers");
+            0
+        }
+    }
+}
+
 /// The NotificationService implementation over any [`NotificationStore`] and [`Scheduler`].
 pub struct Notifications<St, Sc> {
     store: Arc<St>,
     scheduler: Arc<Sc>,
+    /// Where `Subscribe` streams attach.
     hub: Arc<Hub>,
+    /// Where delivered notifications are published (this hub, or every replica's).
+    fanout: Arc<Fanout>,
     /// Ends live streams when the server shuts down, so draining does not wait on them.
     shutdown: CancellationToken,
+    metrics: NotificationMetrics,
 }
 
 impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
-    /// A service over `store` and `scheduler`, publishing through `hub`.
+    /// Counts deliveries in `metrics` (registered with [`NotificationMetrics::register`]).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: NotificationMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// A service over `store` and `scheduler`, streaming from `hub` and publishing through
+    /// `fanout`.
     pub fn new(
         store: Arc<St>,
         scheduler: Arc<Sc>,
         hub: Arc<Hub>,
+        fanout: Arc<Fanout>,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
             store,
             scheduler,
             hub,
+            fanout,
             shutdown,
+            metrics: NotificationMetrics::default(),
         }
     }
 
@@ -258,7 +385,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
         let (row, inserted) = self.store.insert(row).await.map_err(Error::Internal)?;
         let n = to_proto(row);
         if inserted {
-            let subscribers = self.hub.publish(&n);
+            let subscribers = publish(&self.fanout, &self.metrics, &n).await;
             tracing::info!(id = %n.id, subscribers, "notification delivered");
         } else {
             tracing::info!(id = %n.id, "deduplicated notification");
@@ -303,7 +430,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
                 .map_err(Error::Internal)?;
             if let Some(row) = delivered {
                 let n = to_proto(row);
-                let subscribers = self.hub.publish(&n);
+                let subscribers = publish(&self.fanout, &self.metrics, &n).await;
                 tracing::info!(id = %n.id, subscribers, "past-due notification delivered at once");
                 return Ok(n);
             }

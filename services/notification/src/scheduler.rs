@@ -1,7 +1,8 @@
 //! When scheduled notifications fall due. The delivery loop talks to [`Scheduler`] only;
-//! [`MemoryScheduler`] is the embedded implementation (a Redis sorted set comes later). The SQL
-//! row stays the truth: a scheduler may hand an id out more than once, and delivery is guarded
-//! there.
+//! [`MemoryScheduler`] is the embedded implementation, `RedisScheduler` (in `redis_store`) the
+//! production one shared by every replica, and [`AnyScheduler`] the one the configuration picks.
+//! The SQL row stays the truth: a scheduler may hand an id out more than once, and delivery is
+//! guarded there.
 
 use std::{
     cmp::Reverse,
@@ -33,6 +34,71 @@ pub trait Scheduler: Send + Sync + 'static {
     /// Resolves when something may be claimable (an earlier entry arrived, a due time or a lease
     /// end was reached), or after `max_wait` at the latest.
     fn wait(&self, max_wait: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// The scheduler the configuration names: Redis when `REDIS_URL` is set, memory otherwise.
+pub enum AnyScheduler {
+    Memory(MemoryScheduler),
+    Redis(crate::redis_store::RedisScheduler),
+}
+
+impl AnyScheduler {
+    /// Adds many entries at once (the reload at start); entries already present stay as they
+    /// are in Redis.
+    pub async fn add_many(&self, entries: Vec<(String, i64)>) -> anyhow::Result<()> {
+        match self {
+            Self::Memory(s) => {
+                for (id, due) in entries {
+                    s.add(id, due).await?;
+                }
+                Ok(())
+            }
+            Self::Redis(s) => s.add_many(&entries).await,
+        }
+    }
+
+    /// Entries not yet acknowledged (waiting plus claimed), for the backlog gauge.
+    pub async fn backlog(&self) -> anyhow::Result<u64> {
+        match self {
+            Self::Memory(s) => Ok(s.len() as u64),
+            Self::Redis(s) => s.backlog().await,
+        }
+    }
+}
+
+impl Scheduler for AnyScheduler {
+    async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()> {
+        match self {
+            Self::Memory(s) => s.add(id, due_at_us).await,
+            Self::Redis(s) => s.add(id, due_at_us).await,
+        }
+    }
+
+    async fn claim_due(
+        &self,
+        now_us: i64,
+        max: usize,
+        lease: Duration,
+    ) -> anyhow::Result<Vec<String>> {
+        match self {
+            Self::Memory(s) => s.claim_due(now_us, max, lease).await,
+            Self::Redis(s) => s.claim_due(now_us, max, lease).await,
+        }
+    }
+
+    async fn ack(&self, id: &str) -> anyhow::Result<()> {
+        match self {
+            Self::Memory(s) => s.ack(id).await,
+            Self::Redis(s) => s.ack(id).await,
+        }
+    }
+
+    async fn wait(&self, max_wait: Duration) {
+        match self {
+            Self::Memory(s) => s.wait(max_wait).await,
+            Self::Redis(s) => s.wait(max_wait).await,
+        }
+    }
 }
 
 #[derive(Default)]

@@ -9,17 +9,22 @@ pub mod store;
 use std::sync::Arc;
 
 use anyhow::Context;
-use ecoscan_common::{CancellationToken, config::env_or};
+use ecoscan_common::metrics::Labels1;
+use ecoscan_common::{
+    CancellationToken,
+    config::{env_opt, env_or},
+};
 use ecoscan_proto::v1::{
     EvaluateRequest, ListOwnedRequest, ListOwnedResponse, OwnedCharacter, RewardDecision,
     reward_service_server::{RewardService, RewardServiceServer},
 };
+use prometheus_client::metrics::{counter::Counter, family::Family};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 pub use catalogue::Catalogue;
 pub use error::Error;
-use store::{Grant, RewardStore, SqliteRewardStore, StoredDecision};
+use store::{AnyRewardStore, Grant, RewardStore, StoredDecision};
 
 /// Fully-qualified gRPC service name.
 pub const SERVICE_NAME: &str = "ecoscan.v1.RewardService";
@@ -30,8 +35,10 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://./data/reward.db?mode=rwc";
 /// Configuration of the reward service.
 ///
 /// Environment variables:
-/// - `REWARD_DATABASE_URL`: sqlx database URL (default `sqlite://./data/reward.db?mode=rwc`;
-///   `sqlite::memory:` for a throw-away database). The parent directory of a file is created.
+/// - `REWARD_DATABASE_URL`, else `DATABASE_URL`: sqlx database URL (default
+///   `sqlite://./data/reward.db?mode=rwc`; `sqlite::memory:` for a throw-away database; a
+///   `postgres://` URL selects PostgreSQL, whose migrations are applied at start). The parent
+///   directory of a SQLite file is created.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where grants and decisions are stored.
@@ -50,9 +57,37 @@ impl Config {
     /// Reads the configuration from the environment (see the type's docs).
     pub fn from_env() -> anyhow::Result<Self> {
         Ok(Self {
-            database_url: env_or("REWARD_DATABASE_URL", DEFAULT_DATABASE_URL.to_owned())?,
+            database_url: match env_opt("REWARD_DATABASE_URL") {
+                Some(url) => url,
+                None => env_or("DATABASE_URL", DEFAULT_DATABASE_URL.to_owned())?,
+            },
         })
     }
+}
+
+impl Config {
+    /// Switches this configuration onto PostgreSQL when `REWARD_DATABASE_URL` (else
+    /// `DATABASE_URL`) is a `postgres://` URL, and leaves it as it is otherwise. `ecoscan up`
+    /// builds its own embedded configuration and passes it through here.
+    pub fn with_stores_from_env(mut self) -> Self {
+        if let Some(url) = env_opt("REWARD_DATABASE_URL")
+            .or_else(|| env_opt("DATABASE_URL"))
+            .filter(|u| store::is_postgres(u))
+        {
+            self.database_url = url;
+        }
+        self
+    }
+}
+
+/// Brings the database's schema up to date and returns (`ecoscan-reward migrate`); `serve` does
+/// the same at start.
+pub async fn migrate(config: &Config) -> anyhow::Result<()> {
+    let store = AnyRewardStore::connect(&config.database_url)
+        .await
+        .context("failed to migrate the reward database")?;
+    store.close().await;
+    Ok(())
 }
 
 /// Serves `ecoscan.v1.RewardService` (with health and reflection) on `listener` until `shutdown`
@@ -63,15 +98,18 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let catalogue = Catalogue::embedded()?;
-    let store = SqliteRewardStore::connect(&config.database_url)
+    let store = AnyRewardStore::connect(&config.database_url)
         .await
         .context("failed to open the reward database")?;
     tracing::info!(characters = catalogue.len(), "reward service ready");
-    let svc = RewardServiceServer::new(Reward::new(catalogue, store.clone()))
+    let mut metrics = ecoscan_common::metrics::Metrics::new("reward");
+    let reward = Reward::new(catalogue, store.clone()).with_metrics(&mut metrics);
+    let svc = RewardServiceServer::new(reward)
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
-    let result = ecoscan_common::server::serve(
+    let result = ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(svc),
         &[SERVICE_NAME],
+        metrics,
         listener,
         shutdown,
     )
@@ -84,6 +122,8 @@ pub async fn serve(
 pub struct Reward<S> {
     catalogue: Arc<Catalogue>,
     store: S,
+    /// `reward_decisions_total{reason}`.
+    decisions: Family<Labels1, Counter>,
 }
 
 impl<S: RewardStore> Reward<S> {
@@ -92,7 +132,19 @@ impl<S: RewardStore> Reward<S> {
         Self {
             catalogue: Arc::new(catalogue),
             store,
+            decisions: Family::default(),
         }
+    }
+
+    /// Counts decisions in `metrics` as `reward_decisions_total{reason}`.
+    #[must_use]
+    pub fn with_metrics(self, metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
+        metrics.registry().register(
+            "reward_decisions",
+            "Reward decisions returned, by reason (repeats of a job's decision included)",
+            self.decisions.clone(),
+        );
+        self
     }
 
     /// Decides (and grants) what the scan earns; see the RPC's docs.
@@ -216,6 +268,9 @@ impl<S: RewardStore> RewardService for Reward<S> {
         request: Request<EvaluateRequest>,
     ) -> Result<Response<RewardDecision>, Status> {
         let decision = Reward::evaluate(self, request.into_inner()).await?;
+        self.decisions
+            .get_or_create(&[("reason", decision.reason.clone())])
+            .inc();
         tracing::Span::current().record("reason", decision.reason.as_str());
         tracing::info!(
             eligible = decision.eligible,

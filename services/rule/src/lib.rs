@@ -68,11 +68,14 @@ pub async fn serve(
         path = ?config.dataset_path,
         "rule dataset loaded"
     );
-    let svc = RuleServiceServer::new(RuleApi::new(Arc::new(dataset)))
+    let mut metrics = ecoscan_common::metrics::Metrics::new("rule");
+    let api = RuleApi::new(Arc::new(dataset)).with_metrics(&mut metrics);
+    let svc = RuleServiceServer::new(api)
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
-    ecoscan_common::server::serve(
+    ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(svc),
         &[SERVICE_NAME],
+        metrics,
         listener,
         shutdown,
     )

@@ -11,6 +11,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span, field::Empty};
 
+use ecoscan_common::metrics::{Labels1, Metrics};
+use prometheus_client::metrics::{counter::Counter, family::Family};
+
 use crate::{
     Error,
     dataset::{Dataset, Locale},
@@ -20,11 +23,42 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct RuleApi {
     dataset: Arc<Dataset>,
+    /// `rule_lookups_total{outcome}`.
+    lookups: Family<Labels1, Counter>,
 }
 
 impl RuleApi {
     pub fn new(dataset: Arc<Dataset>) -> Self {
-        Self { dataset }
+        Self {
+            dataset,
+            lookups: Family::default(),
+        }
+    }
+
+    /// Counts lookups in `metrics` as `rule_lookups_total{outcome}`.
+    #[must_use]
+    pub fn with_metrics(self, metrics: &mut Metrics) -> Self {
+        metrics.registry().register(
+            "rule_lookups",
+            "Lookups by outcome: item (an item matched), category (category rules only), \
+             invalid (bad request) or unknown_category",
+            self.lookups.clone(),
+        );
+        self
+    }
+}
+
+/// The `outcome` label of a lookup that failed with `e`.
+fn failed_outcome(e: &Error) -> &'static str {
+    match e {
+        Error::UnknownMajor { .. } | Error::UnknownMiddle { .. } => "unknown_category",
+        Error::MissingClassification
+        | Error::EmptyMajor { .. }
+        | Error::UnsupportedLocale(_)
+        | Error::MissingMiddle { .. } => "invalid",
+        Error::ReadDataset { .. } | Error::ParseDataset(_) | Error::InvalidDataset { .. } => {
+            "error"
+        }
     }
 }
 
@@ -39,8 +73,12 @@ fn progress(step: &str, fraction: f32, message: String) -> LookupEvent {
 }
 
 /// Everything a lookup streams, computed before the stream starts so that a bad request fails
-/// the call itself with its status rather than a half-sent stream.
-fn lookup_events(dataset: &Dataset, req: &LookupRequest) -> Result<Vec<LookupEvent>, Error> {
+/// the call itself with its status rather than a half-sent stream; and the lookup's outcome
+/// label (`item` or `category`).
+fn lookup_events(
+    dataset: &Dataset,
+    req: &LookupRequest,
+) -> Result<(Vec<LookupEvent>, &'static str), Error> {
     let locale = Locale::parse(&req.locale)?;
     let c = req
         .classification
@@ -62,6 +100,11 @@ fn lookup_events(dataset: &Dataset, req: &LookupRequest) -> Result<Vec<LookupEve
     }
     events.push(progress("resolve_category", 0.3, message));
 
+    let outcome = if resolved.item().is_some() {
+        "item"
+    } else {
+        "category"
+    };
     let item_message = match resolved.item() {
         Some(item) => format!(
             "matched item {item} ({} item-specific step(s))",
@@ -96,7 +139,7 @@ fn lookup_events(dataset: &Dataset, req: &LookupRequest) -> Result<Vec<LookupEve
     events.push(LookupEvent {
         event: Some(Event::Rules(out.rules)),
     });
-    Ok(events)
+    Ok((events, outcome))
 }
 
 #[tonic::async_trait]
@@ -112,7 +155,14 @@ impl RuleService for RuleApi {
         &self,
         request: Request<LookupRequest>,
     ) -> Result<Response<Self::LookupStream>, Status> {
-        let events = lookup_events(&self.dataset, request.get_ref()).map_err(|e| {
+        let looked_up = lookup_events(&self.dataset, request.get_ref());
+        let outcome = looked_up
+            .as_ref()
+            .map_or_else(failed_outcome, |(_, outcome)| *outcome);
+        self.lookups
+            .get_or_create(&[("outcome", outcome.to_owned())])
+            .inc();
+        let (events, _) = looked_up.map_err(|e| {
             tracing::info!(error = %e, "lookup refused");
             Status::from(e)
         })?;

@@ -187,11 +187,14 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     let sd = shutdown.clone();
     tasks.spawn(async move { ("rule", ecoscan_rule::serve(rule_config, rule, sd).await) });
 
+    // A postgres:// ANALYTICS_DATABASE_URL/DATABASE_URL and the S3_* variables move analytics
+    // onto the production stores, store by store; unset, it stays embedded.
     let analytics_config = ecoscan_analytics::Config {
         database_url: sqlite("analytics"),
-        body_dir: data_dir.join("analytics-bodies"),
+        bodies: ecoscan_analytics::ObjectStoreConfig::Local(data_dir.join("analytics-bodies")),
         ..Default::default()
-    };
+    }
+    .with_stores_from_env()?;
     let sd = shutdown.clone();
     tasks.spawn(async move {
         (
@@ -202,7 +205,8 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
 
     let reward_config = ecoscan_reward::Config {
         database_url: sqlite("reward"),
-    };
+    }
+    .with_stores_from_env();
     let sd = shutdown.clone();
     tasks.spawn(async move {
         (
@@ -211,10 +215,13 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         )
     });
 
+    // A postgres:// NOTIFICATION_DATABASE_URL/DATABASE_URL and REDIS_URL move notification onto
+    // the production stores; unset, it stays embedded.
     let notification_config = ecoscan_notification::Config {
         database_url: sqlite("notification"),
         ..Default::default()
-    };
+    }
+    .with_stores_from_env();
     let sd = shutdown.clone();
     tasks.spawn(async move {
         (
@@ -260,7 +267,10 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         object_dir: data_dir.join("objects"),
         workers: ingest_workers,
         ..Default::default()
-    };
+    }
+    // REDIS_URL, a postgres:// INGEST_DATABASE_URL/DATABASE_URL and the S3_* variables move
+    // ingest onto the production stores, store by store; unset, it stays embedded.
+    .with_stores_from_env()?;
     let sd = shutdown.clone();
     tasks.spawn(async move {
         (
@@ -289,4 +299,147 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         tasks,
         shutdown,
     })
+}
+
+/// One service of the suite, for `ecoscan serve <service>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Service {
+    Gateway,
+    Ingest,
+    Vision,
+    Rule,
+    Answer,
+    Reward,
+    Analytics,
+    Notification,
+}
+
+impl Service {
+    /// Every service, each listed after the services it calls (a start order).
+    pub const ALL: [Self; 8] = [
+        Self::Rule,
+        Self::Analytics,
+        Self::Reward,
+        Self::Notification,
+        Self::Vision,
+        Self::Answer,
+        Self::Ingest,
+        Self::Gateway,
+    ];
+
+    /// `ingest`, `vision`, …: the `<service>` of `service.name = ecoscan-<service>`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gateway => "gateway",
+            Self::Ingest => "ingest",
+            Self::Vision => "vision",
+            Self::Rule => "rule",
+            Self::Answer => "answer",
+            Self::Reward => "reward",
+            Self::Analytics => "analytics",
+            Self::Notification => "notification",
+        }
+    }
+
+    /// The variable holding the listen address (`INGEST_ADDR`, …).
+    pub fn addr_var(self) -> &'static str {
+        match self {
+            Self::Gateway => "GATEWAY_ADDR",
+            Self::Ingest => "INGEST_ADDR",
+            Self::Vision => "VISION_ADDR",
+            Self::Rule => "RULE_ADDR",
+            Self::Answer => "ANSWER_ADDR",
+            Self::Reward => "REWARD_ADDR",
+            Self::Analytics => "ANALYTICS_ADDR",
+            Self::Notification => "NOTIFICATION_ADDR",
+        }
+    }
+
+    /// The documented default port.
+    pub fn default_port(self) -> u16 {
+        let p = Ports::DEFAULT;
+        match self {
+            Self::Gateway => p.gateway,
+            Self::Ingest => p.ingest,
+            Self::Vision => p.vision,
+            Self::Rule => p.rule,
+            Self::Answer => p.answer,
+            Self::Reward => p.reward,
+            Self::Analytics => p.analytics,
+            Self::Notification => p.notification,
+        }
+    }
+}
+
+/// Variable naming a file to which [`serve_one`] writes the address it bound (`127.0.0.1:PORT`)
+/// once it listens: scripts and tests start services on port 0 and read the port from there.
+pub const ADDR_FILE_VAR: &str = "ECOSCAN_ADDR_FILE";
+
+/// Runs one service alone, configured from its environment exactly as its own binary
+/// (`ecoscan-<service>`) is: `<SERVICE>_ADDR` to listen on and the service's own variables.
+/// This is what `ecoscan serve <service>` runs, one process per service (containers, tests).
+pub async fn serve_one(service: Service, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let addr = ecoscan_common::config::env_addr(
+        service.addr_var(),
+        &format!("127.0.0.1:{}", service.default_port()),
+    )?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("failed to bind {} on {addr}", service.name()))?;
+    let bound = listener
+        .local_addr()
+        .context("bound listener has no address")?;
+    tracing::info!(service = service.name(), addr = %bound, "listening");
+    if let Some(path) = ecoscan_common::config::env_opt(ADDR_FILE_VAR) {
+        write_addr_file(Path::new(&path), bound)
+            .with_context(|| format!("failed to write the bound address to {path}"))?;
+    }
+    match service {
+        Service::Gateway => {
+            ecoscan_gateway::serve(ecoscan_gateway::Config::from_env()?, listener, shutdown).await
+        }
+        Service::Ingest => {
+            ecoscan_ingest::serve(ecoscan_ingest::Config::from_env()?, listener, shutdown).await
+        }
+        Service::Vision => {
+            let config = ecoscan_vision::Config {
+                addr: bound,
+                ..ecoscan_vision::Config::from_env()?
+            };
+            ecoscan_vision::serve(config, listener, shutdown).await
+        }
+        Service::Rule => {
+            ecoscan_rule::serve(ecoscan_rule::Config::from_env()?, listener, shutdown).await
+        }
+        Service::Answer => {
+            let config = ecoscan_answer::Config {
+                addr: bound,
+                ..ecoscan_answer::Config::from_env()?
+            };
+            ecoscan_answer::serve(config, listener, shutdown).await
+        }
+        Service::Reward => {
+            ecoscan_reward::serve(ecoscan_reward::Config::from_env()?, listener, shutdown).await
+        }
+        Service::Analytics => {
+            ecoscan_analytics::serve(ecoscan_analytics::Config::from_env()?, listener, shutdown)
+                .await
+        }
+        Service::Notification => {
+            ecoscan_notification::serve(
+                ecoscan_notification::Config::from_env()?,
+                listener,
+                shutdown,
+            )
+            .await
+        }
+    }
+}
+
+/// Writes `addr` to `path` in one step (a temporary file renamed over it), so a reader never
+/// sees a partial address.
+fn write_addr_file(path: &Path, addr: SocketAddr) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, addr.to_string())?;
+    std::fs::rename(&tmp, path)
 }

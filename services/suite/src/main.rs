@@ -3,7 +3,7 @@
 use std::{net::IpAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand};
-use ecoscan::{Ports, SuiteConfig};
+use ecoscan::{Ports, Service, SuiteConfig};
 use ecoscan_common::CancellationToken;
 
 #[derive(Parser)]
@@ -21,6 +21,16 @@ struct Cli {
 enum Command {
     /// Run every service and the gateway in one process on the embedded stores.
     Up(UpArgs),
+    /// Run one service alone, configured by its environment variables like its own binary
+    /// (one process per service: containers, tests). `ECOSCAN_ADDR_FILE` receives the bound
+    /// address.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(value_enum)]
+    service: Service,
 }
 
 #[derive(clap::Args)]
@@ -51,7 +61,10 @@ struct UpArgs {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let Command::Up(args) = Cli::parse().command;
+    let args = match Cli::parse().command {
+        Command::Up(args) => args,
+        Command::Serve(args) => return serve(args.service).await,
+    };
     let _telemetry = ecoscan_common::telemetry::init("suite")?;
     let ports = Ports {
         gateway: args.gateway_port,
@@ -101,4 +114,19 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     running.wait().await
+}
+
+/// `ecoscan serve <service>`: one service, with its own telemetry resource
+/// (`service.name = ecoscan-<service>`), until SIGTERM or SIGINT.
+async fn serve(service: Service) -> anyhow::Result<()> {
+    let _telemetry = ecoscan_common::telemetry::init(service.name())?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            ecoscan_common::shutdown::signal().await;
+            shutdown.cancel();
+        }
+    });
+    ecoscan::serve_one(service, shutdown).await
 }

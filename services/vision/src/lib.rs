@@ -64,7 +64,9 @@ pub async fn serve(
         .as_deref()
         .map(AnalyticsReporter::new)
         .transpose()?;
-    let llm = Llm::new(config.llm, "vision", reporter)?;
+    let mut metrics = ecoscan_common::metrics::Metrics::new("vision");
+    let llm_metrics = ecoscan_llm::LlmMetrics::register(&mut metrics, reporter.as_ref());
+    let llm = Llm::new(config.llm, "vision", reporter)?.with_metrics(llm_metrics);
     let vision = Vision {
         inner: Arc::new(Inner {
             llm,
@@ -78,9 +80,10 @@ pub async fn serve(
     );
     let svc = VisionServiceServer::new(vision)
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
-    ecoscan_common::server::serve(
+    ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(svc),
         &[SERVICE_NAME],
+        metrics,
         listener,
         shutdown,
     )

@@ -1,14 +1,72 @@
-//! Where LLM calls live: rows in SQL ([`CallStore`]) and bodies in an object store
-//! ([`BodyStore`]). The service names only these traits; [`sqlite`] and [`local`] are the embedded
-//! implementations, and PostgreSQL and S3 ones can sit beside them.
+//! Where LLM calls live: rows in SQL ([`CallStore`]; [`sqlite`] embedded, [`postgres`] in
+//! production, [`AnyCallStore`] picks one by the database URL) and bodies in an object store
+//! (`ecoscan_objects::ObjectStore`: a local directory or S3).
 
 use std::{collections::HashSet, future::Future};
 
-pub mod local;
+pub mod postgres;
 pub mod sqlite;
 
-pub use local::LocalDirBodyStore;
+pub use postgres::PgCallStore;
 pub use sqlite::SqliteCallStore;
+
+/// Whether `url` names a PostgreSQL database (anything else is taken for SQLite).
+pub fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The store the configuration names: PostgreSQL for a `postgres://` URL, SQLite otherwise.
+#[derive(Debug, Clone)]
+pub enum AnyCallStore {
+    Sqlite(SqliteCallStore),
+    Postgres(PgCallStore),
+}
+
+impl AnyCallStore {
+    /// Opens the database at `url` and brings its schema up to date.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        Ok(if is_postgres(url) {
+            Self::Postgres(PgCallStore::connect(url).await?)
+        } else {
+            Self::Sqlite(SqliteCallStore::connect(url).await?)
+        })
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        match self {
+            Self::Sqlite(s) => s.close().await,
+            Self::Postgres(s) => s.close().await,
+        }
+    }
+}
+
+impl CallStore for AnyCallStore {
+    async fn insert_batch(&self, rows: &[CallRow]) -> anyhow::Result<HashSet<String>> {
+        match self {
+            Self::Sqlite(s) => s.insert_batch(rows).await,
+            Self::Postgres(s) => s.insert_batch(rows).await,
+        }
+    }
+
+    async fn get(&self, call_id: &str) -> anyhow::Result<Option<CallRow>> {
+        match self {
+            Self::Sqlite(s) => s.get(call_id).await,
+            Self::Postgres(s) => s.get(call_id).await,
+        }
+    }
+
+    async fn usage_samples(
+        &self,
+        since_us: i64,
+        until_us: i64,
+    ) -> anyhow::Result<Vec<UsageSample>> {
+        match self {
+            Self::Sqlite(s) => s.usage_samples(since_us, until_us).await,
+            Self::Postgres(s) => s.usage_samples(since_us, until_us).await,
+        }
+    }
+}
 
 /// One stored call, as a row (bodies are referenced, not included).
 #[derive(Debug, Clone, PartialEq)]
@@ -64,13 +122,4 @@ pub trait CallStore: Send + Sync + 'static {
         since_us: i64,
         until_us: i64,
     ) -> impl Future<Output = anyhow::Result<Vec<UsageSample>>> + Send;
-}
-
-/// Objects by key (request and response bodies, one object per written batch).
-pub trait BodyStore: Send + Sync + 'static {
-    /// Stores `bytes` under `key` durably before returning, replacing any object with that key.
-    fn put(&self, key: &str, bytes: Vec<u8>) -> impl Future<Output = anyhow::Result<()>> + Send;
-
-    /// The object under `key`, or `None` when there is none.
-    fn get(&self, key: &str) -> impl Future<Output = anyhow::Result<Option<Vec<u8>>>> + Send;
 }

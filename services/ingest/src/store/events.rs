@@ -61,8 +61,15 @@ pub trait EventLog: Send + Sync + 'static {
         job_id: &str,
         after: Option<EventId>,
     ) -> Result<Vec<ScanEvent>, StoreError>;
-    /// Every event appended from now on, for the process's hub (its one reader).
+    /// Every event appended from now on to a watched job, for the process's hub (its one
+    /// reader). A log may also deliver events of jobs nobody watches (the memory log does).
     fn feed(&self) -> broadcast::Receiver<ScanEvent>;
+    /// Adds a watcher of `job_id`: once this returns, every event appended to the job is
+    /// delivered on the feed (possibly some older ones too; watchers skip them by id). Counted:
+    /// each `watch` is undone by one `unwatch`.
+    async fn watch(&self, job_id: &str) -> Result<(), StoreError>;
+    /// Removes one watcher of `job_id` (the hub calls it when a subscription ends).
+    fn unwatch(&self, job_id: &str);
     /// Lets the job's log expire `ttl` from now (called when the job has finished).
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError>;
 }
@@ -162,6 +169,13 @@ impl EventLog for MemoryEventLog {
     fn feed(&self) -> broadcast::Receiver<ScanEvent> {
         self.feed.subscribe()
     }
+
+    // Every append is broadcast in-process already: nothing to start or stop per job.
+    async fn watch(&self, _job_id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn unwatch(&self, _job_id: &str) {}
 
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError> {
         let mut map = self.inner.lock().expect("event log lock poisoned");

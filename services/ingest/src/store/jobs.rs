@@ -70,6 +70,18 @@ pub enum Checkpoint {
     Reward(RewardDecision),
 }
 
+impl Checkpoint {
+    /// The column it fills, for spans and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Classification(_) => "classification",
+            Self::Rules(_) => "rules",
+            Self::Answer(_) => "answer",
+            Self::Reward(_) => "reward",
+        }
+    }
+}
+
 #[async_trait]
 pub trait JobStore: Send + Sync + 'static {
     /// Inserts a queued job. With an idempotency key already used by the same user, inserts nothing
@@ -98,6 +110,14 @@ pub trait JobStore: Send + Sync + 'static {
         status: JobStatus,
         error: Option<ErrorInfo>,
     ) -> Result<(), StoreError>;
+    /// Up to `limit` jobs not yet terminal that were created before `created_before`, newest
+    /// first, so callers page back in time (the sweeper re-enqueues those whose queue entry is
+    /// gone).
+    async fn unfinished(
+        &self,
+        created_before: SystemTime,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError>;
 }
 
 /// Jobs in SQLite (the embedded default).
@@ -105,12 +125,12 @@ pub struct SqliteJobStore {
     pool: SqlitePool,
 }
 
-fn ms(t: SystemTime) -> i64 {
+pub(crate) fn ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-fn from_ms(v: i64) -> SystemTime {
+pub(crate) fn from_ms(v: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(v.max(0) as u64)
 }
 
@@ -188,6 +208,12 @@ fn job_from_row(row: &SqliteRow) -> Result<Job, StoreError> {
 
 #[async_trait]
 impl JobStore for SqliteJobStore {
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "INSERT jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "INSERT", db.collection.name = "jobs", job.id = %job.id),
+        err
+    )]
     async fn insert(&self, job: NewJob) -> Result<(Job, bool), StoreError> {
         let now = ms(SystemTime::now());
         let carrier = serde_json::to_string(&job.trace_carrier).unwrap_or_else(|_| "{}".into());
@@ -229,6 +255,12 @@ impl JobStore for SqliteJobStore {
         Ok((existing, false))
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "SELECT", db.collection.name = "jobs", job.id = %id),
+        err
+    )]
     async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
         sqlx::query("SELECT * FROM jobs WHERE id = ?")
             .bind(id)
@@ -254,6 +286,12 @@ impl JobStore for SqliteJobStore {
             .transpose()
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "jobs", job.id = %id, job.stage = ?stage),
+        err
+    )]
     async fn mark_running(
         &self,
         id: &str,
@@ -276,6 +314,12 @@ impl JobStore for SqliteJobStore {
         Ok(())
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "jobs", job.id = %id, job.checkpoint = checkpoint.name()),
+        err
+    )]
     async fn checkpoint(&self, id: &str, checkpoint: Checkpoint) -> Result<(), StoreError> {
         // Only the first checkpoint of a stage is kept (`IS NULL`).
         let (sql, bytes) = match &checkpoint {
@@ -305,6 +349,12 @@ impl JobStore for SqliteJobStore {
         Ok(())
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "jobs", job.id = %id, job.status = ?status),
+        err
+    )]
     async fn finish(
         &self,
         id: &str,
@@ -328,5 +378,25 @@ impl JobStore for SqliteJobStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn unfinished(
+        &self,
+        created_before: SystemTime,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError> {
+        sqlx::query(
+            "SELECT * FROM jobs WHERE status IN (?, ?) AND created_at_ms < ? \
+             ORDER BY created_at_ms DESC LIMIT ?",
+        )
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .bind(ms(created_before))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_from_row)
+        .collect()
     }
 }

@@ -4,9 +4,13 @@
 pub mod events;
 pub mod jobs;
 pub mod objects;
+pub mod postgres;
 pub mod queue;
+pub mod redis;
 
 pub use events::{EventId, EventLog, MemoryEventLog};
 pub use jobs::{Job, JobStore, NewJob, SqliteJobStore};
-pub use objects::{LocalObjectStore, ObjectStore};
+pub use objects::{LocalObjectStore, ObjectStore, ObjectStoreConfig, S3Config, S3ObjectStore};
+pub use postgres::PgJobStore;
 pub use queue::{Lease, MemoryQueue, Queue, QueueEntry};
+pub use redis::{RedisConn, RedisEventLog, RedisQueue};

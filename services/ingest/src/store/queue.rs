@@ -2,7 +2,7 @@
 //! acknowledged before its lease runs out is handed to another worker.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Mutex,
     time::{Duration, Instant, SystemTime},
 };
@@ -27,14 +27,17 @@ pub struct QueueEntry {
 #[derive(Clone, Debug)]
 pub struct Lease {
     pub entry: QueueEntry,
-    pub id: u64,
+    /// The queue's own handle of this claim (opaque to callers).
+    pub id: String,
 }
 
 #[async_trait]
 pub trait Queue: Send + Sync + 'static {
     async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError>;
     /// Claims the next entry for `lease`, waiting up to `wait` for one to arrive. Entries whose
-    /// lease ran out are claimed again before new ones.
+    /// lease ran out are claimed again before new ones. Every claimer of one queue is expected
+    /// to use the same lease (the Redis queue reclaims entries idle longer than the claimer's
+    /// lease, the memory queue those past the deadline of their own).
     async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError>;
     /// Pushes the lease's deadline `lease` from now. False when the lease was lost.
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError>;
@@ -42,6 +45,8 @@ pub trait Queue: Send + Sync + 'static {
     async fn ack(&self, lease: &Lease) -> Result<(), StoreError>;
     /// Entries waiting plus entries claimed and not yet acknowledged.
     async fn backlog(&self) -> Result<u64, StoreError>;
+    /// Which of `job_ids` have an entry in the queue, waiting or claimed (for the sweeper).
+    async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError>;
 }
 
 /// In-memory queue for the embedded suite.
@@ -54,7 +59,7 @@ pub struct MemoryQueue {
 #[derive(Default)]
 struct State {
     waiting: VecDeque<QueueEntry>,
-    claimed: HashMap<u64, (QueueEntry, Instant)>,
+    claimed: HashMap<String, (QueueEntry, Instant)>,
     next_id: u64,
 }
 
@@ -70,18 +75,18 @@ impl MemoryQueue {
             .claimed
             .iter()
             .filter(|(_, (_, deadline))| *deadline <= now)
-            .map(|(id, _)| *id)
-            .min();
-        let mut entry = match expired {
-            Some(id) => st.claimed.remove(&id).map(|(e, _)| e)?,
+            .min_by_key(|(_, (_, deadline))| *deadline)
+            .map(|(id, _)| id.clone());
+        let mut entry = match &expired {
+            Some(id) => st.claimed.remove(id).map(|(e, _)| e)?,
             None => st.waiting.pop_front()?,
         };
         if expired.is_some() {
             entry.deliveries += 1;
         }
         st.next_id += 1;
-        let id = st.next_id;
-        st.claimed.insert(id, (entry.clone(), now + lease));
+        let id = st.next_id.to_string();
+        st.claimed.insert(id.clone(), (entry.clone(), now + lease));
         Some(Lease { entry, id })
     }
 
@@ -147,5 +152,17 @@ impl Queue for MemoryQueue {
     async fn backlog(&self) -> Result<u64, StoreError> {
         let st = self.state.lock().expect("queue lock poisoned");
         Ok((st.waiting.len() + st.claimed.len()) as u64)
+    }
+
+    async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError> {
+        let wanted: HashSet<&str> = job_ids.iter().map(String::as_str).collect();
+        let st = self.state.lock().expect("queue lock poisoned");
+        Ok(st
+            .waiting
+            .iter()
+            .chain(st.claimed.values().map(|(e, _)| e))
+            .filter(|e| wanted.contains(e.job_id.as_str()))
+            .map(|e| e.job_id.clone())
+            .collect())
     }
 }

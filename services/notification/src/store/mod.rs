@@ -1,11 +1,81 @@
 //! Where the inbox lives. The service talks to [`NotificationStore`] only; [`sqlite`] is the
-//! embedded implementation and a PostgreSQL one can sit beside it.
+//! embedded implementation, [`postgres`] the production one, and [`AnyNotificationStore`] picks
+//! one by the database URL.
 
 use std::future::Future;
 
+pub mod postgres;
 pub mod sqlite;
 
+pub use postgres::PgNotificationStore;
 pub use sqlite::SqliteNotificationStore;
+
+/// Whether `url` names a PostgreSQL database (anything else is taken for SQLite).
+pub fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The store the configuration names: PostgreSQL for a `postgres://` URL, SQLite otherwise.
+#[derive(Debug, Clone)]
+pub enum AnyNotificationStore {
+    Sqlite(SqliteNotificationStore),
+    Postgres(PgNotificationStore),
+}
+
+impl AnyNotificationStore {
+    /// Opens the database at `url` and brings its schema up to date.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        Ok(if is_postgres(url) {
+            Self::Postgres(PgNotificationStore::connect(url).await?)
+        } else {
+            Self::Sqlite(SqliteNotificationStore::connect(url).await?)
+        })
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        match self {
+            Self::Sqlite(s) => s.close().await,
+            Self::Postgres(s) => s.close().await,
+        }
+    }
+}
+
+/// Forwards every call to the selected implementation.
+macro_rules! either {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyNotificationStore::Sqlite($s) => $call,
+            AnyNotificationStore::Postgres($s) => $call,
+        }
+    };
+}
+
+impl NotificationStore for AnyNotificationStore {
+    async fn insert(&self, row: NotificationRow) -> anyhow::Result<(NotificationRow, bool)> {
+        either!(self, s => s.insert(row).await)
+    }
+
+    async fn mark_delivered(
+        &self,
+        id: &str,
+        now_us: i64,
+    ) -> anyhow::Result<Option<NotificationRow>> {
+        either!(self, s => s.mark_delivered(id, now_us).await)
+    }
+
+    async fn cancel(&self, id: &str, user_id: &str) -> anyhow::Result<CancelOutcome> {
+        either!(self, s => s.cancel(id, user_id).await)
+    }
+
+    async fn list(&self, user_id: &str, limit: u32) -> anyhow::Result<Vec<NotificationRow>> {
+        either!(self, s => s.list(user_id, limit).await)
+    }
+
+    async fn pending(&self) -> anyhow::Result<Vec<(String, i64)>> {
+        either!(self, s => s.pending().await)
+    }
+}
 
 /// Lifecycle of a notification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,11 +1,68 @@
 //! Where grants and decisions live. The service talks to [`RewardStore`] only; [`sqlite`] is the
-//! embedded implementation and a PostgreSQL one can sit beside it.
+//! embedded implementation, [`postgres`] the production one, and [`AnyRewardStore`] picks one by
+//! the database URL.
 
 use std::future::Future;
 
+pub mod postgres;
 pub mod sqlite;
 
+pub use postgres::PgRewardStore;
 pub use sqlite::SqliteRewardStore;
+
+/// Whether `url` names a PostgreSQL database (anything else is taken for SQLite).
+pub fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The store the configuration names: PostgreSQL for a `postgres://` URL, SQLite otherwise.
+#[derive(Debug, Clone)]
+pub enum AnyRewardStore {
+    Sqlite(SqliteRewardStore),
+    Postgres(PgRewardStore),
+}
+
+impl AnyRewardStore {
+    /// Opens the database at `url` and brings its schema up to date.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        Ok(if is_postgres(url) {
+            Self::Postgres(PgRewardStore::connect(url).await?)
+        } else {
+            Self::Sqlite(SqliteRewardStore::connect(url).await?)
+        })
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        match self {
+            Self::Sqlite(s) => s.close().await,
+            Self::Postgres(s) => s.close().await,
+        }
+    }
+}
+
+impl RewardStore for AnyRewardStore {
+    async fn decision(&self, job_id: &str) -> anyhow::Result<Option<StoredDecision>> {
+        match self {
+            Self::Sqlite(s) => s.decision(job_id).await,
+            Self::Postgres(s) => s.decision(job_id).await,
+        }
+    }
+
+    async fn grant(&self, grant: Grant) -> anyhow::Result<StoredDecision> {
+        match self {
+            Self::Sqlite(s) => s.grant(grant).await,
+            Self::Postgres(s) => s.grant(grant).await,
+        }
+    }
+
+    async fn list_owned(&self, user_id: &str) -> anyhow::Result<Vec<OwnedRow>> {
+        match self {
+            Self::Sqlite(s) => s.list_owned(user_id).await,
+            Self::Postgres(s) => s.list_owned(user_id).await,
+        }
+    }
+}
 
 /// What the service asks the store to grant: `character_code` to `user_id`, earned by `job_id`.
 #[derive(Debug, Clone)]

@@ -1,0 +1,153 @@
+//! The gateway's Prometheus series: RED metrics per route and open SSE streams, served on
+//! `GET /metrics`.
+
+use std::{sync::Arc, time::Instant};
+
+use axum::{
+    extract::{MatchedPath, Request, State},
+    http::header,
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use ecoscan_common::metrics::{Labels2, Labels3, Metrics, SecondsFamily, seconds_family};
+use prometheus_client::metrics::{counter::Counter, family::Family};
+
+use crate::sse::SseGauge;
+
+/// Per-route request series. Cheap to clone; clones share the series.
+#[derive(Clone, Debug)]
+pub(crate) struct HttpMetrics {
+    requests: Family<Labels3, Counter>,
+    duration: SecondsFamily<Labels2>,
+}
+
+impl HttpMetrics {
+    /// Registers the gateway's series in `metrics`; `sse` feeds `gateway_sse_connections`.
+    pub(crate) fn register(metrics: &mut Metrics, sse: SseGauge) -> Self {
+        let this = Self {
+            requests: Family::default(),
+            duration: seconds_family(),
+        };
+        let r = metrics.registry();
+        r.register(
+            "http_server_requests",
+            "HTTP requests answered, by route template, method and status",
+            this.requests.clone(),
+        );
+        r.register(
+            "http_server_duration_seconds",
+            "Time from request to response headers (SSE routes: until the stream starts)",
+            this.duration.clone(),
+        );
+        metrics.gauge_fn(
+            "gateway_sse_connections",
+            "SSE streams open now (scan completion, scan events, notifications)",
+            move || i64::try_from(sse.open()).unwrap_or(i64::MAX),
+        );
+        this
+    }
+}
+
+/// Middleware recording every request under its route template (`unmatched` for none, so a
+/// client cannot create series by sending made-up paths).
+pub(crate) async fn track(
+    State(metrics): State<HttpMetrics>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = match req.method().as_str() {
+        m @ ("GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS") => m.to_owned(),
+        _ => "other".to_owned(),
+    };
+    let started = Instant::now();
+    let res = next.run(req).await;
+    metrics
+        .duration
+        .get_or_create(&[("route", route.clone()), ("method", method.clone())])
+        .observe(started.elapsed().as_secs_f64());
+    metrics
+        .requests
+        .get_or_create(&[
+            ("route", route),
+            ("method", method),
+            ("status", res.status().as_u16().to_string()),
+        ])
+        .inc();
+    res
+}
+
+/// `GET /metrics`.
+pub(crate) async fn serve_metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, ecoscan_common::metrics::CONTENT_TYPE)],
+        metrics.render().await,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use ecoscan_common::testing::sample;
+    use tower::ServiceExt;
+
+    async fn get(app: &axum::Router, path: &str) -> (http::Response<()>, String) {
+        let req = http::Request::get(path).body(Body::empty()).unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        let (parts, body) = res.into_parts();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        (
+            http::Response::from_parts(parts, ()),
+            String::from_utf8(bytes.to_vec()).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn metrics_count_requests_by_route_template_and_status() {
+        let app = crate::router(crate::Config::default()).unwrap();
+
+        get(&app, "/healthz").await;
+        get(&app, "/api/v1/made-up/path").await;
+        let (res, text) = get(&app, "/metrics").await;
+
+        assert_eq!(res.status(), 200);
+        assert!(
+            res.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain")
+        );
+        let requests = |route, status| {
+            sample(
+                &text,
+                "http_server_requests_total",
+                &[
+                    ("service", "gateway"),
+                    ("route", route),
+                    ("method", "GET"),
+                    ("status", status),
+                ],
+            )
+        };
+        assert_eq!(requests("/healthz", "200"), Some(1.0), "{text}");
+        // Unknown paths share one series instead of one each.
+        assert_eq!(requests("unmatched", "404"), Some(1.0), "{text}");
+        assert_eq!(
+            sample(
+                &text,
+                "http_server_duration_seconds_count",
+                &[("route", "/healthz")]
+            ),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "gateway_sse_connections", &[]),
+            Some(0.0),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,491 @@
+//! Prometheus metrics: one [`Metrics`] (a `prometheus-client` registry) per service, served as
+//! `GET /metrics` in the Prometheus text format, and the RED metrics of every RPC, recorded by
+//! [`RpcMetricsLayer`] in [`crate::server::serve_with_metrics`].
+//!
+//! Each service builds its own registry (no global state), so in the one-process suite every
+//! service's `/metrics` shows its own series only; a constant `service` label on every series
+//! keeps a scrape of the whole suite unambiguous.
+
+use std::{
+    borrow::Cow,
+    collections::HashSet,
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+    },
+    registry::Registry,
+};
+use prost::Message as _;
+
+/// `Content-Type` of the Prometheus text format (version 0.0.4) served on `/metrics`.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Bucket bounds (seconds) shared by every duration histogram: 1 ms to 2 min, enough for a
+/// unary call and for a model call or a whole scan stream alike.
+pub const SECONDS_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0,
+];
+
+/// A histogram over [`SECONDS_BUCKETS`].
+pub fn seconds_histogram() -> Histogram {
+    Histogram::new(SECONDS_BUCKETS)
+}
+
+/// A histogram family whose members are [`seconds_histogram`]s.
+pub type SecondsFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// An empty [`SecondsFamily`].
+pub fn seconds_family<L: Clone + std::hash::Hash + Eq>() -> SecondsFamily<L> {
+    Family::new_with_constructor(seconds_histogram as fn() -> Histogram)
+}
+
+/// Label set with one label.
+pub type Labels1 = [(&'static str, String); 1];
+/// Label set with two labels.
+pub type Labels2 = [(&'static str, String); 2];
+/// Label set with three labels.
+pub type Labels3 = [(&'static str, String); 3];
+/// Label set with four labels.
+pub type Labels4 = [(&'static str, String); 4];
+
+type Refresh = Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A service's metrics registry, plus the values read at scrape time. Build it in `serve()`,
+/// register the service's metrics, then hand it to [`crate::server::serve_with_metrics`].
+#[derive(Default)]
+pub struct Metrics {
+    registry: Registry,
+    refresh: Vec<Refresh>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("registry", &self.registry)
+            .field("refresh", &self.refresh.len())
+            .finish()
+    }
+}
+
+impl Metrics {
+    /// An empty registry whose series all carry the constant label `service="<service>"`.
+    pub fn new(service: &str) -> Self {
+        Self {
+            registry: Registry::with_labels(std::iter::once((
+                Cow::Borrowed("service"),
+                Cow::Owned(service.to_owned()),
+            ))),
+            refresh: Vec::new(),
+        }
+    }
+
+    /// Where to register the service's own metrics.
+    pub fn registry(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// Runs `refresh` before every scrape: for values that need an async read (a queue's
+    /// backlog in Redis), written into a gauge the refresh owns.
+    pub fn on_scrape<F, Fut>(&mut self, refresh: F)
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.refresh.push(Box::new(move || Box::pin(refresh())));
+    }
+
+    /// Registers a gauge whose value is `read` at scrape time (a count kept elsewhere).
+    pub fn gauge_fn(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        read: impl Fn() -> i64 + Send + Sync + 'static,
+    ) {
+        self.registry.register_collector(Box::new(FnMetric {
+            name,
+            help,
+            read: Read::Gauge(Box::new(read)),
+        }));
+    }
+
+    /// Registers a counter whose value is `read` at scrape time (a monotonic count kept
+    /// elsewhere). `name` is without the `_total` suffix, which the encoder adds.
+    pub fn counter_fn(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        self.registry.register_collector(Box::new(FnMetric {
+            name,
+            help,
+            read: Read::Counter(Box::new(read)),
+        }));
+    }
+
+    /// Refreshes the scrape-time values and encodes every series in the Prometheus text format.
+    pub async fn render(&self) -> String {
+        for refresh in &self.refresh {
+            refresh().await;
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            .expect("writing to a String never fails");
+        out
+    }
+}
+
+enum Read {
+    Gauge(Box<dyn Fn() -> i64 + Send + Sync>),
+    Counter(Box<dyn Fn() -> u64 + Send + Sync>),
+}
+
+/// A metric read from a closure at scrape time.
+struct FnMetric {
+    name: &'static str,
+    help: &'static str,
+    read: Read,
+}
+
+impl fmt::Debug for FnMetric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FnMetric")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl Collector for FnMetric {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        match &self.read {
+            Read::Gauge(read) => {
+                let gauge = ConstGauge::new(read());
+                let metric =
+                    encoder.encode_descriptor(self.name, self.help, None, gauge.metric_type())?;
+                gauge.encode(metric)
+            }
+            Read::Counter(read) => {
+                let counter = ConstCounter::new(read());
+                let metric =
+                    encoder.encode_descriptor(self.name, self.help, None, counter.metric_type())?;
+                counter.encode(metric)
+            }
+        }
+    }
+}
+
+/// RED metrics of the RPCs a server answers.
+#[derive(Clone, Debug)]
+pub struct RpcMetrics {
+    requests: Family<Labels2, Counter>,
+    duration: SecondsFamily<Labels1>,
+    in_flight: Family<Labels1, Gauge>,
+    /// `/pkg.Service/Method` paths of the served services: anything else (health, reflection,
+    /// unknown methods) is not recorded, so a caller cannot create series at will.
+    methods: Arc<HashSet<String>>,
+}
+
+impl RpcMetrics {
+    /// Registers `rpc_server_requests_total{method,code}`, `rpc_server_duration_seconds{method}`
+    /// and `rpc_server_in_flight{method}` for the methods of `service_names` (fully-qualified
+    /// names found in the ecoscan descriptor set).
+    pub fn register(registry: &mut Registry, service_names: &[&str]) -> Self {
+        let metrics = Self {
+            requests: Family::default(),
+            duration: seconds_family(),
+            in_flight: Family::default(),
+            methods: Arc::new(method_paths(service_names)),
+        };
+        registry.register(
+            "rpc_server_requests",
+            "RPCs finished, by method and gRPC status code",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "rpc_server_duration_seconds",
+            "Time from request to end of response (streaming RPCs: the end of the stream)",
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "rpc_server_in_flight",
+            "RPCs started and not finished (open streams included)",
+            metrics.in_flight.clone(),
+        );
+        metrics
+    }
+
+    /// Starts recording a call to `path`; `None` when the path is not one of ours.
+    fn start(&self, path: &str) -> Option<Call> {
+        if !self.methods.contains(path) {
+            return None;
+        }
+        let method = path.trim_start_matches('/').to_owned();
+        self.in_flight
+            .get_or_create(&[("method", method.clone())])
+            .inc();
+        Some(Call {
+            metrics: self.clone(),
+            method,
+            started: Instant::now(),
+            code: None,
+        })
+    }
+}
+
+/// Every `/pkg.Service/Method` of `service_names` in the ecoscan descriptor set.
+fn method_paths(service_names: &[&str]) -> HashSet<String> {
+    let set = prost_types::FileDescriptorSet::decode(ecoscan_proto::FILE_DESCRIPTOR_SET)
+        .expect("the compiled-in descriptor set decodes");
+    let mut paths = HashSet::new();
+    for file in &set.file {
+        for svc in &file.service {
+            let name = format!("{}.{}", file.package(), svc.name());
+            if service_names.contains(&name.as_str()) {
+                paths.extend(svc.method.iter().map(|m| format!("/{name}/{}", m.name())));
+            }
+        }
+    }
+    paths
+}
+
+/// One RPC being recorded; records when dropped (end of stream, or the caller went away).
+struct Call {
+    metrics: RpcMetrics,
+    method: String,
+    started: Instant,
+    /// `grpc-status` once seen (trailers-only response or trailers).
+    code: Option<tonic::Code>,
+}
+
+impl Call {
+    fn saw(&mut self, headers: &http::HeaderMap) {
+        if let Some(code) = headers
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i32>().ok())
+        {
+            self.code = Some(tonic::Code::from_i32(code));
+        }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        let method = std::mem::take(&mut self.method);
+        // No status means the stream ended without one: the caller cancelled.
+        let code = crate::codes::code_name(self.code.unwrap_or(tonic::Code::Cancelled));
+        let m = &self.metrics;
+        m.in_flight
+            .get_or_create(&[("method", method.clone())])
+            .dec();
+        m.duration
+            .get_or_create(&[("method", method.clone())])
+            .observe(self.started.elapsed().as_secs_f64());
+        m.requests
+            .get_or_create(&[("method", method), ("code", code.to_owned())])
+            .inc();
+    }
+}
+
+/// Records [`RpcMetrics`] for every call through the wrapped service.
+#[derive(Clone, Debug)]
+pub struct RpcMetricsLayer(pub RpcMetrics);
+
+impl<S> tower::Layer<S> for RpcMetricsLayer {
+    type Service = RpcMetricsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcMetricsService {
+            inner,
+            metrics: self.0.clone(),
+        }
+    }
+}
+
+/// The service [`RpcMetricsLayer`] makes.
+#[derive(Clone, Debug)]
+pub struct RpcMetricsService<S> {
+    inner: S,
+    metrics: RpcMetrics,
+}
+
+impl<S, B, ResB> tower::Service<http::Request<B>> for RpcMetricsService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<ResB>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<RpcBody<ResB>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // Started before the handler runs; dropped with the future if the caller leaves early.
+        let mut call = self.metrics.start(req.uri().path());
+        let response = self.inner.call(req);
+        Box::pin(async move {
+            let response = response.await?;
+            let (parts, body) = response.into_parts();
+            if let Some(c) = &mut call {
+                c.saw(&parts.headers);
+                // A trailers-only response (an error) is complete: record it before the caller
+                // can see it.
+                if c.code.is_some() {
+                    call = None;
+                }
+            }
+            Ok(http::Response::from_parts(
+                parts,
+                RpcBody {
+                    inner: Box::pin(body),
+                    call,
+                },
+            ))
+        })
+    }
+}
+
+/// A response body that finishes its call's record at the end of the stream.
+pub struct RpcBody<B> {
+    inner: Pin<Box<B>>,
+    call: Option<Call>,
+}
+
+impl<B: http_body::Body> http_body::Body for RpcBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = self.inner.as_mut().poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(trailers), Some(call)) = (frame.trailers_ref(), self.call.as_mut()) {
+                    call.saw(trailers);
+                    // Trailers end a gRPC response: record before the caller sees them.
+                    self.call = None;
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(call) = self.call.as_mut() {
+                    call.code.get_or_insert(tonic::Code::Internal);
+                }
+                self.call = None;
+            }
+            Poll::Ready(None) => self.call = None,
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn render_shows_registered_series_with_the_service_label() {
+        let mut metrics = Metrics::new("rule");
+        let lookups: Family<Labels1, Counter> = Family::default();
+        metrics
+            .registry()
+            .register("rule_lookups", "lookups", lookups.clone());
+        metrics.gauge_fn("rule_open", "open things", || 3);
+        metrics.counter_fn("rule_dropped", "dropped things", || 7);
+        lookups.get_or_create(&[("outcome", "item".into())]).inc();
+
+        let text = metrics.render().await;
+
+        assert!(text.contains("# TYPE rule_lookups_total counter"), "{text}");
+        assert!(
+            text.contains(r#"rule_lookups_total{service="rule",outcome="item"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"rule_open{service="rule"} 3"#), "{text}");
+        assert!(
+            text.contains(r#"rule_dropped_total{service="rule"} 7"#),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn on_scrape_refreshes_values_before_encoding() {
+        let mut metrics = Metrics::new("ingest");
+        let backlog: Gauge = Gauge::default();
+        metrics
+            .registry()
+            .register("ingest_backlog", "backlog", backlog.clone());
+        let source = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        metrics.on_scrape({
+            let source = source.clone();
+            move || {
+                let (backlog, source) = (backlog.clone(), source.clone());
+                async move {
+                    backlog.set(source.load(std::sync::atomic::Ordering::Relaxed));
+                }
+            }
+        });
+        source.store(5, std::sync::atomic::Ordering::Relaxed);
+
+        let text = metrics.render().await;
+
+        assert!(
+            text.contains(r#"ingest_backlog{service="ingest"} 5"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn only_methods_of_the_served_services_are_recorded() {
+        let mut registry = Registry::default();
+        let rpc = RpcMetrics::register(&mut registry, &["ecoscan.v1.RuleService"]);
+
+        assert!(rpc.start("/ecoscan.v1.RuleService/Lookup").is_some());
+        assert!(rpc.start("/ecoscan.v1.RuleService/Nope").is_none());
+        assert!(rpc.start("/ecoscan.v1.ScanService/Submit").is_none());
+        assert!(rpc.start("/grpc.health.v1.Health/Check").is_none());
+        assert!(rpc.start("/metrics").is_none());
+    }
+
+    #[test]
+    fn a_call_without_a_status_counts_as_cancelled_and_leaves_in_flight() {
+        let mut registry = Registry::default();
+        let rpc = RpcMetrics::register(&mut registry, &["ecoscan.v1.RuleService"]);
+        let method = || [("method", "ecoscan.v1.RuleService/Lookup".to_owned())];
+
+        let call = rpc.start("/ecoscan.v1.RuleService/Lookup");
+        assert_eq!(rpc.in_flight.get_or_create(&method()).get(), 1);
+        drop(call);
+
+        assert_eq!(rpc.in_flight.get_or_create(&method()).get(), 0);
+        let [m] = method();
+        let cancelled = [m, ("code", "CANCELLED".to_owned())];
+        assert_eq!(rpc.requests.get_or_create(&cancelled).get(), 1);
+    }
+}

@@ -1,0 +1,117 @@
+//! ingest's Prometheus series: intake, dispatch backlog and lag, jobs by outcome, stage
+//! durations and hub watchers.
+
+use std::{sync::Arc, time::Duration};
+
+use ecoscan_common::metrics::{Labels1, Labels2, Metrics, SecondsFamily, seconds_family};
+use prometheus_client::metrics::{
+    counter::Counter, family::Family, gauge::Gauge, histogram::Histogram,
+};
+
+use crate::{hub::Hub, store::Queue};
+
+/// The series ingest records into. Cheap to clone; clones share the series.
+#[derive(Clone, Debug)]
+pub struct IngestMetrics {
+    submitted: Counter,
+    rejected: Family<Labels1, Counter>,
+    jobs: Family<Labels1, Counter>,
+    lag: Histogram,
+    stages: SecondsFamily<Labels2>,
+}
+
+impl Default for IngestMetrics {
+    /// Series registered nowhere (for tests that do not scrape).
+    fn default() -> Self {
+        Self {
+            submitted: Counter::default(),
+            rejected: Family::default(),
+            jobs: Family::default(),
+            lag: ecoscan_common::metrics::seconds_histogram(),
+            stages: seconds_family(),
+        }
+    }
+}
+
+impl IngestMetrics {
+    /// Registers ingest's series in `metrics`; the backlog is read from `queue` and the
+    /// watchers from `hub` at each scrape.
+    pub fn register(metrics: &mut Metrics, queue: Arc<dyn Queue>, hub: Hub) -> Self {
+        let this = Self::default();
+        let backlog = Gauge::<i64>::default();
+        let r = metrics.registry();
+        r.register(
+            "ingest_jobs_submitted",
+            "Scan jobs accepted (a repeat of an idempotency key is not counted)",
+            this.submitted.clone(),
+        );
+        r.register(
+            "ingest_submit_rejected",
+            "Scans refused at intake, by reason (overloaded or invalid)",
+            this.rejected.clone(),
+        );
+        r.register(
+            "ingest_jobs",
+            "Scan jobs finished, by status (succeeded or failed)",
+            this.jobs.clone(),
+        );
+        r.register(
+            "ingest_dispatch_lag_seconds",
+            "Time from enqueue to a worker's first claim of the job",
+            this.lag.clone(),
+        );
+        r.register(
+            "ingest_stage_duration_seconds",
+            "Time of a pipeline stage, retries included, by stage and outcome (ok, failed, store_error)",
+            this.stages.clone(),
+        );
+        r.register(
+            "ingest_dispatch_backlog",
+            "Jobs on the dispatch queue: waiting plus claimed and not yet acknowledged",
+            backlog.clone(),
+        );
+        metrics.gauge_fn(
+            "ingest_hub_watchers",
+            "Watch streams currently subscribed to the event hub",
+            move || i64::try_from(hub.watchers()).unwrap_or(i64::MAX),
+        );
+        metrics.on_scrape(move || {
+            let (queue, backlog) = (queue.clone(), backlog.clone());
+            async move {
+                match queue.backlog().await {
+                    Ok(n) => {
+                        backlog.set(i64::try_from(n).unwrap_or(i64::MAX));
+                    }
+                    Err(e) => tracing::warn!(error = %e, "failed to read the dispatch backlog"),
+                }
+            }
+        });
+        this
+    }
+
+    pub(crate) fn submitted(&self) {
+        self.submitted.inc();
+    }
+
+    pub(crate) fn rejected(&self, reason: &'static str) {
+        self.rejected
+            .get_or_create(&[("reason", reason.to_owned())])
+            .inc();
+    }
+
+    pub(crate) fn finished(&self, status: &'static str) {
+        self.jobs
+            .get_or_create(&[("status", status.to_owned())])
+            .inc();
+    }
+
+    pub(crate) fn dispatch_lag(&self, lag: Duration) {
+        self.lag.observe(lag.as_secs_f64());
+    }
+
+    pub(crate) fn stage(&self, stage: &'static str, outcome: &'static str, took: Duration) {
+        self.stages
+            .get_or_create(&[("stage", stage.to_owned()), ("outcome", outcome.to_owned())])
+            .observe(took.as_secs_f64());
+    }
+}

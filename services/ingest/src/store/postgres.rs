@@ -1,0 +1,288 @@
+//! Job rows in PostgreSQL (production). Same semantics as [`super::SqliteJobStore`]: the
+//! idempotency key is unique per user, only a stage's first checkpoint is kept, and a terminal
+//! status is final. The schema comes from versioned migrations in `migrations/postgres/`,
+//! applied at start and by `ecoscan-ingest migrate`.
+
+use std::{str::FromStr, time::SystemTime};
+
+use async_trait::async_trait;
+use ecoscan_proto::v1::{ErrorInfo, JobStatus, Stage};
+use prost::Message;
+use sqlx::{
+    AssertSqlSafe, Connection, Row, SqlStr,
+    migrate::{Migration, MigrationType, Migrator},
+    postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow},
+};
+
+use super::jobs::{Checkpoint, Job, JobStore, NewJob, from_ms, ms};
+use crate::error::StoreError;
+
+/// Connections per process: workers and RPCs share them; a statement holds one for
+/// milliseconds.
+const MAX_CONNECTIONS: u32 = 16;
+
+/// Ingest's migrations, tracked in their own table so services sharing one database never
+/// mistake each other's versions for theirs.
+pub fn migrator() -> Migrator {
+    let mut m = Migrator::with_migrations(vec![Migration::new(
+        1,
+        "init".into(),
+        MigrationType::Simple,
+        SqlStr::from_static(include_str!("../../migrations/postgres/0001_init.sql")),
+        false,
+    )]);
+    m.dangerous_set_table_name("_ingest_migrations");
+    m
+}
+
+/// True for the URLs that select PostgreSQL.
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Jobs in PostgreSQL.
+#[derive(Clone)]
+pub struct PgJobStore {
+    pool: PgPool,
+}
+
+impl PgJobStore {
+    /// Connects to `url` and applies pending migrations (concurrent starts wait on the
+    /// migrator's advisory lock).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_in_schema(url, None).await
+    }
+
+    /// Like [`connect`](Self::connect), with every table in `schema` (created when missing):
+    /// the tests give each run its own schema.
+    pub async fn connect_in_schema(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
+        let mut opts = PgConnectOptions::from_str(url)?;
+        if let Some(schema) = schema {
+            if !schema
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            {
+                return Err(StoreError::Corrupt(format!(
+                    "schema name {schema:?} must be letters, digits and '_'"
+                )));
+            }
+            let mut conn = PgConnection::connect_with(&opts).await?;
+            // The name was checked above: letters, digits and '_' only.
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "CREATE SCHEMA IF NOT EXISTS {schema}"
+            )))
+            .execute(&mut conn)
+            .await?;
+            conn.close().await?;
+            opts = opts.options([("search_path", schema)]);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .connect_with(opts)
+            .await?;
+        migrator()
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("applying the ingest migrations: {e}")))?;
+        Ok(Self { pool })
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+fn decode<M: Message + Default>(row: &PgRow, col: &str) -> Result<Option<M>, StoreError> {
+    let bytes: Option<Vec<u8>> = row.try_get(col)?;
+    bytes
+        .map(|b| M::decode(b.as_slice()).map_err(|e| StoreError::Corrupt(format!("{col}: {e}"))))
+        .transpose()
+}
+
+fn job_from_row(row: &PgRow) -> Result<Job, StoreError> {
+    let carrier: String = row.try_get("trace_carrier")?;
+    let status: i32 = row.try_get("status")?;
+    let stage: i32 = row.try_get("stage")?;
+    let attempts: i32 = row.try_get("attempts")?;
+    let finished: Option<i64> = row.try_get("finished_at_ms")?;
+    Ok(Job {
+        id: row.try_get("id")?,
+        user_id: row.try_get("user_id")?,
+        status: JobStatus::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("unknown job status {status}")))?,
+        stage: Stage::try_from(stage)
+            .map_err(|_| StoreError::Corrupt(format!("unknown stage {stage}")))?,
+        image_key: row.try_get("image_key")?,
+        content_type: row.try_get("content_type")?,
+        hint: row.try_get("hint")?,
+        locale: row.try_get("locale")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        trace_carrier: serde_json::from_str(&carrier).unwrap_or_default(),
+        classification: decode(row, "classification")?,
+        rules: decode(row, "rules")?,
+        answer: decode(row, "answer")?,
+        reward: decode(row, "reward")?,
+        error: decode(row, "error")?,
+        attempts: attempts.max(0) as u32,
+        created_at: from_ms(row.try_get("created_at_ms")?),
+        finished_at: finished.map(from_ms),
+    })
+}
+
+#[async_trait]
+impl JobStore for PgJobStore {
+    async fn insert(&self, job: NewJob) -> Result<(Job, bool), StoreError> {
+        let now = ms(SystemTime::now());
+        let carrier = serde_json::to_string(&job.trace_carrier).unwrap_or_else(|_| "{}".into());
+        let inserted = sqlx::query(
+            "INSERT INTO scan_jobs (id, user_id, status, stage, image_key, content_type, hint, \
+             locale, idempotency_key, trace_carrier, created_at_ms, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11) \
+             ON CONFLICT DO NOTHING RETURNING *",
+        )
+        .bind(&job.id)
+        .bind(&job.user_id)
+        .bind(JobStatus::Queued as i32)
+        .bind(Stage::Queued as i32)
+        .bind(&job.image_key)
+        .bind(&job.content_type)
+        .bind(&job.hint)
+        .bind(&job.locale)
+        .bind(&job.idempotency_key)
+        .bind(carrier)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(row) = inserted {
+            return Ok((job_from_row(&row)?, true));
+        }
+        // The only other unique key is (user, idempotency key): someone got there first.
+        let key = job
+            .idempotency_key
+            .as_deref()
+            .ok_or_else(|| StoreError::Corrupt(format!("job id {} already exists", job.id)))?;
+        let existing = self
+            .find_by_idempotency_key(&job.user_id, key)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("idempotency conflict without a job".into()))?;
+        Ok((existing, false))
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        sqlx::query("SELECT * FROM scan_jobs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(job_from_row)
+            .transpose()
+    }
+
+    async fn find_by_idempotency_key(
+        &self,
+        user_id: &str,
+        key: &str,
+    ) -> Result<Option<Job>, StoreError> {
+        sqlx::query("SELECT * FROM scan_jobs WHERE user_id = $1 AND idempotency_key = $2")
+            .bind(user_id)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(job_from_row)
+            .transpose()
+    }
+
+    async fn mark_running(
+        &self,
+        id: &str,
+        stage: Stage,
+        new_attempt: bool,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE scan_jobs SET status = $1, stage = $2, attempts = attempts + $3, \
+             updated_at_ms = $4 WHERE id = $5 AND status IN ($6, $7)",
+        )
+        .bind(JobStatus::Running as i32)
+        .bind(stage as i32)
+        .bind(i32::from(new_attempt))
+        .bind(ms(SystemTime::now()))
+        .bind(id)
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn checkpoint(&self, id: &str, checkpoint: Checkpoint) -> Result<(), StoreError> {
+        // Only the first checkpoint of a stage is kept (`IS NULL`).
+        let (sql, bytes) = match &checkpoint {
+            Checkpoint::Classification(m) => (
+                "UPDATE scan_jobs SET classification = $1, updated_at_ms = $2 WHERE id = $3 AND classification IS NULL",
+                m.encode_to_vec(),
+            ),
+            Checkpoint::Rules(m) => (
+                "UPDATE scan_jobs SET rules = $1, updated_at_ms = $2 WHERE id = $3 AND rules IS NULL",
+                m.encode_to_vec(),
+            ),
+            Checkpoint::Answer(m) => (
+                "UPDATE scan_jobs SET answer = $1, updated_at_ms = $2 WHERE id = $3 AND answer IS NULL",
+                m.encode_to_vec(),
+            ),
+            Checkpoint::Reward(m) => (
+                "UPDATE scan_jobs SET reward = $1, updated_at_ms = $2 WHERE id = $3 AND reward IS NULL",
+                m.encode_to_vec(),
+            ),
+        };
+        sqlx::query(sql)
+            .bind(bytes)
+            .bind(ms(SystemTime::now()))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        status: JobStatus,
+        error: Option<ErrorInfo>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE scan_jobs SET status = $1, stage = COALESCE($2, stage), error = $3, \
+             finished_at_ms = $4, updated_at_ms = $4 WHERE id = $5 AND status IN ($6, $7)",
+        )
+        .bind(status as i32)
+        // A failed job keeps the stage it failed at.
+        .bind((status == JobStatus::Succeeded).then_some(Stage::Done as i32))
+        .bind(error.map(|e| e.encode_to_vec()))
+        .bind(ms(SystemTime::now()))
+        .bind(id)
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn unfinished(
+        &self,
+        created_before: SystemTime,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError> {
+        sqlx::query(
+            "SELECT * FROM scan_jobs WHERE status IN (1, 2) AND created_at_ms < $1 \
+             ORDER BY created_at_ms DESC LIMIT $2",
+        )
+        .bind(ms(created_before))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_from_row)
+        .collect()
+    }
+}

@@ -1,0 +1,79 @@
+//! The sweeper: puts back on the queue every job whose row is not terminal but whose queue
+//! entry is gone (Redis restarted without persistence, the embedded queue lived in a process
+//! that stopped, or a crash fell between inserting the row and enqueueing). The row is the
+//! truth; the queue is only how workers find work.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Stores, error::StoreError, store::QueueEntry};
+
+/// Rows read per page, and pages per pass (the rest waits for the next pass).
+const PAGE: u32 = 1000;
+const MAX_PAGES: usize = 10;
+
+/// One pass: re-enqueues unfinished jobs older than `grace` that have no queue entry. Returns
+/// how many were re-enqueued.
+pub async fn sweep_once(stores: &Stores, grace: Duration) -> Result<usize, StoreError> {
+    let mut before = SystemTime::now()
+        .checked_sub(grace)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut requeued = 0;
+    for _ in 0..MAX_PAGES {
+        let jobs = stores.jobs.unfinished(before, PAGE).await?;
+        let Some(oldest) = jobs.iter().map(|j| j.created_at).min() else {
+            break;
+        };
+        let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+        let present = stores.queue.queued(&ids).await?;
+        for job in jobs.iter().filter(|j| !present.contains(&j.id)) {
+            // It may have finished (and left the queue) since the page was read.
+            match stores.jobs.get(&job.id).await? {
+                Some(row) if !row.is_terminal() => {}
+                _ => continue,
+            }
+            stores
+                .queue
+                .enqueue(QueueEntry {
+                    job_id: job.id.clone(),
+                    carrier: job.trace_carrier.clone(),
+                    deliveries: 0,
+                    enqueued_at: SystemTime::now(),
+                })
+                .await?;
+            tracing::warn!(job.id = %job.id, "re-enqueued an unfinished job whose queue entry was gone");
+            requeued += 1;
+        }
+        if jobs.len() < PAGE as usize {
+            break;
+        }
+        before = oldest;
+    }
+    Ok(requeued)
+}
+
+/// Runs [`sweep_once`] every `interval` until `shutdown`.
+pub fn spawn(
+    stores: Stores,
+    interval: Duration,
+    grace: Duration,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            match sweep_once(&stores, grace).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(requeued = n, "sweeper re-enqueued jobs"),
+                Err(e) => tracing::warn!(error = %e, "sweeper pass failed"),
+            }
+        }
+    })
+}

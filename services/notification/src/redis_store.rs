@@ -1,0 +1,379 @@
+//! The production scheduler and fan-out on Redis.
+//!
+//! - [`RedisScheduler`]: one sorted set of due notifications scored by due time
+//!   (`<prefix>{notif}:due`) and one of claimed ones scored by lease deadline
+//!   (`<prefix>{notif}:inflight`). One Lua script first returns expired claims to the due set,
+//!   then moves up to `max` due members into the in-flight set, atomically: every replica can
+//!   claim, none gets a member another holds under a live lease, and a claim that is never
+//!   acknowledged comes back (at-least-once; the SQL row guards against delivering twice). The
+//!   `{notif}` hash tag keeps both keys in one Redis Cluster slot.
+//! - [`RedisFanout`]: a delivered notification is published once on `<prefix>notif:delivered`;
+//!   each process holds ONE subscription to that channel and hands what arrives to its in-memory
+//!   [`Hub`], so a subscriber on any replica receives it and the number of Redis connections does
+//!   not grow with the number of subscribers. Pub/Sub is at-most-once: a subscriber connected
+//!   while the subscription is down misses live messages, never the inbox.
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context;
+use ecoscan_common::CancellationToken;
+use ecoscan_proto::v1::Notification;
+use prost::Message;
+use redis::{AsyncCommands, Client, Script, aio::ConnectionManager};
+use tokio::{sync::Notify, task::JoinHandle};
+use tokio_stream::StreamExt;
+
+use crate::{hub::Hub, scheduler::Scheduler};
+
+/// Returns expired claims to the due set, then claims up to ARGV[2] members due at ARGV[1] with
+/// the lease deadline ARGV[3]. KEYS[1] = due set, KEYS[2] = in-flight set. Members move in
+/// slices so no Lua call receives more arguments than its stack allows.
+const CLAIM_SCRIPT: &str = r"
+local now, max, deadline = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local slice = 500
+
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, max)
+for i = 1, #expired, 2 * slice do
+  local add, rem = {}, {}
+  for j = i, math.min(i + 2 * slice - 1, #expired), 2 do
+    -- The lease deadline has passed, so as a due time it is due at once.
+    add[#add + 1] = expired[j + 1]
+    add[#add + 1] = expired[j]
+    rem[#rem + 1] = expired[j]
+  end
+  redis.call('ZADD', KEYS[1], unpack(add))
+  redis.call('ZREM', KEYS[2], unpack(rem))
+end
+
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, max)
+for i = 1, #ids, slice do
+  local add, rem = {}, {}
+  for j = i, math.min(i + slice - 1, #ids) do
+    add[#add + 1] = deadline
+    add[#add + 1] = ids[j]
+    rem[#rem + 1] = ids[j]
+  end
+  redis.call('ZADD', KEYS[2], unpack(add))
+  redis.call('ZREM', KEYS[1], unpack(rem))
+end
+return ids
+";
+
+/// Members per ZADD when many are added at once.
+const ADD_CHUNK: usize = 1000;
+
+/// Opens a client for `url`, failing with the URL in the message.
+fn client(url: &str) -> anyhow::Result<Client> {
+    Client::open(url).with_context(|| format!("invalid redis url {url:?}"))
+}
+
+/// Connects a multiplexed, self-reconnecting connection and checks that Redis answers.
+async fn manager(url: &str) -> anyhow::Result<ConnectionManager> {
+    let mut conn = client(url)?
+        .get_connection_manager()
+        .await
+        .with_context(|| format!("failed to connect to redis at {url}"))?;
+    let _: String = redis::cmd("PING")
+        .query_async(&mut conn)
+        .await
+        .context("redis did not answer PING")?;
+    Ok(conn)
+}
+
+/// Members of a sorted set with their scores, as `ZRANGE … WITHSCORES` returns them.
+type Scored = Vec<(String, f64)>;
+
+fn score(us: i64) -> f64 {
+    // Microseconds since the epoch stay below 2^53 until the year 2255, so the score is exact.
+    #[allow(clippy::cast_precision_loss)]
+    let s = us as f64;
+    s
+}
+
+/// [`Scheduler`] on two Redis sorted sets; see the module docs.
+pub struct RedisScheduler {
+    conn: ConnectionManager,
+    due_key: String,
+    inflight_key: String,
+    claim: Script,
+    /// Longest a wait lasts: other replicas add entries this process is not told about.
+    poll: Duration,
+    /// Wakes this process's waiter when it adds an entry itself.
+    added: Notify,
+}
+
+impl RedisScheduler {
+    /// Connects to `url`; every key starts with `prefix` (empty in production; tests and
+    /// deployments sharing one Redis use it to stay apart). A waiting delivery loop looks at
+    /// Redis at least every `poll`.
+    pub async fn connect(url: &str, prefix: &str, poll: Duration) -> anyhow::Result<Self> {
+        Ok(Self::with_connection(manager(url).await?, prefix, poll))
+    }
+
+    fn with_connection(conn: ConnectionManager, prefix: &str, poll: Duration) -> Self {
+        Self {
+            conn,
+            due_key: format!("{prefix}{{notif}}:due"),
+            inflight_key: format!("{prefix}{{notif}}:inflight"),
+            claim: Script::new(CLAIM_SCRIPT),
+            poll,
+            added: Notify::new(),
+        }
+    }
+
+    /// The keys this scheduler writes.
+    pub fn keys(&self) -> [&str; 2] {
+        [&self.due_key, &self.inflight_key]
+    }
+
+    /// Entries waiting plus entries claimed and not yet acknowledged.
+    pub async fn backlog(&self) -> anyhow::Result<u64> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZCARD")
+            .arg(&self.due_key)
+            .cmd("ZCARD")
+            .arg(&self.inflight_key);
+        let (due, inflight): (u64, u64) = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .context("failed to read the scheduled backlog from redis")?;
+        Ok(due + inflight)
+    }
+
+    /// Adds many entries at once (the reload at start), leaving any already present as they
+    /// are.
+    pub async fn add_many(&self, entries: &[(String, i64)]) -> anyhow::Result<()> {
+        for chunk in entries.chunks(ADD_CHUNK) {
+            let members: Vec<(f64, &str)> = chunk
+                .iter()
+                .map(|(id, due)| (score(*due), id.as_str()))
+                .collect();
+            let _: () = redis::cmd("ZADD")
+                .arg(&self.due_key)
+                .arg("NX")
+                .arg(&members)
+                .query_async(&mut self.conn.clone())
+                .await
+                .context("failed to add scheduled notifications to redis")?;
+        }
+        if !entries.is_empty() {
+            self.added.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The earliest due time or lease deadline, if anything is waiting.
+    async fn next_at(&self) -> anyhow::Result<Option<i64>> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZRANGE")
+            .arg(&self.due_key)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .cmd("ZRANGE")
+            .arg(&self.inflight_key)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES");
+        let (due, inflight): (Scored, Scored) = pipe.query_async(&mut self.conn.clone()).await?;
+        #[allow(clippy::cast_possible_truncation)]
+        Ok(due.into_iter().chain(inflight).map(|(_, s)| s as i64).min())
+    }
+}
+
+impl Scheduler for RedisScheduler {
+    async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()> {
+        let _: () = self
+            .conn
+            .clone()
+            .zadd(&self.due_key, id, score(due_at_us))
+            .await
+            .context("failed to schedule in redis")?;
+        self.added.notify_one();
+        Ok(())
+    }
+
+    async fn claim_due(
+        &self,
+        now_us: i64,
+        max: usize,
+        lease: Duration,
+    ) -> anyhow::Result<Vec<String>> {
+        let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
+        let ids: Vec<String> = self
+            .claim
+            .key(&self.due_key)
+            .key(&self.inflight_key)
+            .arg(now_us)
+            .arg(max)
+            .arg(now_us.saturating_add(lease_us))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .context("failed to claim due notifications in redis")?;
+        Ok(ids)
+    }
+
+    async fn ack(&self, id: &str) -> anyhow::Result<()> {
+        // Out of both sets: had the lease run out meanwhile, the entry went back to the due set,
+        // and it needs no second round either.
+        let _: () = redis::pipe()
+            .atomic()
+            .zrem(&self.inflight_key, id)
+            .ignore()
+            .zrem(&self.due_key, id)
+            .ignore()
+            .query_async(&mut self.conn.clone())
+            .await
+            .context("failed to acknowledge in redis")?;
+        Ok(())
+    }
+
+    async fn wait(&self, max_wait: Duration) {
+        let cap = max_wait.min(self.poll);
+        let wait = match self.next_at().await {
+            Ok(Some(at)) => {
+                let us = u64::try_from(at.saturating_sub(crate::now_us())).unwrap_or(0);
+                Duration::from_micros(us).min(cap)
+            }
+            Ok(None) => cap,
+            Err(e) => {
+                tracing::warn!(error = ?e, "failed to read the next due time from redis");
+                cap
+            }
+        };
+        if wait.is_zero() {
+            return;
+        }
+        tokio::select! {
+            () = self.added.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// The scheduler and the fan-out of one process, sharing one multiplexed connection; with the
+/// subscription that makes two Redis connections per process, however many subscribers it has.
+pub async fn open(
+    url: &str,
+    prefix: &str,
+    poll: Duration,
+    hub: Arc<Hub>,
+    stop: CancellationToken,
+) -> anyhow::Result<(RedisScheduler, RedisFanout, JoinHandle<()>)> {
+    let conn = manager(url).await?;
+    let scheduler = RedisScheduler::with_connection(conn.clone(), prefix, poll);
+    let (fanout, relay) = RedisFanout::start_with(conn, url, prefix, hub, stop).await?;
+    Ok((scheduler, fanout, relay))
+}
+
+/// Publishes delivered notifications to every replica; see the module docs.
+pub struct RedisFanout {
+    conn: ConnectionManager,
+    channel: String,
+}
+
+/// Bounds of the wait between attempts to re-establish the subscription.
+const RESUBSCRIBE_MIN: Duration = Duration::from_millis(100);
+const RESUBSCRIBE_MAX: Duration = Duration::from_secs(5);
+
+impl RedisFanout {
+    /// Connects to `url`, subscribes this process to `<prefix>notif:delivered`, and hands every
+    /// notification that arrives there to `hub` until `stop` is cancelled (re-subscribing after
+    /// a lost connection). Returns once the subscription is active, so a notification published
+    /// after it returns reaches this process's subscribers.
+    pub async fn start(
+        url: &str,
+        prefix: &str,
+        hub: Arc<Hub>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<(Self, JoinHandle<()>)> {
+        Self::start_with(manager(url).await?, url, prefix, hub, stop).await
+    }
+
+    async fn start_with(
+        conn: ConnectionManager,
+        url: &str,
+        prefix: &str,
+        hub: Arc<Hub>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<(Self, JoinHandle<()>)> {
+        let channel = format!("{prefix}notif:delivered");
+        let client = client(url)?;
+        let first = subscribe(&client, &channel)
+            .await
+            .with_context(|| format!("failed to subscribe to {channel} at {url}"))?;
+        let task = tokio::spawn(relay(client, channel.clone(), first, hub, stop));
+        Ok((Self { conn, channel }, task))
+    }
+
+    /// Sends `n` to the subscribers of every replica; returns how many processes received it.
+    pub async fn publish(&self, n: &Notification) -> anyhow::Result<usize> {
+        let receivers: usize = self
+            .conn
+            .clone()
+            .publish(&self.channel, n.encode_to_vec())
+            .await
+            .context("failed to publish the notification to redis")?;
+        Ok(receivers)
+    }
+}
+
+async fn subscribe(client: &Client, channel: &str) -> anyhow::Result<redis::aio::PubSub> {
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe(channel).await?;
+    Ok(pubsub)
+}
+
+/// The process's one subscription: forwards each message to the hub, re-subscribing with
+/// back-off whenever the connection is lost.
+async fn relay(
+    client: Client,
+    channel: String,
+    first: redis::aio::PubSub,
+    hub: Arc<Hub>,
+    stop: CancellationToken,
+) {
+    let mut pubsub = Some(first);
+    let mut backoff = RESUBSCRIBE_MIN;
+    while !stop.is_cancelled() {
+        let current = match pubsub.take() {
+            Some(p) => p,
+            None => match subscribe(&client, &channel).await {
+                Ok(p) => {
+                    tracing::info!(%channel, "redis subscription re-established");
+                    backoff = RESUBSCRIBE_MIN;
+                    p
+                }
+                Err(e) => {
+                    tracing::warn!(%channel, error = ?e, "failed to subscribe to redis, retrying");
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(RESUBSCRIBE_MAX);
+                    continue;
+                }
+            },
+        };
+        let mut messages = current.into_on_message();
+        loop {
+            let msg = tokio::select! {
+                () = stop.cancelled() => return,
+                msg = messages.next() => msg,
+            };
+            let Some(msg) = msg else {
+                tracing::warn!(%channel, "redis subscription lost");
+                break;
+            };
+            match Notification::decode(msg.get_payload_bytes()) {
+                Ok(n) => {
+                    let subscribers = hub.publish(&n);
+                    tracing::debug!(id = %n.id, subscribers, "notification relayed from redis");
+                }
+                Err(e) => {
+                    tracing::warn!(%channel, error = %e, "undecodable message on the channel")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! One conformance suite for [`Scheduler`], run against every implementation: in memory, and on
+//! Redis (a key prefix of its own on `TEST_REDIS_URL`). Each case gets two handles on one
+//! schedule: the same scheduler twice in memory, two connected replicas on Redis.
+
+mod support;
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use ecoscan_notification::scheduler::Scheduler;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn only_due_entries_are_claimed_in_due_order<S: Scheduler>(s: Arc<S>, _: Arc<S>) {
+    s.add("late".into(), 300).await.unwrap();
+    s.add("early".into(), 100).await.unwrap();
+    s.add("mid".into(), 200).await.unwrap();
+
+    assert_eq!(s.claim_due(250, 10, LEASE).await.unwrap(), ["early", "mid"]);
+    assert!(s.claim_due(250, 10, LEASE).await.unwrap().is_empty());
+    assert_eq!(s.claim_due(300, 10, LEASE).await.unwrap(), ["late"]);
+}
+
+async fn an_unacknowledged_claim_comes_back_after_its_lease<S: Scheduler>(a: Arc<S>, b: Arc<S>) {
+    a.add("acked".into(), 0).await.unwrap();
+    a.add("lost".into(), 0).await.unwrap();
+    let lease = Duration::from_micros(1_000);
+
+    let first = a.claim_due(10, 10, lease).await.unwrap();
+    a.ack("acked").await.unwrap();
+
+    assert_eq!(first, ["acked", "lost"]);
+    assert!(b.claim_due(500, 10, lease).await.unwrap().is_empty());
+    // The replica that claimed it "died": once the lease ends, another replica gets it.
+    assert_eq!(b.claim_due(1_010, 10, lease).await.unwrap(), ["lost"]);
+    b.ack("lost").await.unwrap();
+    assert!(a.claim_due(1_000_000, 10, lease).await.unwrap().is_empty());
+}
+
+async fn a_claim_takes_at_most_2000_and_the_next_one_the_rest<S: Scheduler>(a: Arc<S>, b: Arc<S>) {
+    for i in 0..2_500 {
+        a.add(format!("n{i:05}"), i).await.unwrap();
+    }
+    let lease = Duration::from_secs(10);
+    let now = 10_000;
+
+    let first = a.claim_due(now, 2_000, lease).await.unwrap();
+    let second = b.claim_due(now, 2_000, lease).await.unwrap();
+    let third = a.claim_due(now, 2_000, lease).await.unwrap();
+
+    assert_eq!(first.len(), 2_000);
+    assert_eq!(second.len(), 500);
+    assert!(third.is_empty());
+    // The earliest due go first.
+    assert_eq!(first[0], "n00000");
+    assert_eq!(first[1_999], "n01999");
+    let all: HashSet<_> = first.iter().chain(&second).cloned().collect();
+    assert_eq!(all.len(), 2_500);
+    // Nothing was acknowledged: after the lease every entry comes back, 2,000 at a time.
+    let after = now + 10_000_000;
+    let again = a.claim_due(after, 2_000, lease).await.unwrap();
+    let rest = b.claim_due(after, 2_000, lease).await.unwrap();
+    assert_eq!(again.len(), 2_000);
+    assert_eq!(rest.len(), 500);
+    let back: HashSet<_> = again.into_iter().chain(rest).collect();
+    assert_eq!(back, all);
+}
+
+async fn concurrent_claimers_never_share_an_entry<S: Scheduler>(a: Arc<S>, b: Arc<S>) {
+    for i in 0..600 {
+        a.add(format!("n{i}"), i).await.unwrap();
+    }
+
+    let claimers: Vec<_> = (0..6)
+        .map(|i| {
+            let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let got = s.claim_due(1_000, 37, LEASE).await.unwrap();
+                    if got.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(got);
+                }
+            })
+        })
+        .collect();
+    let mut total = 0;
+    let mut seen = HashSet::new();
+    for c in claimers {
+        let mine = c.await.unwrap();
+        total += mine.len();
+        seen.extend(mine);
+    }
+
+    assert_eq!(total, 600);
+    assert_eq!(seen.len(), 600);
+}
+
+async fn wait_returns_promptly_once_an_entry_is_due<S: Scheduler>(a: Arc<S>, _: Arc<S>) {
+    let due = now_us() + 50_000;
+    a.add("soon".into(), due).await.unwrap();
+
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        // Looping is what the delivery loop does: a wait may end early (a wake-up), never late.
+        loop {
+            let claimed = a.claim_due(now_us(), 10, LEASE).await.unwrap();
+            if !claimed.is_empty() {
+                return claimed;
+            }
+            a.wait(Duration::from_secs(3_600)).await;
+        }
+    })
+    .await
+    .expect("the due entry was claimed long before the hour-long wait cap");
+
+    assert_eq!(waited, ["soon"]);
+}
+
+fn now_us() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros(),
+    )
+    .unwrap()
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            use std::sync::Arc;
+            use ecoscan_notification::scheduler::MemoryScheduler;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let s = Arc::new(MemoryScheduler::new());
+                    super::$case(s.clone(), s).await;
+                }
+            )*
+        }
+        mod redis {
+            use std::{sync::Arc, time::Duration};
+            use ecoscan_notification::redis_store::RedisScheduler;
+            use crate::support::RedisPrefix;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let p = RedisPrefix::create().await;
+                    let poll = Duration::from_millis(100);
+                    let a = RedisScheduler::connect(&p.url, &p.prefix, poll).await.unwrap();
+                    let b = RedisScheduler::connect(&p.url, &p.prefix, poll).await.unwrap();
+                    super::$case(Arc::new(a), Arc::new(b)).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    only_due_entries_are_claimed_in_due_order,
+    an_unacknowledged_claim_comes_back_after_its_lease,
+    a_claim_takes_at_most_2000_and_the_next_one_the_rest,
+    concurrent_claimers_never_share_an_entry,
+    wait_returns_promptly_once_an_entry_is_due,
+);

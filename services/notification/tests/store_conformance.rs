@@ -1,0 +1,233 @@
+//! One conformance suite for [`NotificationStore`], run against every implementation: SQLite (a
+//! file in a temporary directory) and PostgreSQL (a schema of its own on `TEST_DATABASE_URL`).
+
+mod support;
+
+use ecoscan_notification::store::{CancelOutcome, NotificationRow, NotificationStore, Status};
+
+fn row(
+    id: &str,
+    user: &str,
+    dedupe: Option<&str>,
+    status: Status,
+    created: i64,
+) -> NotificationRow {
+    NotificationRow {
+        id: id.into(),
+        user_id: user.into(),
+        kind: "reminder".into(),
+        title: "분리배출 하는 날".into(),
+        body: "body".into(),
+        job_id: "job-1".into(),
+        dedupe_key: dedupe.map(Into::into),
+        status,
+        due_at_us: (status == Status::Scheduled).then_some(created + 1_000),
+        created_at_us: created,
+        delivered_at_us: (status == Status::Delivered).then_some(created),
+    }
+}
+
+async fn a_repeated_dedupe_key_returns_the_first_row<S: NotificationStore>(s: S) {
+    let first = row("n1", "u", Some("k"), Status::Delivered, 10);
+
+    let (stored, inserted) = s.insert(first.clone()).await.unwrap();
+    let (again, again_inserted) = s
+        .insert(row("n2", "u", Some("k"), Status::Delivered, 20))
+        .await
+        .unwrap();
+    // The same key for another user, and no key at all twice, are all new.
+    let (_, other_user) = s
+        .insert(row("n3", "v", Some("k"), Status::Delivered, 30))
+        .await
+        .unwrap();
+    let (_, no_key_1) = s
+        .insert(row("n4", "u", None, Status::Delivered, 40))
+        .await
+        .unwrap();
+    let (_, no_key_2) = s
+        .insert(row("n5", "u", None, Status::Delivered, 50))
+        .await
+        .unwrap();
+
+    assert!(inserted && !again_inserted);
+    assert_eq!(stored, first);
+    assert_eq!(again, first);
+    assert!(other_user && no_key_1 && no_key_2);
+    let ids: Vec<_> = s
+        .list("u", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids, ["n5", "n4", "n1"]);
+}
+
+async fn a_scheduled_row_is_delivered_once_and_never_when_cancelled<S: NotificationStore>(s: S) {
+    s.insert(row("a", "u", None, Status::Scheduled, 10))
+        .await
+        .unwrap();
+    s.insert(row("b", "u", None, Status::Scheduled, 20))
+        .await
+        .unwrap();
+
+    let delivered = s.mark_delivered("a", 99).await.unwrap().unwrap();
+    let twice = s.mark_delivered("a", 100).await.unwrap();
+    let cancelled = s.cancel("b", "u").await.unwrap();
+    let after_cancel = s.mark_delivered("b", 101).await.unwrap();
+    let unknown = s.mark_delivered("nope", 102).await.unwrap();
+
+    assert_eq!(delivered.status, Status::Delivered);
+    assert_eq!(delivered.delivered_at_us, Some(99));
+    assert_eq!(twice, None);
+    assert!(matches!(cancelled, CancelOutcome::Cancelled(ref r) if r.status == Status::Cancelled));
+    assert_eq!(after_cancel, None);
+    assert_eq!(unknown, None);
+}
+
+async fn cancel_tells_every_outcome_apart<S: NotificationStore>(s: S) {
+    s.insert(row("a", "u", None, Status::Scheduled, 10))
+        .await
+        .unwrap();
+    s.insert(row("d", "u", None, Status::Delivered, 20))
+        .await
+        .unwrap();
+    s.cancel("a", "u").await.unwrap();
+
+    assert!(
+        matches!(s.cancel("a", "u").await.unwrap(), CancelOutcome::AlreadyCancelled(r) if r.id == "a")
+    );
+    assert!(
+        matches!(s.cancel("d", "u").await.unwrap(), CancelOutcome::AlreadyDelivered(r) if r.id == "d")
+    );
+    // Another user's notification is indistinguishable from an unknown one.
+    assert_eq!(
+        s.cancel("a", "someone-else").await.unwrap(),
+        CancelOutcome::NotFound
+    );
+    assert_eq!(s.cancel("zzz", "u").await.unwrap(), CancelOutcome::NotFound);
+}
+
+async fn list_is_newest_first_limited_and_pending_lists_the_scheduled<S: NotificationStore>(s: S) {
+    for i in 0..5 {
+        let status = if i % 2 == 0 {
+            Status::Scheduled
+        } else {
+            Status::Delivered
+        };
+        s.insert(row(&format!("n{i}"), "u", None, status, i))
+            .await
+            .unwrap();
+    }
+    s.insert(row("other", "v", None, Status::Scheduled, 100))
+        .await
+        .unwrap();
+    s.cancel("n4", "u").await.unwrap();
+
+    let listed: Vec<_> = s
+        .list("u", 3)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    let mut pending = s.pending().await.unwrap();
+    pending.sort();
+
+    assert_eq!(listed, ["n4", "n3", "n2"]);
+    assert_eq!(
+        pending,
+        [
+            ("n0".to_owned(), 1_000),
+            ("n2".to_owned(), 1_002),
+            ("other".to_owned(), 1_100)
+        ]
+    );
+    assert!(s.list("nobody", 10).await.unwrap().is_empty());
+}
+
+async fn concurrent_inserts_of_one_dedupe_key_store_one_row<S: NotificationStore + Clone>(s: S) {
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                s.insert(row(
+                    &format!("n{i}"),
+                    "u",
+                    Some("once"),
+                    Status::Delivered,
+                    i,
+                ))
+                .await
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap().unwrap());
+    }
+
+    assert_eq!(results.iter().filter(|(_, inserted)| *inserted).count(), 1);
+    let winner = &results.iter().find(|(_, inserted)| *inserted).unwrap().0;
+    assert!(results.iter().all(|(r, _)| r == winner));
+    assert_eq!(s.list("u", 50).await.unwrap().len(), 1);
+}
+
+async fn concurrent_deliveries_of_one_row_succeed_once<S: NotificationStore + Clone>(s: S) {
+    s.insert(row("a", "u", None, Status::Scheduled, 10))
+        .await
+        .unwrap();
+
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.mark_delivered("a", 100 + i).await })
+        })
+        .collect();
+    let mut delivered = 0;
+    for t in tasks {
+        delivered += usize::from(t.await.unwrap().unwrap().is_some());
+    }
+
+    assert_eq!(delivered, 1);
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            use ecoscan_notification::store::SqliteNotificationStore;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let dir = tempfile::TempDir::new().unwrap();
+                    let url = format!("sqlite://{}/n.db?mode=rwc", dir.path().display());
+                    let store = SqliteNotificationStore::connect(&url).await.unwrap();
+                    super::$case(store.clone()).await;
+                    store.close().await;
+                }
+            )*
+        }
+        mod postgres {
+            use ecoscan_notification::store::PgNotificationStore;
+            use crate::support::PgSchema;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let schema = PgSchema::create().await;
+                    let store = PgNotificationStore::connect(&schema.url).await.unwrap();
+                    super::$case(store.clone()).await;
+                    store.close().await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    a_repeated_dedupe_key_returns_the_first_row,
+    a_scheduled_row_is_delivered_once_and_never_when_cancelled,
+    cancel_tells_every_outcome_apart,
+    list_is_newest_first_limited_and_pending_lists_the_scheduled,
+    concurrent_inserts_of_one_dedupe_key_store_one_row,
+    concurrent_deliveries_of_one_row_succeed_once,
+);

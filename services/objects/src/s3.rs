@@ -1,0 +1,255 @@
+//! Objects in any S3-compatible endpoint, with path-style addressing (`endpoint/bucket/key`), so
+//! MinIO, moto, Ceph and AWS all work without wildcard DNS.
+
+use std::time::Duration;
+
+use crate::{ObjectError, ObjectStore, env_opt, validate_key};
+use async_trait::async_trait;
+use aws_config::{BehaviorVersion, Region, timeout::TimeoutConfig};
+use aws_sdk_s3::{
+    Client,
+    config::{Credentials, RequestChecksumCalculation, ResponseChecksumValidation},
+    error::{DisplayErrorContext, SdkError},
+    operation::{
+        create_bucket::CreateBucketError, get_object::GetObjectError, head_bucket::HeadBucketError,
+    },
+    primitives::ByteStream,
+    types::{BucketLocationConstraint, CreateBucketConfiguration},
+};
+use bytes::Bytes;
+
+/// Where the objects go. Variables read by [`S3Config::from_env`]:
+///
+/// | variable | meaning |
+/// |---|---|
+/// | `S3_ENDPOINT` | e.g. `http://127.0.0.1:9000` or `https://s3.eu-west-1.amazonaws.com` |
+/// | `S3_BUCKET` | created at start when missing |
+/// | `S3_REGION` | [`us-east-1`] |
+/// | `S3_ACCESS_KEY_ID` / `S3_SECRET_ACCESS_KEY` | static credentials; unset = the standard AWS chain (`AWS_ACCESS_KEY_ID`, profile, web identity, ECS, IMDS) |
+#[derive(Clone)]
+pub struct S3Config {
+    pub endpoint: String,
+    pub bucket: String,
+    pub region: String,
+    /// Static credentials; `None` uses the standard AWS credential chain.
+    pub credentials: Option<(String, String)>,
+    /// Prepended to every key, so services (and tests) can share a bucket.
+    pub key_prefix: String,
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secret key stays out of logs.
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("region", &self.region)
+            .field("static_credentials", &self.credentials.is_some())
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+impl S3Config {
+    /// The S3 settings, or `None` unless both `S3_ENDPOINT` and `S3_BUCKET` are set.
+    pub fn from_env(key_prefix: &str) -> anyhow::Result<Option<Self>> {
+        let (Some(endpoint), Some(bucket)) = (env_opt("S3_ENDPOINT"), env_opt("S3_BUCKET")) else {
+            return Ok(None);
+        };
+        let credentials = match (env_opt("S3_ACCESS_KEY_ID"), env_opt("S3_SECRET_ACCESS_KEY")) {
+            (Some(id), Some(secret)) => Some((id, secret)),
+            (None, None) => None,
+            _ => anyhow::bail!("set both S3_ACCESS_KEY_ID and S3_SECRET_ACCESS_KEY, or neither"),
+        };
+        Ok(Some(Self {
+            endpoint,
+            bucket,
+            region: env_opt("S3_REGION").unwrap_or_else(|| "us-east-1".into()),
+            credentials,
+            key_prefix: key_prefix.to_owned(),
+        }))
+    }
+}
+
+/// Objects in an S3 bucket.
+pub struct S3ObjectStore {
+    client: Client,
+    bucket: String,
+    key_prefix: String,
+}
+
+fn s3_err<E: std::error::Error + 'static, R: std::fmt::Debug>(e: SdkError<E, R>) -> ObjectError {
+    ObjectError::S3(DisplayErrorContext(e).to_string())
+}
+
+impl S3ObjectStore {
+    /// Builds the client, checks that the endpoint answers, and creates the bucket when missing.
+    pub async fn connect(config: S3Config) -> Result<Self, ObjectError> {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .region(Region::new(config.region.clone()))
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(3))
+                    .operation_attempt_timeout(Duration::from_secs(30))
+                    .build(),
+            );
+        if let Some((id, secret)) = &config.credentials {
+            loader = loader.credentials_provider(Credentials::new(
+                id,
+                secret,
+                None,
+                None,
+                "S3_ACCESS_KEY_ID",
+            ));
+        }
+        let shared = loader.load().await;
+        let s3_config = aws_sdk_s3::config::Builder::from(&shared)
+            .endpoint_url(&config.endpoint)
+            .force_path_style(true)
+            // Checksums only where S3 requires them: several S3-compatible servers reject the
+            // newer default trailing checksums.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .build();
+        let store = Self {
+            client: Client::from_conf(s3_config),
+            bucket: config.bucket,
+            key_prefix: config.key_prefix,
+        };
+        store.ensure_bucket(&config.region).await?;
+        Ok(store)
+    }
+
+    async fn ensure_bucket(&self, region: &str) -> Result<(), ObjectError> {
+        match self.client.head_bucket().bucket(&self.bucket).send().await {
+            Ok(_) => return Ok(()),
+            Err(SdkError::ServiceError(e)) if matches!(e.err(), HeadBucketError::NotFound(_)) => {}
+            Err(e) => return Err(s3_err(e)),
+        }
+        let mut create = self.client.create_bucket().bucket(&self.bucket);
+        // us-east-1 is the one region that refuses an explicit location constraint.
+        if region != "us-east-1" {
+            create = create.create_bucket_configuration(
+                CreateBucketConfiguration::builder()
+                    .location_constraint(BucketLocationConstraint::from(region))
+                    .build(),
+            );
+        }
+        match create.send().await {
+            Ok(_) => {
+                tracing::info!(bucket = %self.bucket, "created bucket");
+                Ok(())
+            }
+            // Another replica created it meanwhile.
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), CreateBucketError::BucketAlreadyOwnedByYou(_)) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
+    fn full_key(&self, key: &str) -> Result<String, ObjectError> {
+        validate_key(key)?;
+        Ok(format!("{}{key}", self.key_prefix))
+    }
+
+    /// Deletes every object under this store's key prefix and then the bucket itself (test
+    /// teardown; fails when other objects remain in the bucket).
+    pub async fn delete_bucket(&self) -> Result<(), ObjectError> {
+        let mut token = None;
+        loop {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&self.key_prefix)
+                .set_continuation_token(token)
+                .send()
+                .await
+                .map_err(s3_err)?;
+            for object in page.contents() {
+                if let Some(key) = object.key() {
+                    self.client
+                        .delete_object()
+                        .bucket(&self.bucket)
+                        .key(key)
+                        .send()
+                        .await
+                        .map_err(s3_err)?;
+                }
+            }
+            token = page.next_continuation_token().map(str::to_owned);
+            if token.is_none() {
+                break;
+            }
+        }
+        self.client
+            .delete_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map_err(s3_err)?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ObjectStore for S3ObjectStore {
+    #[tracing::instrument(skip_all, fields(key, bytes = body.len()))]
+    async fn put(&self, key: &str, body: Bytes) -> Result<(), ObjectError> {
+        let key = self.full_key(key)?;
+        tracing::Span::current().record("key", key.as_str());
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(s3_err)?;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(key))]
+    async fn get(&self, key: &str) -> Result<Option<Bytes>, ObjectError> {
+        let key = self.full_key(key)?;
+        tracing::Span::current().record("key", key.as_str());
+        let out = match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(SdkError::ServiceError(e)) if matches!(e.err(), GetObjectError::NoSuchKey(_)) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(s3_err(e)),
+        };
+        let body = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| ObjectError::S3(format!("reading object body: {e}")))?;
+        Ok(Some(body.into_bytes()))
+    }
+
+    #[tracing::instrument(skip_all, fields(key))]
+    async fn delete(&self, key: &str) -> Result<(), ObjectError> {
+        let key = self.full_key(key)?;
+        tracing::Span::current().record("key", key.as_str());
+        // S3 answers success for a missing key.
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(s3_err)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! One conformance suite for `ObjectStore`, run against the local directory and against S3 (moto
+//! or any S3-compatible server at `TEST_S3_ENDPOINT`, started by `infra/services.sh`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ecoscan_objects::{LocalObjectStore, ObjectStore, S3Config, S3ObjectStore};
+
+async fn object_store_conformance(objects: Arc<dyn ObjectStore>) {
+    objects
+        .put("images/ab/one", Bytes::from_static(b"\x89PNG"))
+        .await
+        .unwrap();
+    assert_eq!(
+        objects.get("images/ab/one").await.unwrap().unwrap(),
+        Bytes::from_static(b"\x89PNG")
+    );
+    objects
+        .put("images/ab/one", Bytes::from_static(b"two"))
+        .await
+        .unwrap();
+    assert_eq!(
+        objects.get("images/ab/one").await.unwrap().unwrap(),
+        Bytes::from_static(b"two"),
+        "a put replaces the object"
+    );
+    let big = Bytes::from(
+        (0..3 * 1024 * 1024)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    objects.put("bodies/big", big.clone()).await.unwrap();
+    assert_eq!(objects.get("bodies/big").await.unwrap().unwrap(), big);
+    objects.put("empty", Bytes::new()).await.unwrap();
+    assert_eq!(objects.get("empty").await.unwrap().unwrap(), Bytes::new());
+
+    assert!(objects.get("images/ab/missing").await.unwrap().is_none());
+    objects.delete("images/ab/one").await.unwrap();
+    assert!(objects.get("images/ab/one").await.unwrap().is_none());
+    objects
+        .delete("images/ab/one")
+        .await
+        .expect("deleting a missing object is not an error");
+    for bad in ["../escape", "/abs", "a//b", ""] {
+        assert!(
+            objects.put(bad, Bytes::new()).await.is_err(),
+            "key {bad:?} must be refused"
+        );
+        assert!(
+            objects.get(bad).await.is_err(),
+            "key {bad:?} must be refused"
+        );
+    }
+    objects.delete("bodies/big").await.unwrap();
+    objects.delete("empty").await.unwrap();
+}
+
+#[tokio::test]
+async fn local_object_store_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    object_store_conformance(Arc::new(LocalObjectStore::open(dir.path()).await.unwrap())).await;
+}
+
+fn s3_config(bucket: &str, key_prefix: &str) -> S3Config {
+    let endpoint =
+        std::env::var("TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9000".into());
+    S3Config {
+        endpoint,
+        bucket: bucket.into(),
+        region: "us-east-1".into(),
+        credentials: Some(("test".into(), "test".into())),
+        key_prefix: key_prefix.into(),
+    }
+}
+
+async fn connect_s3(config: S3Config) -> S3ObjectStore {
+    let endpoint = config.endpoint.clone();
+    S3ObjectStore::connect(config).await.unwrap_or_else(|e| {
+        panic!(
+            "S3 endpoint {endpoint} (TEST_S3_ENDPOINT) is unreachable: {e}; start it with infra/services.sh"
+        )
+    })
+}
+
+#[tokio::test]
+async fn s3_object_store_conforms() {
+    let bucket = format!("t-{}", uuid::Uuid::new_v4());
+    let store = Arc::new(connect_s3(s3_config(&bucket, "")).await);
+    object_store_conformance(store.clone()).await;
+    store.delete_bucket().await.unwrap();
+}
+
+#[tokio::test]
+async fn s3_object_store_keeps_prefixes_apart_and_creates_its_bucket_once() {
+    let bucket = format!("t-{}", uuid::Uuid::new_v4());
+    let a = connect_s3(s3_config(&bucket, "a/")).await;
+    // A second store on the same, now existing, bucket starts fine.
+    let b = connect_s3(s3_config(&bucket, "b/")).await;
+    a.put("k", Bytes::from_static(b"from a")).await.unwrap();
+    assert!(b.get("k").await.unwrap().is_none(), "prefixes are separate");
+    b.put("k", Bytes::from_static(b"from b")).await.unwrap();
+    assert_eq!(a.get("k").await.unwrap().unwrap(), "from a");
+    b.delete("k").await.unwrap();
+    a.delete_bucket().await.unwrap();
+}

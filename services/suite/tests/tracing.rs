@@ -1,0 +1,590 @@
+//! One trace per scan, end to end: every service runs as its own process (its own
+//! `service.name`), exports OTLP/gRPC to a receiver inside the test, and a scan through the
+//! gateway must come back as one well-formed trace spanning the gateway and all seven services.
+
+mod common;
+mod support;
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
+
+use common::{image_form, read_sse};
+use ecoscan_proto::v1::{ListCategoriesRequest, rule_service_client::RuleServiceClient};
+use support::{
+    otlp::{Receiver, Span},
+    processes::{Cluster, Service},
+};
+
+const SERVICES: [&str; 8] = [
+    "ecoscan-gateway",
+    "ecoscan-ingest",
+    "ecoscan-vision",
+    "ecoscan-rule",
+    "ecoscan-answer",
+    "ecoscan-reward",
+    "ecoscan-analytics",
+    "ecoscan-notification",
+];
+
+/// Export is batched and asynchronous: spans can arrive well after the response.
+const SPANS_DEADLINE: Duration = Duration::from_secs(30);
+
+async fn cluster_exporting_to(receiver: &Receiver) -> Cluster {
+    Cluster::builder()
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        // Export every 100 ms instead of every 5 s, so the test does not wait for nothing.
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .start()
+        .await
+}
+
+/// Runs one scan through `POST /api/v1/scan/completion` and returns its SSE events.
+async fn scan(cluster: &Cluster, traceparent: Option<&str>) -> Vec<common::Sse> {
+    let mut req = reqwest::Client::new()
+        .post(cluster.gateway_url("/api/v1/scan/completion"))
+        .header("x-user-id", "tracer")
+        .multipart(image_form("투명 페트병 pet bottle"));
+    if let Some(tp) = traceparent {
+        req = req
+            .header("traceparent", tp)
+            .header("baggage", "tenant=acme");
+    }
+    let events = read_sse(req.send().await.expect("scan request")).await;
+    assert_eq!(
+        events.last().map(|e| e.event.as_str()),
+        Some("ready"),
+        "the scan succeeds: {events:#?}"
+    );
+    events
+}
+
+/// The single trace id every SSE event of the scan carries.
+fn trace_id_of(events: &[common::Sse]) -> String {
+    let ids: HashSet<&str> = events
+        .iter()
+        .map(|e| e.data["trace_id"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "every event of one scan has one trace id: {ids:?}"
+    );
+    let id = ids.into_iter().next().unwrap().to_owned();
+    assert_eq!(id.len(), 32, "a W3C trace id: {id:?}");
+    id
+}
+
+fn in_trace<'a>(spans: &'a [Span], trace_id: &str) -> Vec<&'a Span> {
+    spans.iter().filter(|s| s.trace_id == trace_id).collect()
+}
+
+/// Whether everything a finished scan exports has arrived: a span from every service, the spans
+/// the assertions look at, and every span's parent (export is per process and batched, so a
+/// child can arrive before its parent).
+fn complete(spans: &[Span], trace_id: &str) -> bool {
+    let trace = in_trace(spans, trace_id);
+    let services: HashSet<&str> = trace.iter().map(|s| s.service.as_str()).collect();
+    let ids: HashSet<&str> = trace.iter().map(|s| s.span_id.as_str()).collect();
+    let http = trace
+        .iter()
+        .find(|s| s.service == "ecoscan-gateway" && !s.attr("http.route").is_empty());
+    SERVICES.iter().all(|s| services.contains(s))
+        && http.is_some()
+        && trace
+            .iter()
+            .filter(|s| http.is_none_or(|h| h.span_id != s.span_id))
+            .all(|s| ids.contains(s.parent_span_id.as_str()))
+        && trace
+            .iter()
+            .filter(|s| s.name.starts_with("stage "))
+            .count()
+            >= 4
+        && trace.iter().any(|s| s.name == "pipeline")
+        && trace
+            .iter()
+            .filter(|s| s.attr("gen_ai.operation.name") == "chat")
+            .count()
+            >= 2
+        && trace
+            .iter()
+            .any(|s| s.name == "ecoscan.v1.NotificationService/Notify")
+        && trace
+            .iter()
+            .any(|s| s.service == "ecoscan-analytics" && s.kind == 2)
+        && trace.iter().any(|s| !s.links.is_empty())
+}
+
+fn describe(trace: &[&Span]) -> String {
+    let mut lines: Vec<String> = trace
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {} [{}] parent={}",
+                s.service, s.name, s.span_id, s.parent_span_id
+            )
+        })
+        .collect();
+    lines.sort();
+    lines.join("\n")
+}
+
+/// Every span's ancestors up to the root, by span id.
+fn ancestors<'a>(span: &'a Span, by_id: &HashMap<&str, &'a Span>) -> Vec<&'a Span> {
+    let mut out = Vec::new();
+    let mut cur = span;
+    while let Some(parent) = by_id.get(cur.parent_span_id.as_str()) {
+        out.push(*parent);
+        cur = parent;
+        if out.len() > 64 {
+            break;
+        }
+    }
+    out
+}
+
+fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usize) {
+    let trace = in_trace(spans, trace_id);
+    let tree = describe(&trace);
+
+    // Spans from the gateway and all seven services.
+    let services: HashSet<&str> = trace.iter().map(|s| s.service.as_str()).collect();
+    for s in SERVICES {
+        assert!(
+            services.contains(s),
+            "no span from {s} in the trace:\n{tree}"
+        );
+    }
+
+    // Every span's parent is in the trace, except the root: the gateway's request span.
+    let by_id: HashMap<&str, &Span> = trace.iter().map(|s| (s.span_id.as_str(), *s)).collect();
+    let http = trace
+        .iter()
+        .find(|s| s.service == "ecoscan-gateway" && !s.attr("http.route").is_empty())
+        .unwrap_or_else(|| panic!("no gateway request span:\n{tree}"));
+    for s in &trace {
+        if s.span_id == http.span_id {
+            continue;
+        }
+        assert!(
+            by_id.contains_key(s.parent_span_id.as_str()),
+            "the parent of {} {} is not in the trace:\n{tree}",
+            s.service,
+            s.name
+        );
+    }
+
+    // The gateway's request span: route template, method, status, and one event per SSE message.
+    assert_eq!(http.attr("http.route"), "/api/v1/scan/completion");
+    assert_eq!(http.attr("http.request.method"), "POST");
+    assert_eq!(
+        http.attributes.get("http.response.status_code"),
+        Some(&serde_json::json!(200)),
+        "{http:#?}"
+    );
+    assert_eq!(http.name, "POST /api/v1/scan/completion");
+    let sent: Vec<_> = http
+        .events
+        .iter()
+        .filter(|e| e.name == "message" && e.attributes["rpc.message.type"] == "SENT")
+        .collect();
+    assert_eq!(
+        sent.len(),
+        sse_events,
+        "one span event per SSE message on the gateway span: {:#?}",
+        http.events
+    );
+
+    // The RPC span of ingest's Scan, a child of the gateway request.
+    let scan_rpc = trace
+        .iter()
+        .find(|s| s.name == "ecoscan.v1.ScanService/Scan")
+        .unwrap_or_else(|| panic!("no ScanService/Scan span:\n{tree}"));
+    assert_eq!(scan_rpc.service, "ecoscan-ingest");
+    assert_eq!(scan_rpc.kind, 2, "server span");
+    assert_eq!(scan_rpc.attr("rpc.system"), "grpc");
+    assert_eq!(scan_rpc.attr("rpc.service"), "ecoscan.v1.ScanService");
+    assert_eq!(scan_rpc.attr("rpc.method"), "Scan");
+    assert_eq!(
+        scan_rpc.attributes.get("rpc.grpc.status_code"),
+        Some(&serde_json::json!(0))
+    );
+    assert!(
+        ancestors(scan_rpc, &by_id)
+            .iter()
+            .any(|a| a.span_id == http.span_id),
+        "ScanService/Scan descends from the gateway request:\n{tree}"
+    );
+    let streamed = scan_rpc
+        .events
+        .iter()
+        .filter(|e| e.name == "message" && e.attributes["rpc.message.type"] == "SENT")
+        .count();
+    assert_eq!(
+        streamed, sse_events,
+        "one span event per streamed message on ingest's side of the stream too"
+    );
+
+    // The worker's pipeline span is a child of the request that submitted the job.
+    let pipeline = trace
+        .iter()
+        .find(|s| s.name == "pipeline")
+        .unwrap_or_else(|| panic!("no pipeline span:\n{tree}"));
+    assert!(
+        ancestors(pipeline, &by_id)
+            .iter()
+            .any(|a| a.span_id == scan_rpc.span_id),
+        "the pipeline descends from the Scan request that submitted the job:\n{tree}"
+    );
+
+    // Stage spans, in order, with job id, stage and attempt, each calling its service.
+    let mut stages: Vec<&&Span> = trace
+        .iter()
+        .filter(|s| s.name.starts_with("stage "))
+        .collect();
+    stages.sort_by_key(|s| s.start_ns);
+    let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["stage vision", "stage rule", "stage answer", "stage reward"]
+    );
+    let job_id = pipeline.attr("job.id");
+    assert!(!job_id.is_empty(), "the pipeline span names its job");
+    for (stage, service) in stages.iter().zip([
+        "ecoscan.v1.VisionService",
+        "ecoscan.v1.RuleService",
+        "ecoscan.v1.AnswerService",
+        "ecoscan.v1.RewardService",
+    ]) {
+        assert_eq!(stage.attr("job.id"), job_id);
+        assert_eq!(stage.attr("stage"), stage.name.trim_start_matches("stage "));
+        assert_eq!(stage.attributes.get("attempt"), Some(&serde_json::json!(1)));
+        assert!(
+            trace.iter().any(|s| s.attr("rpc.service") == service
+                && s.kind == 2
+                && s.parent_span_id == stage.span_id),
+            "{} calls {service} (a server span whose parent is the stage):\n{tree}",
+            stage.name
+        );
+    }
+    assert!(
+        trace.iter().any(|s| s.service == "ecoscan-notification"
+            && s.name == "ecoscan.v1.NotificationService/Notify"),
+        "the owner is notified within the trace:\n{tree}"
+    );
+
+    // Store calls of note: the job row's insert, checkpoints and finish.
+    let sql: Vec<&str> = trace
+        .iter()
+        .filter(|s| s.service == "ecoscan-ingest" && s.attr("db.system") == "sqlite")
+        .map(|s| s.attr("db.operation.name"))
+        .collect();
+    assert!(
+        sql.contains(&"INSERT") && sql.contains(&"UPDATE"),
+        "job store spans with db.system and db.operation.name: {sql:?}\n{tree}"
+    );
+
+    // Model calls with the GenAI conventions, in vision and answer.
+    let calls: Vec<&&Span> = trace
+        .iter()
+        .filter(|s| s.attr("gen_ai.operation.name") == "chat")
+        .collect();
+    let callers: HashSet<&str> = calls.iter().map(|s| s.service.as_str()).collect();
+    assert_eq!(
+        callers,
+        HashSet::from(["ecoscan-vision", "ecoscan-answer"]),
+        "one model call each in vision and answer:\n{tree}"
+    );
+    for call in &calls {
+        assert_eq!(call.kind, 3, "client span");
+        assert_eq!(call.attr("gen_ai.system"), "mock");
+        assert!(!call.attr("gen_ai.request.model").is_empty());
+        assert!(call.name.starts_with("chat "), "{}", call.name);
+        for key in ["gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"] {
+            assert!(
+                call.attributes.get(key).and_then(|v| v.as_i64()) > Some(0),
+                "{key} on {call:#?}"
+            );
+        }
+    }
+    let answer_call = calls
+        .iter()
+        .find(|s| s.service == "ecoscan-answer")
+        .expect("answer's call");
+    assert!(
+        answer_call
+            .attributes
+            .get("gen_ai.server.time_to_first_token_ms")
+            .and_then(|v| v.as_f64())
+            > Some(0.0),
+        "time to first token on the streamed call: {answer_call:#?}"
+    );
+
+    // Analytics receives each reported call in the scan's trace, and the report links the call.
+    let record = trace
+        .iter()
+        .find(|s| s.service == "ecoscan-analytics" && s.kind == 2)
+        .unwrap_or_else(|| panic!("no analytics server span:\n{tree}"));
+    assert_eq!(record.attr("rpc.service"), "ecoscan.v1.AnalyticsService");
+    let call_ids: HashSet<&str> = calls.iter().map(|s| s.span_id.as_str()).collect();
+    assert!(
+        trace.iter().any(|s| s
+            .links
+            .iter()
+            .any(|(_, span)| call_ids.contains(span.as_str()))),
+        "a report span links the model call it reports:\n{tree}"
+    );
+}
+
+#[tokio::test]
+async fn a_scan_through_the_gateway_is_one_trace_across_every_service() {
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+
+    let events = scan(&cluster, None).await;
+    let trace_id = trace_id_of(&events);
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |s| complete(s, &trace_id))
+        .await;
+
+    let trace = in_trace(&spans, &trace_id);
+    let roots: Vec<&&Span> = trace
+        .iter()
+        .filter(|s| s.parent_span_id.is_empty())
+        .collect();
+    assert_eq!(
+        roots.len(),
+        1,
+        "one root span (the gateway request):\n{}",
+        describe(&trace)
+    );
+    assert_eq!(roots[0].service, "ecoscan-gateway");
+    assert_well_formed_scan_trace(&spans, &trace_id, events.len());
+
+    // Each process exports under its own resource: name, version and a per-process instance id.
+    let mut instances = HashSet::new();
+    for s in &trace {
+        assert_eq!(s.resource["service.version"], env!("CARGO_PKG_VERSION"));
+        instances.insert(
+            s.resource["service.instance.id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+    }
+    assert_eq!(
+        instances.len(),
+        SERVICES.len(),
+        "one instance id per process"
+    );
+}
+
+#[tokio::test]
+async fn a_scan_with_a_caller_traceparent_joins_the_callers_trace() {
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+
+    let events = scan(
+        &cluster,
+        Some(&format!("00-{caller_trace}-{caller_span}-01")),
+    )
+    .await;
+    assert_eq!(
+        trace_id_of(&events),
+        caller_trace,
+        "events carry the caller's trace id"
+    );
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |s| complete(s, caller_trace))
+        .await;
+
+    let trace = in_trace(&spans, caller_trace);
+    let http = trace
+        .iter()
+        .find(|s| s.service == "ecoscan-gateway" && !s.attr("http.route").is_empty())
+        .unwrap_or_else(|| panic!("no gateway request span:\n{}", describe(&trace)));
+    assert_eq!(
+        http.parent_span_id, caller_span,
+        "the gateway request is a child of the caller's span"
+    );
+    assert_well_formed_scan_trace(&spans, caller_trace, events.len());
+}
+
+#[tokio::test]
+async fn spans_export_over_http_protobuf_when_asked() {
+    let receiver = Receiver::start_http().await;
+    let cluster = Cluster::builder()
+        .only(&[Service::Rule])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .start()
+        .await;
+
+    let mut rule = RuleServiceClient::connect(cluster.uri(Service::Rule))
+        .await
+        .expect("connect to rule");
+    rule.list_categories(ListCategoriesRequest {})
+        .await
+        .expect("list categories");
+
+    let is_call = |s: &Span| s.name == "ecoscan.v1.RuleService/ListCategories";
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |spans| spans.iter().any(is_call))
+        .await;
+    let call = spans
+        .iter()
+        .find(|s| is_call(s))
+        .unwrap_or_else(|| panic!("no span arrived over http/protobuf: {spans:#?}"));
+    assert_eq!(call.service, "ecoscan-rule");
+    assert_eq!(call.attr("rpc.method"), "ListCategories");
+}
+
+/// A stand-in model provider that fails every call with a 500 and keeps the request headers.
+async fn failing_model() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<axum::http::HeaderMap>>>,
+) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+        let kept = kept.clone();
+        async move {
+            kept.lock().expect("headers lock").push(headers);
+            (
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                r#"{"error": {"message": "the model is down"}}"#,
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the fake model");
+    let url = format!("http://{}/v1", listener.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn a_failed_model_call_marks_its_spans_as_errors_and_the_model_request_carries_the_trace() {
+    let receiver = Receiver::start().await;
+    let (model_url, model_requests) = failing_model().await;
+    let cluster = Cluster::builder()
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("LLM_PROVIDER", "openai")
+        .env("LLM_BASE_URL", &model_url)
+        .env("LLM_API_KEY", "test")
+        .env("LLM_MAX_RETRIES", "0")
+        .service_env(Service::Ingest, "INGEST_STAGE_RETRIES", "0")
+        .start()
+        .await;
+
+    let res = reqwest::Client::new()
+        .post(cluster.gateway_url("/api/v1/scan/completion"))
+        .header("x-user-id", "tracer")
+        .multipart(image_form("can"))
+        .send()
+        .await
+        .expect("scan request");
+    let events = read_sse(res).await;
+    assert_eq!(
+        events.last().map(|e| e.event.as_str()),
+        Some("error"),
+        "{events:#?}"
+    );
+    let trace_id = trace_id_of(&events);
+
+    let failed_stage = |s: &Span| s.name == "stage vision" && s.status_code == 2;
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |spans| {
+            let trace = in_trace(spans, &trace_id);
+            trace.iter().any(|s| failed_stage(s))
+                && trace
+                    .iter()
+                    .any(|s| s.attr("gen_ai.operation.name") == "chat")
+                && trace.iter().any(|s| s.service == "ecoscan-gateway")
+        })
+        .await;
+    let trace = in_trace(&spans, &trace_id);
+    let tree = describe(&trace);
+
+    let call = trace
+        .iter()
+        .find(|s| s.attr("gen_ai.operation.name") == "chat")
+        .unwrap_or_else(|| panic!("no model call span:\n{tree}"));
+    assert_eq!(
+        call.status_code, 2,
+        "the failed model call is an error: {call:#?}"
+    );
+    assert!(!call.attr("error.type").is_empty(), "{call:#?}");
+    assert_eq!(call.attr("gen_ai.system"), "openai");
+    assert!(
+        trace.iter().any(|s| failed_stage(s)),
+        "the vision stage span is an error:\n{tree}"
+    );
+    let classify = trace
+        .iter()
+        .find(|s| s.name == "ecoscan.v1.VisionService/Classify")
+        .unwrap_or_else(|| panic!("no Classify span:\n{tree}"));
+    assert_ne!(
+        classify.attributes.get("rpc.grpc.status_code"),
+        Some(&serde_json::json!(0)),
+        "{classify:#?}"
+    );
+    assert!(!classify.attr("error.type").is_empty(), "{classify:#?}");
+
+    // The model's HTTP request carried the call span's context.
+    let requests = model_requests.lock().expect("headers lock").clone();
+    assert_eq!(requests.len(), 1, "one request, no retries");
+    let traceparent = requests[0]
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .expect("the model request has a traceparent");
+    assert_eq!(
+        traceparent,
+        format!("00-{trace_id}-{}-01", call.span_id),
+        "the model request is a child of the model call span"
+    );
+}
+
+#[tokio::test]
+async fn spans_still_queued_are_flushed_when_a_service_stops() {
+    let receiver = Receiver::start().await;
+    let mut cluster = Cluster::builder()
+        .only(&[Service::Rule])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        // Far longer than the test: only the flush at shutdown can deliver the span.
+        .env("OTEL_BSP_SCHEDULE_DELAY", "600000")
+        .start()
+        .await;
+    let mut rule = RuleServiceClient::connect(cluster.uri(Service::Rule))
+        .await
+        .expect("connect to rule");
+    rule.list_categories(ListCategoriesRequest {})
+        .await
+        .expect("list categories");
+    drop(rule);
+    assert!(
+        receiver.spans().is_empty(),
+        "nothing is exported before the batch is due"
+    );
+
+    assert!(
+        cluster
+            .terminate(Service::Rule, Duration::from_secs(20))
+            .await,
+        "rule stops cleanly on SIGTERM; its log:\n{}",
+        cluster.logs(Service::Rule)
+    );
+    let spans = receiver.spans();
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name == "ecoscan.v1.RuleService/ListCategories"),
+        "the span queued at shutdown was flushed: {spans:#?}"
+    );
+}
