@@ -5,7 +5,7 @@
 mod compose;
 mod error;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::sync::Arc;
 
 use ecoscan_common::CancellationToken;
 use ecoscan_llm::{AnalyticsReporter, AnswerChunk, AnswerInput, Llm, LlmConfig, Locale};
@@ -27,13 +27,12 @@ pub const SERVICE_NAME: &str = "ecoscan.v1.AnswerService";
 /// Answer service settings.
 ///
 /// Environment variables (defaults in brackets):
-/// - `ANSWER_ADDR` — listen address [127.0.0.1:50054]
+/// - `ANSWER_ADDR` — listen address of the `ecoscan-answer` binary [127.0.0.1:50054]
 /// - `ANALYTICS_URL` — where model calls are reported [http://127.0.0.1:50056]; set it empty to
 ///   disable reporting
 /// - the `LLM_*` variables of [`ecoscan_llm::LlmConfig`]
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub addr: SocketAddr,
     pub analytics_url: Option<String>,
     pub llm: LlmConfig,
 }
@@ -41,7 +40,6 @@ pub struct Config {
 impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         Ok(Self {
-            addr: ecoscan_common::config::env_addr("ANSWER_ADDR", "127.0.0.1:50054")?,
             analytics_url: ecoscan_llm::analytics_url_from_env(),
             llm: LlmConfig::from_env()?,
         })

@@ -14,7 +14,6 @@ use tonic::{Code, Status, transport::Channel};
 
 async fn start(llm: LlmConfig) -> (Spawned, AnswerServiceClient<Channel>) {
     let config = Config {
-        addr: "127.0.0.1:0".parse().unwrap(),
         analytics_url: None,
         llm,
     };

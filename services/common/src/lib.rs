@@ -2,6 +2,7 @@
 //! telemetry setup, the gRPC serving helper (health, reflection, trace context, graceful
 //! shutdown), shared client channels, and the one table that maps gRPC codes to HTTP statuses.
 
+pub mod binary;
 pub mod client;
 pub mod codes;
 pub mod config;

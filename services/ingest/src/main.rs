@@ -1,28 +1,17 @@
-use anyhow::Context;
-use ecoscan_common::CancellationToken;
+//! The ingest service as its own process. `ecoscan-ingest migrate` applies the job store's
+//! migrations and exits.
+
+use ecoscan_common::binary::{self, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let _telemetry = ecoscan_common::telemetry::init("ingest")?;
+    let _guard = ecoscan_common::telemetry::init("ingest")?;
     let config = ecoscan_ingest::Config::from_env()?;
-    // `ecoscan-ingest migrate`: apply the job store's migrations and exit.
-    if std::env::args().nth(1).as_deref() == Some("migrate") {
+    if binary::command()? == Command::Migrate {
         ecoscan_ingest::migrate(&config).await?;
-        tracing::info!("migrations applied");
+        tracing::info!("ingest database is up to date");
         return Ok(());
     }
-    let addr = ecoscan_common::config::env_addr("INGEST_ADDR", "127.0.0.1:50051")?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("failed to bind {addr}"))?;
-    tracing::info!(%addr, "ingest listening");
-    let shutdown = CancellationToken::new();
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            ecoscan_common::shutdown::signal().await;
-            shutdown.cancel();
-        }
-    });
-    ecoscan_ingest::serve(config, listener, shutdown).await
+    let listener = binary::bind("ingest", "INGEST_ADDR", "127.0.0.1:50051").await?;
+    ecoscan_ingest::serve(config, listener, binary::shutdown_on_signal()).await
 }

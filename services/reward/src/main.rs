@@ -1,36 +1,17 @@
 //! The reward service as its own process. `ecoscan-reward migrate` applies the database
 //! migrations and exits.
 
-use anyhow::Context;
-use ecoscan_common::{CancellationToken, config::env_addr};
+use ecoscan_common::binary::{self, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _guard = ecoscan_common::telemetry::init("reward")?;
     let config = ecoscan_reward::Config::from_env()?;
-    match std::env::args().nth(1).as_deref() {
-        None | Some("serve") => {}
-        Some("migrate") => {
-            ecoscan_reward::migrate(&config).await?;
-            tracing::info!("reward database is up to date");
-            return Ok(());
-        }
-        Some(other) => {
-            anyhow::bail!("unknown command {other:?}; use `serve` (default) or `migrate`")
-        }
+    if binary::command()? == Command::Migrate {
+        ecoscan_reward::migrate(&config).await?;
+        tracing::info!("reward database is up to date");
+        return Ok(());
     }
-    let addr = env_addr("REWARD_ADDR", "127.0.0.1:50055")?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("failed to bind grpc listener on {addr}"))?;
-    tracing::info!(%addr, "reward listening");
-    let shutdown = CancellationToken::new();
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            ecoscan_common::shutdown::signal().await;
-            shutdown.cancel();
-        }
-    });
-    ecoscan_reward::serve(config, listener, shutdown).await
+    let listener = binary::bind("reward", "REWARD_ADDR", "127.0.0.1:50055").await?;
+    ecoscan_reward::serve(config, listener, binary::shutdown_on_signal()).await
 }

@@ -231,7 +231,6 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     });
 
     let vision_config = ecoscan_vision::Config {
-        addr: addrs.vision,
         rule_url: url(addrs.rule),
         analytics_url: Some(url(addrs.analytics)),
         llm: llm.clone(),
@@ -245,7 +244,6 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     });
 
     let answer_config = ecoscan_answer::Config {
-        addr: addrs.answer,
         analytics_url: Some(url(addrs.analytics)),
         llm,
     };
@@ -402,21 +400,13 @@ pub async fn serve_one(service: Service, shutdown: CancellationToken) -> anyhow:
             ecoscan_ingest::serve(ecoscan_ingest::Config::from_env()?, listener, shutdown).await
         }
         Service::Vision => {
-            let config = ecoscan_vision::Config {
-                addr: bound,
-                ..ecoscan_vision::Config::from_env()?
-            };
-            ecoscan_vision::serve(config, listener, shutdown).await
+            ecoscan_vision::serve(ecoscan_vision::Config::from_env()?, listener, shutdown).await
         }
         Service::Rule => {
             ecoscan_rule::serve(ecoscan_rule::Config::from_env()?, listener, shutdown).await
         }
         Service::Answer => {
-            let config = ecoscan_answer::Config {
-                addr: bound,
-                ..ecoscan_answer::Config::from_env()?
-            };
-            ecoscan_answer::serve(config, listener, shutdown).await
+            ecoscan_answer::serve(ecoscan_answer::Config::from_env()?, listener, shutdown).await
         }
         Service::Reward => {
             ecoscan_reward::serve(ecoscan_reward::Config::from_env()?, listener, shutdown).await

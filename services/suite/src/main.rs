@@ -4,7 +4,6 @@ use std::{net::IpAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand};
 use ecoscan::{Ports, Service, SuiteConfig};
-use ecoscan_common::CancellationToken;
 
 #[derive(Parser)]
 #[command(
@@ -78,8 +77,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let config = SuiteConfig::from_env(&args.data_dir, args.host, ports)?;
     let provider = config.llm.provider;
-    let shutdown = CancellationToken::new();
-    let running = ecoscan::start(config, shutdown.clone()).await?;
+    let running = ecoscan::start(config, ecoscan_common::binary::shutdown_on_signal()).await?;
     let a = running.addrs;
     println!(
         "\necoscan is up (model provider: {provider}; data in {data})\n\n\
@@ -106,13 +104,6 @@ async fn main() -> anyhow::Result<()> {
         analytics = a.analytics,
         notification = a.notification,
     );
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            ecoscan_common::shutdown::signal().await;
-            shutdown.cancel();
-        }
-    });
     running.wait().await
 }
 
@@ -120,13 +111,5 @@ async fn main() -> anyhow::Result<()> {
 /// (`service.name = ecoscan-<service>`), until SIGTERM or SIGINT.
 async fn serve(service: Service) -> anyhow::Result<()> {
     let _telemetry = ecoscan_common::telemetry::init(service.name())?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            ecoscan_common::shutdown::signal().await;
-            shutdown.cancel();
-        }
-    });
-    ecoscan::serve_one(service, shutdown).await
+    ecoscan::serve_one(service, ecoscan_common::binary::shutdown_on_signal()).await
 }

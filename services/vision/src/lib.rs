@@ -6,7 +6,7 @@ mod error;
 mod image;
 mod taxonomy;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ecoscan_common::CancellationToken;
@@ -28,14 +28,13 @@ pub const SERVICE_NAME: &str = "ecoscan.v1.VisionService";
 /// Vision service settings.
 ///
 /// Environment variables (defaults in brackets):
-/// - `VISION_ADDR` — listen address [127.0.0.1:50052]
+/// - `VISION_ADDR` — listen address of the `ecoscan-vision` binary [127.0.0.1:50052]
 /// - `RULE_URL` — rule service, source of the taxonomy [http://127.0.0.1:50053]
 /// - `ANALYTICS_URL` — where model calls are reported [http://127.0.0.1:50056]; set it empty to
 ///   disable reporting
 /// - the `LLM_*` variables of [`ecoscan_llm::LlmConfig`]
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub addr: SocketAddr,
     pub rule_url: String,
     pub analytics_url: Option<String>,
     pub llm: LlmConfig,
@@ -44,7 +43,6 @@ pub struct Config {
 impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         Ok(Self {
-            addr: ecoscan_common::config::env_addr("VISION_ADDR", "127.0.0.1:50052")?,
             rule_url: ecoscan_common::config::env_opt("RULE_URL")
                 .unwrap_or_else(|| "http://127.0.0.1:50053".to_owned()),
             analytics_url: ecoscan_llm::analytics_url_from_env(),

@@ -89,7 +89,6 @@ fn mock_llm() -> LlmConfig {
 
 async fn start_vision(rule_url: String, llm: LlmConfig) -> (Spawned, VisionServiceClient<Channel>) {
     let config = Config {
-        addr: "127.0.0.1:0".parse().unwrap(),
         rule_url,
         analytics_url: None,
         llm,
