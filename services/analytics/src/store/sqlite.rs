@@ -1,14 +1,11 @@
 //! The embedded [`CallStore`]: a SQLite file (or in-memory database) through sqlx.
 
-use std::{collections::HashSet, str::FromStr, time::Duration};
+use std::collections::HashSet;
 
 use anyhow::Context;
 use sqlx::{
     QueryBuilder, Row, Sqlite,
-    sqlite::{
-        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-        SqliteSynchronous,
-    },
+    sqlite::{SqlitePool, SqliteRow},
 };
 
 use super::{CallRow, CallStore, UsageSample};
@@ -29,40 +26,9 @@ impl SqliteCallStore {
     /// Opens (creating if needed) the database at `url` and applies the schema. File databases
     /// get their parent directory created, WAL journaling and a busy timeout.
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
-        let mut options = SqliteConnectOptions::from_str(url)
-            .with_context(|| format!("invalid sqlite url {url:?}"))?;
-        let mut pool = SqlitePoolOptions::new();
-        if in_memory {
-            // Every connection to an in-memory database would see its own empty database, and the
-            // database vanishes with its last connection: keep exactly one, forever.
-            pool = pool
-                .max_connections(1)
-                .min_connections(1)
-                .idle_timeout(None)
-                .max_lifetime(None);
-        } else {
-            if let Some(parent) = options.get_filename().parent()
-                && !parent.as_os_str().is_empty()
-            {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("failed to create directory {}", parent.display()))?;
-            }
-            options = options
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Normal)
-                .busy_timeout(Duration::from_secs(10));
-            pool = pool.max_connections(8);
-        }
-        let pool = pool
-            .connect_with(options)
+        let pool = ecoscan_sql::open_sqlite(url, include_str!("../../migrations/0001_init.sql"))
             .await
-            .with_context(|| format!("failed to open sqlite database {url:?}"))?;
-        sqlx::raw_sql(include_str!("../../migrations/0001_init.sql"))
-            .execute(&pool)
-            .await
-            .context("failed to apply the analytics schema")?;
+            .with_context(|| format!("failed to open the analytics database {url:?}"))?;
         Ok(Self { pool })
     }
 

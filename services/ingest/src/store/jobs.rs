@@ -3,7 +3,6 @@
 use std::{
     collections::HashMap,
     path::Path,
-    str::FromStr,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -12,10 +11,7 @@ use ecoscan_proto::v1::{
     Answer, Classification, DisposalRules, ErrorInfo, JobStatus, RewardDecision, Stage,
 };
 use prost::Message;
-use sqlx::{
-    Row, SqlitePool,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow},
-};
+use sqlx::{Row, SqlitePool, sqlite::SqliteRow};
 
 use crate::error::StoreError;
 
@@ -137,25 +133,8 @@ pub(crate) fn from_ms(v: i64) -> SystemTime {
 impl SqliteJobStore {
     /// Opens (creating when needed) the database at `url` and applies the schema.
     pub async fn open(url: &str) -> Result<Self, StoreError> {
-        let opts = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(5));
-        let memory = url.contains(":memory:") || url.contains("mode=memory");
-        if !memory {
-            let file = opts.get_filename();
-            if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
-                tokio::fs::create_dir_all(parent).await?;
-            }
-        }
-        // One connection for an in-memory database: each connection would get its own.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(if memory { 1 } else { 8 })
-            .connect_with(opts)
-            .await?;
-        sqlx::raw_sql(include_str!("../../migrations/0001_init.sql"))
-            .execute(&pool)
-            .await?;
+        let pool =
+            ecoscan_sql::open_sqlite(url, include_str!("../../migrations/0001_init.sql")).await?;
         Ok(Self { pool })
     }
 

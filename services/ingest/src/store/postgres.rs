@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use ecoscan_proto::v1::{ErrorInfo, JobStatus, Stage};
 use prost::Message;
 use sqlx::{
-    AssertSqlSafe, Connection, Row, SqlStr,
-    migrate::{Migration, MigrationType, Migrator},
+    AssertSqlSafe, Connection, Row,
+    migrate::Migrator,
     postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow},
 };
 
@@ -24,21 +24,18 @@ const MAX_CONNECTIONS: u32 = 16;
 /// Ingest's migrations, tracked in their own table so services sharing one database never
 /// mistake each other's versions for theirs.
 pub fn migrator() -> Migrator {
-    let mut m = Migrator::with_migrations(vec![Migration::new(
-        1,
-        "init".into(),
-        MigrationType::Simple,
-        SqlStr::from_static(include_str!("../../migrations/postgres/0001_init.sql")),
-        false,
-    )]);
-    m.dangerous_set_table_name("_ingest_migrations");
-    m
+    ecoscan_sql::migrator(
+        "_ingest_migrations",
+        &[(
+            1,
+            "init",
+            include_str!("../../migrations/postgres/0001_init.sql"),
+        )],
+    )
 }
 
 /// True for the URLs that select PostgreSQL.
-pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
+pub use ecoscan_sql::is_postgres as is_postgres_url;
 
 /// Jobs in PostgreSQL.
 #[derive(Clone)]

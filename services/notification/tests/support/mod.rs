@@ -1,75 +1,9 @@
-#![allow(dead_code)] // Each test binary uses its own part of these helpers.
+#![allow(dead_code, unused_imports)] // Each test binary uses its own part of these helpers.
 
-//! A private PostgreSQL schema per test on the server `TEST_DATABASE_URL` names.
+//! Test helpers: a private PostgreSQL schema per test (shared with every SQL store), and
+//! what this crate's tests need besides.
 
-use sqlx::{AssertSqlSafe, Connection, postgres::PgConnection};
-
-/// Where the tests find PostgreSQL unless `TEST_DATABASE_URL` says otherwise.
-pub const DEFAULT_TEST_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-/// A schema `t_<uuid>` that exists for one test, and a database URL whose connections use it
-/// (`search_path`). Dropped with everything in it when the value is dropped, even after a panic.
-pub struct PgSchema {
-    /// Connect here: the server's URL with the schema as `search_path`.
-    pub url: String,
-    base: String,
-    name: String,
-}
-
-impl PgSchema {
-    /// Creates the schema; panics with the way out when PostgreSQL cannot be reached, because a
-    /// skipped test would pass without testing anything.
-    pub async fn create() -> Self {
-        let base = std::env::var("TEST_DATABASE_URL")
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-            .unwrap_or_else(|| DEFAULT_TEST_DATABASE_URL.to_owned());
-        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = PgConnection::connect(&base).await.unwrap_or_else(|e| {
-            panic!(
-                "PostgreSQL is not reachable at {base} ({e}); start it with infra/services.sh \
-                 or point TEST_DATABASE_URL at a server"
-            )
-        });
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA {name}")))
-            .execute(&mut conn)
-            .await
-            .expect("create the test schema");
-        conn.close().await.ok();
-        let sep = if base.contains('?') { '&' } else { '?' };
-        Self {
-            url: format!("{base}{sep}options[search_path]={name}"),
-            base,
-            name,
-        }
-    }
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let (base, name) = (self.base.clone(), self.name.clone());
-        // Drop runs inside the test's runtime, which cannot be blocked on: use a thread of its own.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                let mut conn = PgConnection::connect(&base).await?;
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "DROP SCHEMA IF EXISTS {name} CASCADE"
-                )))
-                .execute(&mut conn)
-                .await?;
-                conn.close().await
-            })
-            .map_err(std::io::Error::other)
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("failed to drop test schema {}: {dropped:?}", self.name);
-        }
-    }
-}
+pub use ecoscan_sql::testing::PgSchema;
 
 /// Where the tests find Redis unless `TEST_REDIS_URL` says otherwise.
 pub const DEFAULT_TEST_REDIS_URL: &str = "redis://127.0.0.1:6379";

@@ -3,9 +3,9 @@
 
 use anyhow::Context;
 use sqlx::{
-    Row, SqlStr,
-    migrate::{Migration, MigrationType, Migrator},
-    postgres::{PgPool, PgPoolOptions, PgRow},
+    Row,
+    migrate::Migrator,
+    postgres::{PgPool, PgRow},
 };
 
 use super::{Grant, OwnedRow, RewardStore, StoredDecision};
@@ -16,15 +16,14 @@ const MAX_CONNECTIONS: u32 = 10;
 /// The reward schema's migrations, tracked in their own table so services sharing one database
 /// (through `DATABASE_URL`) never mistake each other's versions for theirs.
 pub fn migrator() -> Migrator {
-    let mut m = Migrator::with_migrations(vec![Migration::new(
-        1,
-        "init".into(),
-        MigrationType::Simple,
-        SqlStr::from_static(include_str!("../../migrations/postgres/0001_init.sql")),
-        false,
-    )]);
-    m.dangerous_set_table_name("_reward_migrations");
-    m
+    ecoscan_sql::migrator(
+        "_reward_migrations",
+        &[(
+            1,
+            "init",
+            include_str!("../../migrations/postgres/0001_init.sql"),
+        )],
+    )
 }
 
 /// [`RewardStore`] on PostgreSQL.
@@ -37,15 +36,9 @@ impl PgRewardStore {
     /// Connects to `url` and applies any pending migration (concurrent starts wait on the
     /// migrator's advisory lock, so one applies and the others find it done).
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
-            .connect(url)
+        let pool = ecoscan_sql::connect_postgres(url, MAX_CONNECTIONS, &migrator())
             .await
-            .context("failed to connect to postgresql")?;
-        migrator()
-            .run(&pool)
-            .await
-            .context("failed to apply the reward migrations")?;
+            .context("failed to open the reward database on postgresql")?;
         Ok(Self { pool })
     }
 
