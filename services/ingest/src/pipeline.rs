@@ -226,10 +226,14 @@ impl Ctx {
         ));
 
         // Keep the lease while the job runs; if this process dies, the lease runs out and
-        // another worker resumes the job.
+        // another worker resumes the job. A lease found lost means another worker may own the
+        // job now (this one stalled past its lease, or Redis lost the queue and the sweeper put
+        // the job back): stop, so that two workers never keep running one job.
+        let lost = CancellationToken::new();
         let heartbeat = {
             let queue = self.stores.queue.clone();
             let lease = lease.clone();
+            let lost = lost.clone();
             let every = self.config.lease / 3;
             let hold = self.config.lease;
             tokio::spawn(async move {
@@ -238,7 +242,7 @@ impl Ctx {
                     match queue.extend(&lease, hold).await {
                         Ok(true) => {}
                         Ok(false) => {
-                            tracing::warn!(job.id = %lease.entry.job_id, "lease lost");
+                            lost.cancel();
                             break;
                         }
                         Err(e) => tracing::warn!(error = %e, "failed to extend lease"),
@@ -246,20 +250,24 @@ impl Ctx {
                 }
             })
         };
-        let outcome = self
-            .run(&job_id, lease.entry.deliveries == 0)
-            .instrument(span)
-            .await;
+        let outcome = tokio::select! {
+            outcome = self.run(&job_id, lease.entry.deliveries == 0).instrument(span) => Some(outcome),
+            () = lost.cancelled() => None,
+        };
         heartbeat.abort();
         match outcome {
-            Ok(()) => {
+            Some(Ok(())) => {
                 if let Err(e) = self.stores.queue.ack(&lease).await {
                     tracing::warn!(job.id = %job_id, error = %e, "failed to acknowledge job; it will run again and find its checkpoints");
                 }
             }
             // The job is left claimed: when the lease runs out it is tried again.
-            Err(e) => {
+            Some(Err(e)) => {
                 tracing::error!(job.id = %job_id, error = %e, "storage failed while running job; it will be retried")
+            }
+            // Whoever holds the job now resumes it from its last checkpoint.
+            None => {
+                tracing::warn!(job.id = %job_id, "lease lost; leaving the job to its new owner")
             }
         }
     }
@@ -274,12 +282,19 @@ impl Ctx {
             return Ok(());
         };
         if job.is_terminal() {
-            // Finished before, but the final event may not have made it to the log.
+            // Finished before, but the final event may not have made it to the log (the
+            // process died between the row and the log).
             let events = self.stores.events.read_after(job_id, None).await?;
             if !events.iter().any(|e| e.stage == Stage::Done as i32) {
-                self.append(terminal_event_from_row(&job, &self.config))
+                self.stores
+                    .events
+                    .append_final(terminal_event_from_row(&job, &self.config))
                     .await?;
             }
+            self.stores
+                .events
+                .expire(job_id, self.config.event_ttl)
+                .await?;
             return Ok(());
         }
         self.stores
@@ -296,14 +311,6 @@ impl Ctx {
                     .finish(job_id, JobStatus::Succeeded, None)
                     .await?;
                 self.metrics.finished("succeeded");
-                self.append(terminal_event_from_row(
-                    &Job {
-                        status: JobStatus::Succeeded,
-                        ..job.clone()
-                    },
-                    &self.config,
-                ))
-                .await?;
                 tracing::info!(job.id = %job_id, "scan complete");
             }
             Err(StageFailure { stage, status }) => {
@@ -326,21 +333,22 @@ impl Ctx {
                 .await?;
                 self.stores
                     .jobs
-                    .finish(job_id, JobStatus::Failed, Some(error.clone()))
+                    .finish(job_id, JobStatus::Failed, Some(error))
                     .await?;
                 self.metrics.finished("failed");
-                let message = error.message.clone();
-                self.append(event(
-                    job_id,
-                    Stage::Done,
-                    EventStatus::Failed,
-                    1.0,
-                    &message,
-                    Some(Payload::Error(error)),
-                ))
-                .await?;
             }
         }
+        // The final event says what the row says: if another worker finished the job first,
+        // its outcome is the one that stands (`finish` keeps the first), and the log takes one
+        // final event whoever appends it.
+        let row =
+            self.stores.jobs.get(job_id).await?.ok_or_else(|| {
+                StoreError::Corrupt(format!("job {job_id} vanished while running"))
+            })?;
+        self.stores
+            .events
+            .append_final(terminal_event_from_row(&row, &self.config))
+            .await?;
         self.stores
             .events
             .expire(job_id, self.config.event_ttl)

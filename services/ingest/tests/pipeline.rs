@@ -2,7 +2,7 @@
 //! without a checkpoint, failing a job cleanly, and shedding load.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -14,7 +14,8 @@ use bytes::Bytes;
 use ecoscan_common::{client::request_as, testing::spawn};
 use ecoscan_ingest::{
     Config, Stores,
-    store::{NewJob, QueueEntry, jobs::Checkpoint},
+    error::StoreError,
+    store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
 };
 use ecoscan_proto::v1::{
     Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyEvent,
@@ -42,6 +43,8 @@ fn stream_of<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
 struct Stages {
     calls: Arc<HashMap<&'static str, AtomicUsize>>,
     vision_fails_with: Option<Code>,
+    /// How long answer thinks before it writes.
+    answer_delay: Duration,
 }
 
 impl Stages {
@@ -53,6 +56,7 @@ impl Stages {
         Self {
             calls: Arc::new(calls),
             vision_fails_with,
+            answer_delay: Duration::ZERO,
         }
     }
 
@@ -127,6 +131,7 @@ impl answer_service_server::AnswerService for Stages {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.hit("answer");
         assert!(req.get_ref().classification.is_some() && req.get_ref().rules.is_some());
+        tokio::time::sleep(self.answer_delay).await;
         let delta = |d: &str| GenerateEvent {
             event: Some(generate_event::Event::Delta(d.into())),
         };
@@ -206,7 +211,15 @@ struct Env {
 }
 
 async fn start(vision_fails_with: Option<Code>, tweak: impl FnOnce(&mut Config)) -> Env {
-    let stages = Stages::new(vision_fails_with);
+    start_with(Stages::new(vision_fails_with), tweak, |s| s).await
+}
+
+/// [`start`] with given stage services, and stores `wrap` may replace.
+async fn start_with(
+    stages: Stages,
+    tweak: impl FnOnce(&mut Config),
+    wrap: impl FnOnce(Stores) -> Stores,
+) -> Env {
     let s = stages.clone();
     let upstream = spawn(move |l, sd| async move {
         let routes =
@@ -240,7 +253,7 @@ async fn start(vision_fails_with: Option<Code>, tweak: impl FnOnce(&mut Config))
     };
     tweak(&mut config);
     // The stores the configuration selects: embedded unless a test points it at servers.
-    let stores = Stores::from_config(&config).await.unwrap();
+    let stores = wrap(Stores::from_config(&config).await.unwrap());
     let st = stores.clone();
     let ingest = spawn(move |l, sd| ecoscan_ingest::serve_with(config, st, l, sd)).await;
     let client = ScanServiceClient::new(ecoscan_common::client::channel(&ingest.uri()).unwrap());
@@ -491,6 +504,118 @@ async fn submit_sheds_load_past_the_backlog_and_stores_nothing() {
         "no image stored"
     );
     assert_eq!(env.stores.queue.backlog().await.unwrap(), 0);
+}
+
+/// A queue that takes every job's first lease away, as when its worker stalled past the lease
+/// and another worker reclaimed the job: `extend` says the lease is lost.
+struct LosesFirstLease(Arc<dyn Queue>);
+
+#[async_trait::async_trait]
+impl Queue for LosesFirstLease {
+    async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError> {
+        self.0.enqueue(entry).await
+    }
+    async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError> {
+        self.0.claim(lease, wait).await
+    }
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError> {
+        if lease.entry.deliveries == 0 {
+            return Ok(false);
+        }
+        self.0.extend(lease, by).await
+    }
+    async fn ack(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.0.ack(lease).await
+    }
+    async fn backlog(&self) -> Result<u64, StoreError> {
+        self.0.backlog().await
+    }
+    async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError> {
+        self.0.queued(job_ids).await
+    }
+}
+
+/// A worker that finds its lease lost stops: the job's new owner alone finishes it, so its log
+/// shows each stage completed once and one `done`, never two workers racing to the end.
+#[tokio::test]
+async fn a_worker_that_lost_its_lease_stops_and_leaves_the_job_to_the_new_owner() {
+    let stages = Stages {
+        answer_delay: Duration::from_millis(1200),
+        ..Stages::new(None)
+    };
+    let env = start_with(
+        stages,
+        |c| c.lease = Duration::from_millis(300),
+        |s| Stores {
+            queue: Arc::new(LosesFirstLease(s.queue.clone())),
+            ..s
+        },
+    )
+    .await;
+    let job_id = env
+        .ingest
+        .clone()
+        .submit(request_as(
+            SubmitRequest {
+                image: PNG.to_vec(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let watched = watch_all(&env, &job_id).await;
+    assert_eq!(
+        watched.last().map(|e| e.stage),
+        Some(Stage::Done as i32),
+        "{watched:#?}"
+    );
+    // Every worker that touched the job is done with it once the queue is empty.
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while env.stores.queue.backlog().await.unwrap() > 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the job was acknowledged"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A stale worker would have finished before its successor: it started the answer (which
+    // takes as long for both) 300 ms earlier, so by now everything it wrote is in the log.
+    assert_eq!(
+        env.stages.count("answer"),
+        2,
+        "the first worker was writing the answer when it lost the job"
+    );
+    let log = env.stores.events.read_after(&job_id, None).await.unwrap();
+    let count = |stage: Stage, status: EventStatus| {
+        log.iter()
+            .filter(|e| e.stage == stage as i32 && e.status == status as i32)
+            .count()
+    };
+    assert_eq!(
+        count(Stage::Answer, EventStatus::Completed),
+        1,
+        "only the new owner completed the answer: {log:#?}"
+    );
+    assert_eq!(
+        count(Stage::Done, EventStatus::Completed),
+        1,
+        "one done event: {log:#?}"
+    );
+    assert_eq!(
+        log.last().map(|e| e.stage),
+        Some(Stage::Done as i32),
+        "nothing after done: {log:#?}"
+    );
+    let row = env.stores.jobs.get(&job_id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Succeeded);
+    assert_eq!(
+        row.attempts, 2,
+        "run by the first worker, then by its successor"
+    );
 }
 
 /// The whole pipeline on the production stores (`infra/services.sh` starts them): job rows in

@@ -78,6 +78,35 @@ async fn event_log_conformance(log: Arc<dyn EventLog>) {
         "the feed carries appended events in order"
     );
 
+    // A job's log takes one final event, however many workers finish it at once.
+    let finishes = (0..4).map(|_| log.append_final(ev(&job, Stage::Done)));
+    let appended: Vec<ScanEvent> = futures::future::join_all(finishes)
+        .await
+        .into_iter()
+        .filter_map(|r| r.unwrap())
+        .collect();
+    assert_eq!(
+        appended.len(),
+        1,
+        "one final event is appended: {appended:?}"
+    );
+    assert_eq!(appended[0].seq, 6, "numbered like any event");
+    assert!(
+        log.append_final(ev(&job, Stage::Done))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let done: Vec<ScanEvent> = log
+        .read_after(&job, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.stage == Stage::Done as i32)
+        .collect();
+    assert_eq!(done.len(), 1, "one done event in the log: {done:?}");
+    assert_eq!(done[0].event_id, appended[0].event_id);
+
     log.unwatch(&job);
     log.expire(&job, Duration::ZERO).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;

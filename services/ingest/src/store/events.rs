@@ -55,6 +55,11 @@ impl FromStr for EventId {
 pub trait EventLog: Send + Sync + 'static {
     /// Appends `event` to its job's log, assigning `event_id` and `seq`; returns the stored event.
     async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError>;
+    /// Appends the job's final (`done`) event unless its log already has one, atomically:
+    /// `None` when one was there. However many workers finish the same job (a resumed job
+    /// whose first worker was only slow, a redelivery after a crash between the row and the
+    /// log), its log holds one final event.
+    async fn append_final(&self, event: ScanEvent) -> Result<Option<ScanEvent>, StoreError>;
     /// The job's events strictly after `after` (all of them when `None`), in order.
     async fn read_after(
         &self,
@@ -86,6 +91,8 @@ struct JobLog {
     events: std::collections::VecDeque<ScanEvent>,
     last_id: EventId,
     seq: u64,
+    /// Whether the final event was appended (it may have left the ring since).
+    finished: bool,
     expires_at: Option<Instant>,
 }
 
@@ -100,29 +107,23 @@ impl MemoryEventLog {
         }
     }
 
-    fn sweep(map: &mut HashMap<String, JobLog>) {
-        let now = Instant::now();
-        map.retain(|_, log| log.expires_at.is_none_or(|t| t > now));
-    }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-#[async_trait]
-impl EventLog for MemoryEventLog {
-    async fn append(&self, mut event: ScanEvent) -> Result<ScanEvent, StoreError> {
+    /// Appends `event`; when `is_final`, only if the job has no final event yet (else `None`).
+    fn push(&self, mut event: ScanEvent, is_final: bool) -> Option<ScanEvent> {
         {
             let mut map = self.inner.lock().expect("event log lock poisoned");
             let log = map.entry(event.job_id.clone()).or_insert_with(|| JobLog {
                 events: Default::default(),
                 last_id: EventId { ms: 0, n: 0 },
                 seq: 0,
+                finished: false,
                 expires_at: None,
             });
+            if is_final {
+                if log.finished {
+                    return None;
+                }
+                log.finished = true;
+            }
             let ms = now_ms().max(log.last_id.ms);
             let id = if ms == log.last_id.ms && log.seq > 0 {
                 EventId {
@@ -143,7 +144,31 @@ impl EventLog for MemoryEventLog {
         }
         // No receiver simply means no one is watching right now.
         let _ = self.feed.send(event.clone());
-        Ok(event)
+        Some(event)
+    }
+
+    fn sweep(map: &mut HashMap<String, JobLog>) {
+        let now = Instant::now();
+        map.retain(|_, log| log.expires_at.is_none_or(|t| t > now));
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[async_trait]
+impl EventLog for MemoryEventLog {
+    async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError> {
+        Ok(self
+            .push(event, false)
+            .expect("a plain append always appends"))
+    }
+
+    async fn append_final(&self, event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
+        Ok(self.push(event, true))
     }
 
     async fn read_after(

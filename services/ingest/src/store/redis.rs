@@ -7,9 +7,10 @@
 //! `XREADGROUP` (claimers take turns on it). Blocking commands never run on the shared
 //! connection, where they would stall every command queued behind them.
 //!
-//! Keys (after the configurable prefix): `scan:{<job>}:events` and `scan:{<job>}:seq` per job
-//! (hash tags keep a job's keys in one Cluster slot), `scan:dispatch` for the queue, and
-//! `scan:hub:<process>:wakeup` for waking this process's reader. The multiplexed `XREAD` names
+//! Keys (after the configurable prefix): `scan:{<job>}:events`, `scan:{<job>}:seq` and
+//! `scan:{<job>}:finished` per job (hash tags keep a job's keys in one Cluster slot),
+//! `scan:dispatch` for the queue, and `scan:hub:<process>:wakeup` for waking this process's
+//! reader. The multiplexed `XREAD` names
 //! several jobs' keys, so it needs a single Redis (or one reader per Cluster node, not built).
 
 use std::{
@@ -74,6 +75,23 @@ impl RedisConn {
         &self.name
     }
 
+    /// Names the shared connection again. It reconnects by itself after Redis restarts or
+    /// the network drops, and a new connection has no name; whoever notices such a break calls
+    /// this, so every connection of the process stays identifiable in `CLIENT LIST`.
+    async fn rename_shared(&self) {
+        // The first command after a break may still meet the dead connection (and make the
+        // manager reconnect); the next one reaches the new one.
+        for attempt in 1..=3u64 {
+            match set_name(&mut self.manager.clone(), &self.name).await {
+                Ok(()) => return,
+                Err(e) if attempt == 3 => {
+                    tracing::warn!(error = %e, "cannot name the shared redis connection")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50 * attempt)).await,
+            }
+        }
+    }
+
     /// A connection of its own for blocking commands: no response timeout (the command's BLOCK
     /// bounds it).
     async fn dedicated(&self) -> Result<MultiplexedConnection, StoreError> {
@@ -118,6 +136,15 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'seq', seq, 
 return {id, seq}
 ";
 
+/// [`APPEND`] for a job's final event: only the first one is appended (`KEYS[3]` marks the
+/// job finished), so concurrent or repeated finishes leave one `done` in the log.
+const APPEND_FINAL: &str = r"
+if not redis.call('SET', KEYS[3], '1', 'NX') then return false end
+local seq = redis.call('INCR', KEYS[2])
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'seq', seq, 'ev', ARGV[2])
+return {id, seq}
+";
+
 /// Event log on Redis Streams: `XADD MAXLEN ~`, ids are the stream ids, a TTL once the job has
 /// ended, and one blocking reader per process over every watched job.
 pub struct RedisEventLog {
@@ -125,6 +152,7 @@ pub struct RedisEventLog {
     prefix: String,
     max_len: usize,
     append: Script,
+    append_final: Script,
     watched: Arc<Watched>,
     feed: broadcast::Sender<ScanEvent>,
     stop: CancellationToken,
@@ -162,6 +190,7 @@ impl RedisEventLog {
             prefix: prefix.to_owned(),
             max_len: max_len.max(1),
             append: Script::new(APPEND),
+            append_final: Script::new(APPEND_FINAL),
             watched: watched.clone(),
             feed: feed.clone(),
             stop: stop.clone(),
@@ -189,6 +218,11 @@ fn events_key(prefix: &str, job_id: &str) -> String {
 
 fn seq_key(prefix: &str, job_id: &str) -> String {
     format!("{prefix}scan:{{{job_id}}}:seq")
+}
+
+/// Set once the job's final event is in its log.
+fn finished_key(prefix: &str, job_id: &str) -> String {
+    format!("{prefix}scan:{{{job_id}}}:finished")
 }
 
 impl Drop for RedisEventLog {
@@ -233,6 +267,26 @@ impl EventLog for RedisEventLog {
         event.event_id = id;
         event.seq = seq;
         Ok(event)
+    }
+
+    async fn append_final(&self, mut event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
+        let job_id = event.job_id.clone();
+        event.event_id.clear();
+        event.seq = 0;
+        let appended: Option<(String, u64)> = self
+            .append_final
+            .key(self.events_key(&job_id))
+            .key(seq_key(&self.prefix, &job_id))
+            .key(finished_key(&self.prefix, &job_id))
+            .arg(self.max_len)
+            .arg(event.encode_to_vec())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(appended.map(|(id, seq)| {
+            event.event_id = id;
+            event.seq = seq;
+            event
+        }))
     }
 
     async fn read_after(
@@ -338,6 +392,10 @@ impl EventLog for RedisEventLog {
             .arg(seq_key(&self.prefix, job_id))
             .arg(ttl_ms)
             .ignore()
+            .cmd("PEXPIRE")
+            .arg(finished_key(&self.prefix, job_id))
+            .arg(ttl_ms)
+            .ignore()
             .query_async::<()>(&mut self.conn.clone())
             .await?;
         Ok(())
@@ -370,7 +428,11 @@ impl Reader {
                         () = tokio::time::sleep(backoff) => {}
                     }
                     match self.redis.dedicated().await {
-                        Ok(conn) => self.conn = conn,
+                        Ok(conn) => {
+                            self.conn = conn;
+                            // Whatever broke this connection broke the shared one too.
+                            self.redis.rename_shared().await;
+                        }
                         Err(e) => tracing::warn!(error = %e, "event log reader cannot reconnect"),
                     }
                 }

@@ -1,5 +1,6 @@
-//! Test support shared by the suite's integration tests: services as OS processes, and an
-//! OTLP receiver.
+//! Test support shared by the suite's integration tests: services as OS processes, an OTLP
+//! receiver, and the production stores (a schema, prefix and bucket per test; a private Redis).
 
 pub mod otlp;
 pub mod processes;
+pub mod stores;

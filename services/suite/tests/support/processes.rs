@@ -27,7 +27,7 @@ use std::{
 
 pub use ecoscan::Service;
 
-/// How long a service may take to start listening.
+/// How long a service may take to start serving.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The `ecoscan` binary, built by Cargo for this package's tests.
@@ -74,7 +74,7 @@ impl ClusterBuilder {
         self
     }
 
-    /// Starts every service, dependencies first, and waits until each listens.
+    /// Starts every service, dependencies first, and waits until each serves.
     pub async fn start(self) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut cluster = Cluster {
@@ -306,6 +306,36 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        // Listening is not serving: a service binds first, then opens its stores (a database
+        // migration, a Redis connection) and only then answers. Every service and the gateway
+        // serve `GET /metrics` on their port once they do.
+        let http = reqwest::Client::new();
+        let metrics = format!("http://{addr}/metrics");
+        loop {
+            let answered = http
+                .get(&metrics)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if answered {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "`ecoscan serve {name}` exited with {status} before serving; its log:\n{}",
+                    self.logs(service)
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "`ecoscan serve {name}` did not serve within {START_TIMEOUT:?}; its log:\n{}",
+                    self.logs(service)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         self.procs.insert(service, child);
         self.addrs.insert(service, addr);
     }

@@ -1,0 +1,391 @@
+//! The production stores for tests that run the services as processes: a Redis key prefix, a
+//! PostgreSQL schema and an S3 bucket of the test's own on the servers `infra/services.sh`
+//! starts (`TEST_REDIS_URL`, `TEST_DATABASE_URL`, `TEST_S3_ENDPOINT`), and a private
+//! `redis-server` for tests that must kill Redis or count its clients without disturbing the
+//! shared one. Everything is removed when the values are dropped, even after a panic.
+//!
+//! ```ignore
+//! let stores = TestStores::create(None).await;                 // shared Redis, own prefix
+//! let cluster = stores.configure(Cluster::builder()).start().await;
+//! let pg = stores.pg().await;                                   // query the services' tables
+//! ```
+
+#![allow(dead_code)]
+
+use std::{
+    net::TcpListener,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use sqlx::{AssertSqlSafe, Connection, PgPool, postgres::PgPoolOptions};
+
+use super::processes::ClusterBuilder;
+
+const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const DEFAULT_S3_ENDPOINT: &str = "http://127.0.0.1:9000";
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// A Redis prefix, a PostgreSQL schema and an S3 bucket that belong to one test.
+pub struct TestStores {
+    /// The Redis every service of the test uses.
+    pub redis_url: String,
+    /// Prefix of every Redis key (ingest and notification).
+    pub prefix: String,
+    /// The database URL with the test's schema as `search_path`.
+    pub database_url: String,
+    pub schema: String,
+    pub s3_endpoint: String,
+    pub bucket: String,
+    base_database_url: String,
+}
+
+impl TestStores {
+    /// Creates the schema (the bucket is created by the services at start). `redis_url`
+    /// overrides `TEST_REDIS_URL` (a private server). Panics, saying how to start them, when
+    /// PostgreSQL or S3 is unreachable: a skipped test would pass without testing anything.
+    pub async fn create(redis_url: Option<String>) -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let redis_url = redis_url.unwrap_or_else(|| env_or("TEST_REDIS_URL", DEFAULT_REDIS_URL));
+        let base = env_or("TEST_DATABASE_URL", DEFAULT_DATABASE_URL);
+        let s3_endpoint = env_or("TEST_S3_ENDPOINT", DEFAULT_S3_ENDPOINT);
+        let schema = format!("t_{id}");
+
+        let mut conn = sqlx::PgConnection::connect(&base)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "PostgreSQL is not reachable at {base} ({e}); start it with infra/services.sh \
+                 or point TEST_DATABASE_URL at a server"
+                )
+            });
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&mut conn)
+            .await
+            .expect("create the test schema");
+        conn.close().await.ok();
+
+        let mut redis = redis_connection(&redis_url).await;
+        redis::cmd("PING")
+            .query_async::<String>(&mut redis)
+            .await
+            .unwrap_or_else(|e| panic!("Redis at {redis_url} does not answer PING: {e}"));
+
+        let probe = reqwest::Client::new()
+            .get(&s3_endpoint)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        assert!(
+            probe.is_ok(),
+            "the S3 endpoint {s3_endpoint} is not reachable ({probe:?}); start it with \
+             infra/services.sh or point TEST_S3_ENDPOINT at one"
+        );
+
+        let sep = if base.contains('?') { '&' } else { '?' };
+        Self {
+            redis_url,
+            prefix: format!("t:{id}:"),
+            database_url: format!("{base}{sep}options[search_path]={schema}"),
+            schema,
+            s3_endpoint,
+            bucket: format!("t-{id}"),
+            base_database_url: base,
+        }
+    }
+
+    /// Points every service of `builder` at these stores: Redis (ingest, notification),
+    /// PostgreSQL (ingest, reward, analytics, notification) and S3 (ingest's images, analytics'
+    /// bodies).
+    pub fn configure(&self, builder: ClusterBuilder) -> ClusterBuilder {
+        builder
+            .env("REDIS_URL", &self.redis_url)
+            .env("INGEST_REDIS_PREFIX", &self.prefix)
+            .env("NOTIFICATION_REDIS_PREFIX", &self.prefix)
+            .env("INGEST_DATABASE_URL", &self.database_url)
+            .env("REWARD_DATABASE_URL", &self.database_url)
+            .env("ANALYTICS_DATABASE_URL", &self.database_url)
+            .env("NOTIFICATION_DATABASE_URL", &self.database_url)
+            .env("S3_ENDPOINT", &self.s3_endpoint)
+            .env("S3_BUCKET", &self.bucket)
+            .env("S3_ACCESS_KEY_ID", "test")
+            .env("S3_SECRET_ACCESS_KEY", "test")
+    }
+
+    /// A pool on the test's schema, to read what the services stored.
+    pub async fn pg(&self) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&self.database_url)
+            .await
+            .expect("connect to the test schema")
+    }
+
+    /// A connection to the test's Redis.
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis_connection(&self.redis_url).await
+    }
+}
+
+async fn redis_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap_or_else(|e| panic!("bad Redis URL {url}: {e}"))
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "Redis is not reachable at {url} ({e}); start it with infra/services.sh or \
+                 point TEST_REDIS_URL at a server"
+            )
+        })
+}
+
+impl Drop for TestStores {
+    fn drop(&mut self) {
+        let redis_url = self.redis_url.clone();
+        let prefix = self.prefix.clone();
+        let base = self.base_database_url.clone();
+        let schema = self.schema.clone();
+        let s3 = ecoscan_objects::S3Config {
+            endpoint: self.s3_endpoint.clone(),
+            bucket: self.bucket.clone(),
+            region: "us-east-1".into(),
+            credentials: Some(("test".into(), "test".into())),
+            key_prefix: String::new(),
+        };
+        // Drop runs inside the test's runtime, which cannot be blocked on: use a thread of its own.
+        let cleaned = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let mut problems = Vec::new();
+                if let Err(e) = delete_redis_keys(&redis_url, &prefix).await {
+                    problems.push(format!("redis keys {prefix}*: {e}"));
+                }
+                let dropped = async {
+                    let mut conn = sqlx::PgConnection::connect(&base).await?;
+                    sqlx::raw_sql(AssertSqlSafe(format!(
+                        "DROP SCHEMA IF EXISTS {schema} CASCADE"
+                    )))
+                    .execute(&mut conn)
+                    .await?;
+                    conn.close().await
+                };
+                if let Err(e) = dropped.await {
+                    problems.push(format!("schema {schema}: {e}"));
+                }
+                // The services create the bucket at start; a test that failed before may not have.
+                let bucket = s3.bucket.clone();
+                match ecoscan_objects::S3ObjectStore::connect(s3).await {
+                    Ok(store) => {
+                        if let Err(e) = store.delete_bucket().await {
+                            problems.push(format!("bucket {bucket}: {e}"));
+                        }
+                    }
+                    Err(e) => problems.push(format!("bucket {bucket}: {e}")),
+                }
+                if problems.is_empty() {
+                    Ok(())
+                } else {
+                    Err(problems.join("; "))
+                }
+            })
+        })
+        .join();
+        match cleaned {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("test stores were not all removed: {e}"),
+            Err(_) => eprintln!("test store cleanup panicked"),
+        }
+    }
+}
+
+/// The name of every client connected to the server `conn` talks to (`""` when unnamed),
+/// except `conn` itself, by `CLIENT LIST`.
+pub async fn client_names(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(conn)
+        .await
+        .expect("CLIENT ID");
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .expect("CLIENT LIST");
+    let me = format!("id={me}");
+    list.lines()
+        .filter(|line| line.split(' ').next() != Some(me.as_str()))
+        .map(|line| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix("name="))
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Deletes every key under `prefix` (SCAN, never KEYS, on a server others use).
+async fn delete_redis_keys(url: &str, prefix: &str) -> redis::RedisResult<()> {
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// A `redis-server` of the test's own on a free loopback port, without persistence: it can be
+/// killed and restarted empty, and its `CLIENT LIST` shows only the test's clients.
+pub struct PrivateRedis {
+    port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl PrivateRedis {
+    /// Starts it; panics, saying what to install, when `redis-server` is not on `PATH`.
+    pub async fn start() -> Self {
+        // A free port: bind port 0, note the port, release it. Another process could take it
+        // before redis binds; then redis exits and we try another.
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("bind a free port")
+                .port();
+            let mut redis = Self {
+                port,
+                child: None,
+                dir: tempfile::tempdir().expect("temp dir"),
+            };
+            if redis.spawn().await {
+                return redis;
+            }
+        }
+        panic!("could not start a private redis-server on a free port (5 tries)");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// Starts the server on `self.port`; false when it exited (port taken).
+    async fn spawn(&mut self) -> bool {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("open the redis log");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone the log file"))
+            .stderr(log)
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not installed; this test runs a private Redis it can kill. \
+                 Install it (`apt-get install redis-server`, or run infra/services.sh)"
+            ),
+            Err(e) => panic!("failed to start redis-server: {e}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let client = redis::Client::open(self.url()).expect("valid URL");
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok()
+            {
+                self.child = Some(child);
+                return true;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "private redis-server did not answer within 10 s; its log:\n{}",
+                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL: the server and everything it held are gone.
+    pub fn kill(&mut self) {
+        self.stop();
+    }
+
+    /// Starts it again, empty, on the same port.
+    pub async fn start_again(&mut self) {
+        assert!(self.child.is_none(), "kill it first");
+        // The port was ours a moment ago; a restart that loses it is a test failure, not a retry.
+        assert!(
+            self.spawn().await,
+            "redis-server could not start again on port {}; its log:\n{}",
+            self.port,
+            std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        );
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
