@@ -197,10 +197,15 @@ impl S3ObjectStore {
 
 #[async_trait]
 impl ObjectStore for S3ObjectStore {
-    #[tracing::instrument(skip_all, fields(key, bytes = body.len()))]
+    #[tracing::instrument(
+        name = "s3",
+        skip_all,
+        fields(otel.name = "S3.PutObject", otel.kind = "client", rpc.system = "aws-api", rpc.service = "S3", rpc.method = "PutObject", aws.s3.bucket = %self.bucket, aws.s3.key = tracing::field::Empty, bytes = body.len()),
+        err
+    )]
     async fn put(&self, key: &str, body: Bytes) -> Result<(), ObjectError> {
         let key = self.full_key(key)?;
-        tracing::Span::current().record("key", key.as_str());
+        tracing::Span::current().record("aws.s3.key", key.as_str());
         self.client
             .put_object()
             .bucket(&self.bucket)
@@ -212,10 +217,15 @@ impl ObjectStore for S3ObjectStore {
         Ok(())
     }
 
-    #[tracing::instrument(skip_all, fields(key))]
+    #[tracing::instrument(
+        name = "s3",
+        skip_all,
+        fields(otel.name = "S3.GetObject", otel.kind = "client", rpc.system = "aws-api", rpc.service = "S3", rpc.method = "GetObject", aws.s3.bucket = %self.bucket, aws.s3.key = tracing::field::Empty),
+        err
+    )]
     async fn get(&self, key: &str) -> Result<Option<Bytes>, ObjectError> {
         let key = self.full_key(key)?;
-        tracing::Span::current().record("key", key.as_str());
+        tracing::Span::current().record("aws.s3.key", key.as_str());
         let out = match self
             .client
             .get_object()
@@ -238,10 +248,15 @@ impl ObjectStore for S3ObjectStore {
         Ok(Some(body.into_bytes()))
     }
 
-    #[tracing::instrument(skip_all, fields(key))]
+    #[tracing::instrument(
+        name = "s3",
+        skip_all,
+        fields(otel.name = "S3.DeleteObject", otel.kind = "client", rpc.system = "aws-api", rpc.service = "S3", rpc.method = "DeleteObject", aws.s3.bucket = %self.bucket, aws.s3.key = tracing::field::Empty),
+        err
+    )]
     async fn delete(&self, key: &str) -> Result<(), ObjectError> {
         let key = self.full_key(key)?;
-        tracing::Span::current().record("key", key.as_str());
+        tracing::Span::current().record("aws.s3.key", key.as_str());
         // S3 answers success for a missing key.
         self.client
             .delete_object()

@@ -63,6 +63,12 @@ fn row_to_call(r: &SqliteRow) -> Result<CallRow, sqlx::Error> {
 }
 
 impl CallStore for SqliteCallStore {
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "INSERT llm_calls", otel.kind = "client", db.system = "sqlite", db.operation.name = "INSERT", db.collection.name = "llm_calls", db.rows = rows.len() as i64),
+        err
+    )]
     async fn insert_batch(&self, rows: &[CallRow]) -> anyhow::Result<HashSet<String>> {
         let mut inserted = HashSet::with_capacity(rows.len());
         if rows.is_empty() {
@@ -113,6 +119,12 @@ impl CallStore for SqliteCallStore {
         Ok(inserted)
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT llm_calls", otel.kind = "client", db.system = "sqlite", db.operation.name = "SELECT", db.collection.name = "llm_calls"),
+        err
+    )]
     async fn get(&self, call_id: &str) -> anyhow::Result<Option<CallRow>> {
         let row = sqlx::query("SELECT * FROM llm_calls WHERE call_id = ?")
             .bind(call_id)
@@ -122,6 +134,12 @@ impl CallStore for SqliteCallStore {
         Ok(row.as_ref().map(row_to_call).transpose()?)
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT llm_calls", otel.kind = "client", db.system = "sqlite", db.operation.name = "SELECT", db.collection.name = "llm_calls"),
+        err
+    )]
     async fn usage_samples(
         &self,
         since_us: i64,

@@ -129,6 +129,12 @@ fn job_from_row(row: &PgRow) -> Result<Job, StoreError> {
 
 #[async_trait]
 impl JobStore for PgJobStore {
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "INSERT scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "INSERT", db.collection.name = "scan_jobs", job.id = %job.id),
+        err
+    )]
     async fn insert(&self, job: NewJob) -> Result<(Job, bool), StoreError> {
         let now = ms(SystemTime::now());
         let carrier = serde_json::to_string(&job.trace_carrier).unwrap_or_else(|_| "{}".into());
@@ -166,6 +172,12 @@ impl JobStore for PgJobStore {
         Ok((existing, false))
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "SELECT", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
     async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
         sqlx::query("SELECT * FROM scan_jobs WHERE id = $1")
             .bind(id)
@@ -176,6 +188,12 @@ impl JobStore for PgJobStore {
             .transpose()
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "SELECT", db.collection.name = "scan_jobs"),
+        err
+    )]
     async fn find_by_idempotency_key(
         &self,
         user_id: &str,
@@ -191,6 +209,12 @@ impl JobStore for PgJobStore {
             .transpose()
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
     async fn mark_running(
         &self,
         id: &str,
@@ -213,6 +237,12 @@ impl JobStore for PgJobStore {
         Ok(())
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.checkpoint = checkpoint.name()),
+        err
+    )]
     async fn checkpoint(&self, id: &str, checkpoint: Checkpoint) -> Result<(), StoreError> {
         // Only the first checkpoint of a stage is kept (`IS NULL`).
         let (sql, bytes) = match &checkpoint {
@@ -242,6 +272,12 @@ impl JobStore for PgJobStore {
         Ok(())
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
     async fn finish(
         &self,
         id: &str,
@@ -265,6 +301,12 @@ impl JobStore for PgJobStore {
         Ok(())
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "SELECT", db.collection.name = "scan_jobs"),
+        err
+    )]
     async fn unfinished(
         &self,
         created_before: SystemTime,

@@ -251,6 +251,12 @@ fn parse_id(id: &str) -> Result<EventId, StoreError> {
 
 #[async_trait]
 impl EventLog for RedisEventLog {
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XADD scan events", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %event.job_id),
+        err
+    )]
     async fn append(&self, mut event: ScanEvent) -> Result<ScanEvent, StoreError> {
         let job_id = event.job_id.clone();
         // The id and seq live in the stream entry itself; keep the body small.
@@ -269,6 +275,12 @@ impl EventLog for RedisEventLog {
         Ok(event)
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XADD scan events (final)", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %event.job_id),
+        err
+    )]
     async fn append_final(&self, mut event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
         let job_id = event.job_id.clone();
         event.event_id.clear();
@@ -289,6 +301,12 @@ impl EventLog for RedisEventLog {
         }))
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XRANGE scan events", otel.kind = "client", db.system = "redis", db.operation.name = "XRANGE", job.id = %job_id),
+        err
+    )]
     async fn read_after(
         &self,
         job_id: &str,
@@ -687,6 +705,12 @@ impl RedisQueue {
 
 #[async_trait]
 impl Queue for RedisQueue {
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XADD scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XADD", job.id = %entry.job_id),
+        err
+    )]
     async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError> {
         let carrier = serde_json::to_string(&entry.carrier).unwrap_or_else(|_| "{}".into());
         redis::cmd("XADD")
@@ -767,6 +791,12 @@ impl Queue for RedisQueue {
         Ok(extended == 1)
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XACK scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XACK", job.id = %lease.entry.job_id),
+        err
+    )]
     async fn ack(&self, lease: &Lease) -> Result<(), StoreError> {
         let (stream_id, _) = parse_lease_id(&lease.id)?;
         let acked = redis::pipe()

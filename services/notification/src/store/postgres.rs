@@ -65,6 +65,12 @@ fn from_row(r: &PgRow) -> anyhow::Result<NotificationRow> {
 }
 
 impl NotificationStore for PgNotificationStore {
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "INSERT notifications", otel.kind = "client", db.system = "postgresql", db.operation.name = "INSERT", db.collection.name = "notifications"),
+        err
+    )]
     async fn insert(&self, n: NotificationRow) -> anyhow::Result<(NotificationRow, bool)> {
         // The conflict target names the partial index (its predicate included), so only a
         // repeated dedupe key conflicts; a concurrent insert of the same key waits for the first
@@ -103,6 +109,12 @@ impl NotificationStore for PgNotificationStore {
         Ok((from_row(&row)?, false))
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "notifications"),
+        err
+    )]
     async fn mark_delivered(
         &self,
         id: &str,
@@ -123,6 +135,12 @@ impl NotificationStore for PgNotificationStore {
         row.as_ref().map(from_row).transpose()
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "notifications"),
+        err
+    )]
     async fn cancel(&self, id: &str, user_id: &str) -> anyhow::Result<CancelOutcome> {
         let row = sqlx::query(
             "UPDATE notifications SET status = 'cancelled' \
@@ -149,6 +167,12 @@ impl NotificationStore for PgNotificationStore {
         })
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT notifications", otel.kind = "client", db.system = "postgresql", db.operation.name = "SELECT", db.collection.name = "notifications"),
+        err
+    )]
     async fn list(&self, user_id: &str, limit: u32) -> anyhow::Result<Vec<NotificationRow>> {
         let rows = sqlx::query(
             "SELECT * FROM notifications WHERE user_id = $1 \

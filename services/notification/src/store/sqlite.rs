@@ -61,6 +61,12 @@ fn from_row(r: &SqliteRow) -> anyhow::Result<NotificationRow> {
 }
 
 impl NotificationStore for SqliteNotificationStore {
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "INSERT notifications", otel.kind = "client", db.system = "sqlite", db.operation.name = "INSERT", db.collection.name = "notifications"),
+        err
+    )]
     async fn insert(&self, n: NotificationRow) -> anyhow::Result<(NotificationRow, bool)> {
         let inserted = sqlx::query(
             "INSERT INTO notifications (id, user_id, kind, title, body, job_id, dedupe_key, \
@@ -97,6 +103,12 @@ impl NotificationStore for SqliteNotificationStore {
         Ok((from_row(&row)?, false))
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "notifications"),
+        err
+    )]
     async fn mark_delivered(
         &self,
         id: &str,
@@ -116,6 +128,12 @@ impl NotificationStore for SqliteNotificationStore {
         row.as_ref().map(from_row).transpose()
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "notifications"),
+        err
+    )]
     async fn cancel(&self, id: &str, user_id: &str) -> anyhow::Result<CancelOutcome> {
         let row = sqlx::query(
             "UPDATE notifications SET status = 'cancelled' \
@@ -136,6 +154,12 @@ impl NotificationStore for SqliteNotificationStore {
         })
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT notifications", otel.kind = "client", db.system = "sqlite", db.operation.name = "SELECT", db.collection.name = "notifications"),
+        err
+    )]
     async fn list(&self, user_id: &str, limit: u32) -> anyhow::Result<Vec<NotificationRow>> {
         let rows = sqlx::query(
             "SELECT * FROM notifications WHERE user_id = ? \

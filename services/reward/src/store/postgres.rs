@@ -72,6 +72,12 @@ impl RewardStore for PgRewardStore {
         Ok(row.as_ref().map(decision_from_row).transpose()?)
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "INSERT reward_decisions, owned_characters", otel.kind = "client", db.system = "postgresql", db.operation.name = "INSERT", db.collection.name = "reward_decisions", job.id = %g.job_id),
+        err
+    )]
     async fn grant(&self, g: Grant) -> anyhow::Result<StoredDecision> {
         let mut tx = self.pool.begin().await.context("failed to begin")?;
         // The decision is claimed first: a concurrent grant for the same job waits on its
@@ -130,6 +136,12 @@ impl RewardStore for PgRewardStore {
         Ok(decision)
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT owned_characters", otel.kind = "client", db.system = "postgresql", db.operation.name = "SELECT", db.collection.name = "owned_characters"),
+        err
+    )]
     async fn list_owned(&self, user_id: &str) -> anyhow::Result<Vec<OwnedRow>> {
         let rows = sqlx::query(
             "SELECT character_code, job_id, acquired_at_us FROM owned_characters \

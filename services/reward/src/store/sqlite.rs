@@ -55,6 +55,12 @@ impl RewardStore for SqliteRewardStore {
         Ok(row.as_ref().map(decision_from_row).transpose()?)
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "INSERT reward_decisions, owned_characters", otel.kind = "client", db.system = "sqlite", db.operation.name = "INSERT", db.collection.name = "reward_decisions", job.id = %g.job_id),
+        err
+    )]
     async fn grant(&self, g: Grant) -> anyhow::Result<StoredDecision> {
         let mut tx = self.pool.begin().await.context("failed to begin")?;
         // A write comes first, so the transaction holds the write lock from its first statement
@@ -100,6 +106,12 @@ impl RewardStore for SqliteRewardStore {
         Ok(decision)
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT owned_characters", otel.kind = "client", db.system = "sqlite", db.operation.name = "SELECT", db.collection.name = "owned_characters"),
+        err
+    )]
     async fn list_owned(&self, user_id: &str) -> anyhow::Result<Vec<OwnedRow>> {
         let rows = sqlx::query(
             "SELECT character_code, job_id, acquired_at_us FROM owned_characters \
