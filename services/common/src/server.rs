@@ -79,18 +79,40 @@ pub async fn serve_with_metrics(
     let rpc_metrics = RpcMetrics::register(metrics.registry(), service_names);
     let metrics = Arc::new(metrics);
     // Same port as gRPC: nothing more to bind, and scraping works with port 0 in tests.
-    let routes = Routes::from(routes.into_axum_router().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let metrics = metrics.clone();
-            async move {
-                (
-                    [(http::header::CONTENT_TYPE, CONTENT_TYPE)],
-                    metrics.render().await,
-                )
-            }
-        }),
-    ));
+    let draining = shutdown.clone();
+    let routes = Routes::from(
+        routes
+            .into_axum_router()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let metrics = metrics.clone();
+                    async move {
+                        (
+                            [(http::header::CONTENT_TYPE, CONTENT_TYPE)],
+                            metrics.render().await,
+                        )
+                    }
+                }),
+            )
+            // HTTP probes for orchestrators that do not speak gRPC health: alive while the
+            // process answers; ready until shutdown begins (the stores were opened before
+            // `serve` was called, so a server that answers has them).
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/readyz",
+                axum::routing::get(move || {
+                    let draining = draining.is_cancelled();
+                    async move {
+                        if draining {
+                            (http::StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+                        } else {
+                            (http::StatusCode::OK, "ready")
+                        }
+                    }
+                }),
+            ),
+    );
 
     Server::builder()
         // `GET /metrics` is plain HTTP/1.1 (Prometheus does not speak HTTP/2 without TLS).
@@ -158,7 +180,7 @@ fn rpc_span<B>(req: &http::Request<B>) -> Span {
     let path = req.uri().path();
     if path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.")
-        || path == "/metrics"
+        || matches!(path, "/metrics" | "/healthz" | "/readyz")
     {
         return Span::none();
     }

@@ -436,6 +436,15 @@ async fn every_service_answers_health_and_reflection() {
     ] {
         ecoscan_common::testing::assert_health_and_reflection(&format!("http://{addr}"), service)
             .await;
+        for probe in ["/healthz", "/readyz"] {
+            let res = suite
+                .http
+                .get(format!("http://{addr}{probe}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200, "{service} {probe}");
+        }
     }
     let res = suite.http.get(suite.url("/healthz")).send().await.unwrap();
     assert_eq!(res.status(), 200);
