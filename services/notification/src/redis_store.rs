@@ -28,33 +28,41 @@ use crate::{hub::Hub, scheduler::Scheduler};
 /// Returns expired claims to the due set, then claims up to ARGV[2] members due at ARGV[1] with
 /// the lease deadline ARGV[3]. KEYS[1] = due set, KEYS[2] = in-flight set. Members move in
 /// slices so no Lua call receives more arguments than its stack allows.
+///
+/// A range from `-inf` is the lowest ranks of its set, so the members it returned are removed
+/// by rank (`ZREMRANGEBYRANK 0 n-1`: one range deletion) rather than one by one by name (`ZREM`:
+/// a lookup per member); the script runs atomically, so the ranks cannot have changed.
+/// (`notification-claim` in `bench/`, 2,000 of 1M: 4.2 ms of Redis time per claim with `ZREM`,
+/// 3.3 ms with this.)
 const CLAIM_SCRIPT: &str = r"
 local now, max, deadline = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local slice = 500
 
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, max)
 for i = 1, #expired, 2 * slice do
-  local add, rem = {}, {}
+  local add = {}
   for j = i, math.min(i + 2 * slice - 1, #expired), 2 do
     -- The lease deadline has passed, so as a due time it is due at once.
     add[#add + 1] = expired[j + 1]
     add[#add + 1] = expired[j]
-    rem[#rem + 1] = expired[j]
   end
   redis.call('ZADD', KEYS[1], unpack(add))
-  redis.call('ZREM', KEYS[2], unpack(rem))
+end
+if #expired > 0 then
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #expired / 2 - 1)
 end
 
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, max)
 for i = 1, #ids, slice do
-  local add, rem = {}, {}
+  local add = {}
   for j = i, math.min(i + slice - 1, #ids) do
     add[#add + 1] = deadline
     add[#add + 1] = ids[j]
-    rem[#rem + 1] = ids[j]
   end
   redis.call('ZADD', KEYS[2], unpack(add))
-  redis.call('ZREM', KEYS[1], unpack(rem))
+end
+if #ids > 0 then
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
 end
 return ids
 ";

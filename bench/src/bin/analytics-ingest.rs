@@ -1,0 +1,423 @@
+//! `analytics-ingest`: 10 KB LLM-call events into AnalyticsService, acknowledged after commit.
+//!
+//! Runs the analytics service in this process on PostgreSQL + S3 when `DATABASE_URL`
+//! (`postgres://…`) and `S3_ENDPOINT` + `S3_BUCKET` are set, else on SQLite + a local directory,
+//! and calls it over one shared HTTP/2 channel, as vision and answer do. Two phases:
+//!
+//! 1. a fixed offered rate (default 2,000/s) of unary `Record` calls, open loop: each call's
+//!    latency is measured from when it was due to be sent, so a server that falls behind is
+//!    charged for the wait;
+//! 2. the maximum sustained rate, closed loop: `RecordStream` (streams of many calls, acked
+//!    once after commit, as the services report) and unary `Record` with many calls in flight.
+//!
+//! ```sh
+//! cargo run --release -p ecoscan-bench --bin analytics-ingest
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use clap::Parser;
+use ecoscan_bench::{
+    report::{Report, Verdict},
+    scrape,
+    stats::{Samples, fmt_opt, fmt_rate, thousands},
+    system,
+};
+use ecoscan_common::client::TracedChannel;
+use ecoscan_proto::v1::{CallStatus, LlmCall, analytics_service_client::AnalyticsServiceClient};
+use rand::Rng as _;
+use tokio::{sync::Mutex, task::JoinSet};
+
+#[derive(Parser, Debug)]
+#[command(about = "10 KB LLM-call events into AnalyticsService: latency at a fixed rate, max rate")]
+struct Args {
+    /// Offered rate of the fixed-rate phase (calls per second).
+    #[arg(long, default_value_t = 2000)]
+    rate: u32,
+    /// Length of the fixed-rate phase.
+    #[arg(long, default_value = "10s", value_parser = ecoscan_bench::parse_duration)]
+    rate_duration: Duration,
+    /// Length of each maximum-rate run.
+    #[arg(long, default_value = "10s", value_parser = ecoscan_bench::parse_duration)]
+    max_duration: Duration,
+    /// Concurrent `RecordStream` streams in the maximum-rate run.
+    #[arg(long, default_value_t = 8)]
+    streams: usize,
+    /// Calls per `RecordStream` stream.
+    #[arg(long, default_value_t = 250)]
+    stream_calls: usize,
+    /// Unary `Record` calls in flight in the maximum-rate run.
+    #[arg(long, default_value_t = 512)]
+    in_flight: usize,
+    /// Request plus response body bytes of each call.
+    #[arg(long, default_value_t = 10 * 1024)]
+    body_bytes: usize,
+}
+
+/// Pre-made bodies, so that generating 50 MB/s of text does not compete with the server.
+struct Bodies(Vec<String>);
+
+impl Bodies {
+    fn new(bytes: usize) -> Self {
+        let mut rng = rand::rng();
+        Self(
+            (0..64)
+                .map(|_| {
+                    (0..bytes)
+                        .map(|_| char::from(rng.random_range(b'a'..=b'z')))
+                        .collect()
+                })
+                .collect(),
+        )
+    }
+
+    fn call(&self, i: usize) -> LlmCall {
+        let body = &self.0[i % self.0.len()];
+        let half = body.len() / 2;
+        LlmCall {
+            call_id: uuid::Uuid::new_v4().to_string(),
+            service: "bench".to_owned(),
+            provider: "mock".to_owned(),
+            model: "mock".to_owned(),
+            operation: "answer".to_owned(),
+            input_tokens: 1200,
+            output_tokens: 300,
+            latency_ms: 8000.0,
+            ttft_ms: 2000.0,
+            status: CallStatus::Ok as i32,
+            error: String::new(),
+            request_body: body[..half].to_owned(),
+            response_body: body[half..].to_owned(),
+            job_id: uuid::Uuid::new_v4().to_string(),
+            trace_id: String::new(),
+            started_at: Some(ecoscan_proto::now()),
+        }
+    }
+}
+
+type Client = AnalyticsServiceClient<TracedChannel>;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ecoscan_bench::init_logs();
+    anyhow::ensure!(
+        args.rate > 0 && args.streams > 0 && args.stream_calls > 0 && args.in_flight > 0,
+        "rates and concurrencies must be positive"
+    );
+    let mut report = Report::new("analytics-ingest");
+    system::raise_fd_limit(8192);
+
+    let dir = tempfile::tempdir().context("failed to create a temporary data directory")?;
+    let config = ecoscan_analytics::Config {
+        database_url: format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("analytics.db").display()
+        ),
+        bodies: ecoscan_analytics::ObjectStoreConfig::Local(dir.path().join("bodies")),
+        ..ecoscan_analytics::Config::default()
+    }
+    .with_stores_from_env()?;
+    let on_s3 = matches!(config.bodies, ecoscan_analytics::ObjectStoreConfig::S3(_));
+    let on_postgres = config.database_url.starts_with("postgres");
+    let stores = format!(
+        "{} rows, bodies in {}",
+        if on_postgres { "PostgreSQL" } else { "SQLite" },
+        if on_s3 { "S3" } else { "a local directory" }
+    );
+    let batch = format!(
+        "group commit ≤ {} rows, linger {:?}, queue {}",
+        config.batch_max_rows, config.batch_linger, config.queue_capacity
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let shutdown = ecoscan_common::CancellationToken::new();
+    let server = tokio::spawn(ecoscan_analytics::serve(config, listener, shutdown.clone()));
+    let client = Client::new(ecoscan_common::client::channel(&format!("http://{addr}"))?)
+        .max_encoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
+    let bodies = Arc::new(Bodies::new(args.body_bytes));
+    wait_serving(&client, &bodies).await?;
+    eprintln!("analytics-ingest: {stores}; warming up");
+    // A short warm-up: connections, prepared statements, the first batch objects.
+    closed_loop_unary(&client, &bodies, 64, Duration::from_secs(2)).await;
+
+    eprintln!(
+        "analytics-ingest: fixed rate {}/s for {:?}",
+        args.rate, args.rate_duration
+    );
+    let fixed = fixed_rate(&client, &bodies, args.rate, args.rate_duration).await;
+    eprintln!(
+        "analytics-ingest: RecordStream, {} streams × {} calls, {:?}",
+        args.streams, args.stream_calls, args.max_duration
+    );
+    let streamed = closed_loop_streams(
+        &client,
+        &bodies,
+        args.streams,
+        args.stream_calls,
+        args.max_duration,
+    )
+    .await;
+    eprintln!(
+        "analytics-ingest: Record, {} in flight, {:?}",
+        args.in_flight, args.max_duration
+    );
+    let unary = closed_loop_unary(&client, &bodies, args.in_flight, args.max_duration).await;
+
+    let http = reqwest::Client::new();
+    let metrics = format!("http://{addr}/metrics");
+    let rows_sum = scrape(&http, &metrics, "analytics_batch_rows_sum").await;
+    let rows_count = scrape(&http, &metrics, "analytics_batch_rows_count").await;
+    let commit_sum = scrape(&http, &metrics, "analytics_commit_duration_seconds_sum").await;
+    shutdown.cancel();
+    let _ = server.await;
+
+    let mut fixed_lat = fixed.latencies;
+    let p95 = fixed_lat.percentile(95.0);
+    let fixed_rate = fixed.acked as f64 / fixed.elapsed.as_secs_f64().max(1e-9);
+    let max_rate = streamed.rate().max(unary.rate());
+    report
+        .header(
+            "settings",
+            format!(
+                "{} B bodies per call (request + response), {batch}; one HTTP/2 channel; fixed rate {}/s for {:?}; max-rate runs of {:?} each",
+                args.body_bytes, args.rate, args.rate_duration, args.max_duration
+            ),
+        )
+        .header("stores", stores.clone())
+        .row(
+            &format!("latency at {}/s offered (Record, open loop) p50 / p95 / p99", args.rate),
+            format!(
+                "{} / {} / {}",
+                fmt_opt(fixed_lat.percentile(50.0)),
+                fmt_opt(p95),
+                fmt_opt(fixed_lat.percentile(99.0))
+            ),
+            "p95 ≤ 20 ms at 2,000/s",
+            Verdict::of(p95.is_some_and(|p| p <= Duration::from_millis(20)) && args.rate >= 2000),
+        )
+        .info(
+            "achieved in the fixed-rate phase",
+            format!(
+                "{}/s ({} acked, errors: {})",
+                thousands(fixed_rate),
+                thousands(fixed.acked as f64),
+                kinds(&fixed.errors)
+            ),
+        )
+        .row(
+            "max sustained, RecordStream",
+            format!(
+                "{} ({} acked in {:.1} s, {} streams × {} calls; errors: {})",
+                fmt_rate(streamed.acked, streamed.elapsed),
+                thousands(streamed.acked as f64),
+                streamed.elapsed.as_secs_f64(),
+                args.streams,
+                args.stream_calls,
+                kinds(&streamed.errors)
+            ),
+            "≥ 5,000/s with bodies in S3",
+            if on_s3 {
+                Verdict::of(streamed.rate() >= 5000.0)
+            } else {
+                Verdict::Info
+            },
+        )
+        .row(
+            "max sustained, Record (unary)",
+            format!(
+                "{} ({} acked in {:.1} s, {} in flight; errors: {})",
+                fmt_rate(unary.acked, unary.elapsed),
+                thousands(unary.acked as f64),
+                unary.elapsed.as_secs_f64(),
+                args.in_flight,
+                kinds(&unary.errors)
+            ),
+            "≥ 5,000/s with bodies in S3",
+            if on_s3 {
+                Verdict::of(unary.rate() >= 5000.0)
+            } else {
+                Verdict::Info
+            },
+        )
+        .info(
+            "group commit over the whole run",
+            match (rows_sum, rows_count, commit_sum) {
+                (Some(rows), Some(n), Some(secs)) if n > 0.0 => format!(
+                    "{} batches, {:.0} rows per batch on average, {:.1} ms per commit (bodies object + rows)",
+                    thousands(n),
+                    rows / n,
+                    secs * 1000.0 / n
+                ),
+                _ => "not reported".to_owned(),
+            },
+        );
+    if !on_s3 {
+        report.note(format!(
+            "Bodies went to a local directory, not S3 (set S3_ENDPOINT and S3_BUCKET, and a postgres:// DATABASE_URL, for the target's configuration); best rate here {}/s.",
+            thousands(max_rate)
+        ));
+    }
+    report.print();
+    Ok(())
+}
+
+fn kinds(m: &BTreeMap<String, usize>) -> String {
+    if m.is_empty() {
+        return "none".to_owned();
+    }
+    m.iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Waits until the service records a call (its store is open), for at most 30 s.
+async fn wait_serving(client: &Client, bodies: &Bodies) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.clone().record(bodies.call(0)).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                anyhow::bail!("analytics did not start within 30 s: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Run {
+    acked: usize,
+    errors: BTreeMap<String, usize>,
+    latencies: Samples,
+    elapsed: Duration,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.acked as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+fn code(s: &tonic::Status) -> String {
+    ecoscan_common::codes::code_name(s.code()).to_owned()
+}
+
+/// Open loop: a call is due every 1/rate s; each is sent on its own task at its due time and
+/// its latency counts from that due time.
+async fn fixed_rate(client: &Client, bodies: &Arc<Bodies>, rate: u32, duration: Duration) -> Run {
+    let run = Arc::new(Mutex::new(Run::default()));
+    let total = (f64::from(rate) * duration.as_secs_f64()).round() as usize;
+    let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let start = tokio::time::Instant::now();
+    let mut tasks = JoinSet::new();
+    for i in 0..total {
+        let due = start + interval.mul_f64(i as f64);
+        // Timers have millisecond resolution: calls due within the same millisecond go out
+        // together, and one already due is sent at once.
+        tokio::time::sleep_until(due).await;
+        let (mut client, run, call) = (client.clone(), run.clone(), bodies.call(i));
+        tasks.spawn(async move {
+            let outcome = client.record(call).await;
+            let latency = due.elapsed();
+            let mut r = run.lock().await;
+            match outcome {
+                Ok(_) => {
+                    r.acked += 1;
+                    r.latencies.push(latency);
+                }
+                Err(s) => *r.errors.entry(code(&s)).or_default() += 1,
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let mut r = std::mem::take(&mut *run.lock().await);
+    r.elapsed = start.elapsed();
+    r
+}
+
+/// Closed loop: `in_flight` workers each send one `Record` after another until `duration` ends.
+async fn closed_loop_unary(
+    client: &Client,
+    bodies: &Arc<Bodies>,
+    in_flight: usize,
+    duration: Duration,
+) -> Run {
+    let run = Arc::new(Mutex::new(Run::default()));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = JoinSet::new();
+    for w in 0..in_flight {
+        let (client, run, bodies) = (client.clone(), run.clone(), bodies.clone());
+        tasks.spawn(async move {
+            let mut i = w;
+            while Instant::now() < end {
+                let sent = Instant::now();
+                let outcome = client.clone().record(bodies.call(i)).await;
+                let mut r = run.lock().await;
+                match outcome {
+                    Ok(_) => {
+                        r.acked += 1;
+                        r.latencies.push(sent.elapsed());
+                    }
+                    Err(s) => *r.errors.entry(code(&s)).or_default() += 1,
+                }
+                i += in_flight;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let mut r = std::mem::take(&mut *run.lock().await);
+    r.elapsed = start.elapsed();
+    r
+}
+
+/// Closed loop: `streams` workers each open one `RecordStream` after another, `calls` calls
+/// each, until `duration` ends; a stream's calls count when its single ack arrives.
+async fn closed_loop_streams(
+    client: &Client,
+    bodies: &Arc<Bodies>,
+    streams: usize,
+    calls: usize,
+    duration: Duration,
+) -> Run {
+    let run = Arc::new(Mutex::new(Run::default()));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = JoinSet::new();
+    for w in 0..streams {
+        let (client, run, bodies) = (client.clone(), run.clone(), bodies.clone());
+        tasks.spawn(async move {
+            let mut n = 0usize;
+            while Instant::now() < end {
+                let sent = Instant::now();
+                let first = (w + n * streams) * calls;
+                let batch: Vec<LlmCall> = (first..first + calls).map(|i| bodies.call(i)).collect();
+                let outcome = client
+                    .clone()
+                    .record_stream(futures::stream::iter(batch))
+                    .await;
+                let mut r = run.lock().await;
+                match outcome {
+                    Ok(resp) => {
+                        let resp = resp.into_inner();
+                        r.acked += usize::try_from(resp.recorded + resp.duplicates).unwrap_or(0);
+                        r.latencies.push(sent.elapsed());
+                    }
+                    Err(s) => *r.errors.entry(code(&s)).or_default() += calls,
+                }
+                n += 1;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let mut r = std::mem::take(&mut *run.lock().await);
+    r.elapsed = start.elapsed();
+    r
+}

@@ -1,0 +1,239 @@
+//! `notification-claim`: claiming due notifications from a sorted set of a million.
+//!
+//! Fills the notification service's `RedisScheduler` (under a private key prefix) with
+//! `--scheduled` entries, of which `--claims × --batch` are due and the rest due over the next
+//! day, then claims `--batch` due entries `--claims` times, one claim after another, timing each
+//! (one Lua script: expired leases back to the due set, then up to `--batch` due members into
+//! the in-flight set with their lease deadline). The keys are removed at the end, also when the
+//! run fails.
+//!
+//! Needs Redis: `REDIS_URL` (default `redis://127.0.0.1:6379`, which `infra/services.sh` starts).
+//!
+//! ```sh
+//! cargo run --release -p ecoscan-bench --bin notification-claim
+//! ```
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use clap::Parser;
+use ecoscan_bench::{
+    report::{Report, Verdict},
+    stats::{Samples, fmt_duration, fmt_opt, fmt_rate, thousands},
+    system,
+};
+use ecoscan_notification::{redis_store::RedisScheduler, scheduler::Scheduler as _};
+use rand::Rng as _;
+
+#[derive(Parser, Debug)]
+#[command(about = "Claim latency of due notifications in a Redis sorted set of a million")]
+struct Args {
+    /// Redis to use (a private key prefix keeps the benchmark apart from anything else there).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// Entries scheduled in all.
+    #[arg(long, default_value_t = 1_000_000)]
+    scheduled: usize,
+    /// Claims to time.
+    #[arg(long, default_value_t = 200)]
+    claims: usize,
+    /// Entries per claim.
+    #[arg(long, default_value_t = 2000)]
+    batch: usize,
+    /// Lease given to claimed entries.
+    #[arg(long, default_value = "30s", value_parser = ecoscan_bench::parse_duration)]
+    lease: Duration,
+    /// Keep every claimed entry in the in-flight set instead of acknowledging each batch
+    /// (untimed) between claims as delivery does; the in-flight set then grows to
+    /// claims × batch.
+    #[arg(long)]
+    no_ack: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ecoscan_bench::init_logs();
+    let due = args.claims * args.batch;
+    anyhow::ensure!(
+        args.claims > 0 && args.batch > 0 && due <= args.scheduled,
+        "need 0 < claims × batch ({due}) ≤ scheduled ({})",
+        args.scheduled
+    );
+    let prefix = format!("bench:{}:", uuid::Uuid::new_v4().simple());
+    let scheduler = RedisScheduler::connect(&args.redis_url, &prefix, Duration::from_millis(100))
+        .await
+        .with_context(|| format!("notification-claim needs Redis at {}", args.redis_url))?;
+    let keys: Vec<String> = scheduler.keys().iter().map(|k| (*k).to_owned()).collect();
+    let mut cleanup = redis::Client::open(args.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+
+    let outcome = run(&args, &scheduler, &mut cleanup).await;
+    // The keys go whatever happened; UNLINK frees a million members off the main thread.
+    let removed: anyhow::Result<()> = redis::cmd("UNLINK")
+        .arg(&keys)
+        .query_async(&mut cleanup)
+        .await
+        .context("failed to remove the benchmark's keys");
+    let mut report = outcome?;
+    removed?;
+    report.header("keys", format!("{} (removed at the end)", keys.join(", ")));
+    report.print();
+    Ok(())
+}
+
+fn now_us() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
+}
+
+async fn run(
+    args: &Args,
+    scheduler: &RedisScheduler,
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<Report> {
+    let mut report = Report::new("notification-claim");
+    let due = args.claims * args.batch;
+    let now = now_us();
+    let hour_us = 3_600_000_000i64;
+    // Due entries spread over the past hour, the rest over the next day: the claim must find
+    // the due ones at the low end of the set, as in production.
+    let mut rng = rand::rng();
+    let entries: Vec<(String, i64)> = (0..args.scheduled)
+        .map(|i| {
+            let at = if i < due {
+                now - rng.random_range(1..hour_us)
+            } else {
+                now + rng.random_range(hour_us..24 * hour_us)
+            };
+            (uuid::Uuid::new_v4().to_string(), at)
+        })
+        .collect();
+    eprintln!(
+        "notification-claim: scheduling {} entries ({} due)",
+        args.scheduled, due
+    );
+    let loaded = Instant::now();
+    scheduler.add_many(&entries).await?;
+    let load_time = loaded.elapsed();
+    drop(entries);
+    let backlog = scheduler.backlog().await?;
+    anyhow::ensure!(
+        backlog == args.scheduled as u64,
+        "expected {} entries in Redis, found {backlog}",
+        args.scheduled
+    );
+
+    let before = evalsha_stats(conn).await?;
+    let mut latencies = Samples::new();
+    let mut short = 0usize;
+    for _ in 0..args.claims {
+        let start = Instant::now();
+        let ids = scheduler
+            .claim_due(now_us(), args.batch, args.lease)
+            .await?;
+        latencies.push(start.elapsed());
+        if ids.len() != args.batch {
+            short += 1;
+        }
+        if !args.no_ack && !ids.is_empty() {
+            // What delivery does once the notifications are out (one ZREM per id there; one
+            // for the batch here, outside the timing).
+            let _: () = redis::cmd("ZREM")
+                .arg(scheduler.keys()[1])
+                .arg(&ids)
+                .query_async(conn)
+                .await?;
+        }
+    }
+    let after = evalsha_stats(conn).await?;
+    let redis_time = match (before, after) {
+        (Some((c0, u0)), Some((c1, u1))) if c1 > c0 => {
+            Some(Duration::from_micros((u1 - u0) / (c1 - c0)))
+        }
+        _ => None,
+    };
+    let p50 = latencies.percentile(50.0);
+    report
+        .header(
+            "settings",
+            format!(
+                "{} scheduled ({} due), {} claims of {} one after another, lease {:?}; {}",
+                thousands(args.scheduled as f64),
+                thousands(due as f64),
+                args.claims,
+                args.batch,
+                args.lease,
+                if args.no_ack {
+                    "claimed entries stay in flight (--no-ack)"
+                } else {
+                    "each batch acknowledged between claims (untimed), as delivery does"
+                }
+            ),
+        )
+        .header(
+            "redis",
+            format!(
+                "{} (the claim script through ConnectionManager, as the service runs it)",
+                args.redis_url
+            ),
+        )
+        .row(
+            &format!(
+                "claim of {} due entries incl. the lease, p50 / p99",
+                args.batch
+            ),
+            format!("{} / {}", fmt_opt(p50), fmt_opt(latencies.percentile(99.0))),
+            "p50 ≤ 4 ms",
+            Verdict::of(p50.is_some_and(|p| p <= Duration::from_millis(4))),
+        )
+        .info(
+            "claim p90 / max",
+            format!(
+                "{} / {}",
+                fmt_opt(latencies.percentile(90.0)),
+                fmt_opt(latencies.max())
+            ),
+        )
+        .info(
+            "Redis time per claim (INFO commandstats, evalsha usec_per_call)",
+            redis_time.map_or_else(|| "not reported".to_owned(), fmt_duration),
+        )
+        .info(
+            "claims that returned fewer than the batch",
+            short.to_string(),
+        )
+        .info(
+            "scheduling the entries (ZADD NX, 1,000 per command)",
+            format!(
+                "{} ({})",
+                fmt_duration(load_time),
+                fmt_rate(args.scheduled, load_time)
+            ),
+        )
+        .info("load average", system::loadavg());
+    Ok(report)
+}
+
+/// `(calls, usec)` of `cmdstat_evalsha` (the script runs by its hash after the first call).
+async fn evalsha_stats(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<Option<(u64, u64)>> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    Ok(info.lines().find_map(|l| {
+        let rest = l.strip_prefix("cmdstat_evalsha:")?;
+        let field = |name: &str| -> Option<u64> {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))?
+                .parse()
+                .ok()
+        };
+        Some((field("calls")?, field("usec")?))
+    }))
+}

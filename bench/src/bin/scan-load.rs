@@ -1,0 +1,428 @@
+//! `scan-load`: the whole pipeline under N concurrent users.
+//!
+//! Runs the suite in this process (embedded stores, or production ones when `REDIS_URL`,
+//! `postgres://` database URLs and `S3_*` are set) with the mock model at a fixed latency, and
+//! N users each submitting scans through the gateway over HTTP (`POST /api/v1/scan/completion`)
+//! and reading the SSE stream to `ready`, one after another, until the run's duration is over
+//! (or each has made `--scans-per-user`). Prints success, E2E percentiles, scans/min and errors
+//! by kind beside the target from DESIGN.md.
+//!
+//! ```sh
+//! cargo run --release -p ecoscan-bench --bin scan-load -- --users 1000 --duration 60s
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::Context as _;
+use clap::Parser;
+use ecoscan_bench::{
+    HINTS,
+    report::{Report, Verdict},
+    scan_body, sse,
+    stats::{Samples, fmt_duration, fmt_opt, thousands},
+    system,
+};
+use futures::StreamExt as _;
+use tokio::sync::Mutex;
+
+#[derive(Parser, Debug)]
+#[command(about = "Scans through the gateway by N concurrent users, E2E latency and success")]
+struct Args {
+    /// Concurrent users, each running one scan at a time.
+    #[arg(long, default_value_t = 1000)]
+    users: usize,
+    /// Users start new scans during this long (scans in flight then finish).
+    #[arg(long, default_value = "60s", value_parser = ecoscan_bench::parse_duration)]
+    duration: Duration,
+    /// Users start over this long, evenly spread (a load generator's spawn rate).
+    #[arg(long, default_value = "10s", value_parser = ecoscan_bench::parse_duration)]
+    ramp: Duration,
+    /// Most scans per user (unbounded within the duration when unset).
+    #[arg(long)]
+    scans_per_user: Option<usize>,
+    /// Mean latency of each mock model call (a scan makes two: vision and answer).
+    #[arg(long, env = "LLM_MOCK_LATENCY", default_value = "8s", value_parser = ecoscan_bench::parse_duration)]
+    model_latency: Duration,
+    /// Spread of the mock latency, ± this fraction (0: every call takes exactly the latency).
+    #[arg(long, env = "LLM_MOCK_JITTER", default_value_t = 0.0)]
+    model_jitter: f64,
+    /// Pipeline workers in ingest (`INGEST_WORKERS`). Default: one per user, since each user
+    /// has one scan in flight; `ecoscan up` defaults to 256, and with fewer workers than scans
+    /// in flight the rest wait in the queue (`--workers 256` shows it).
+    #[arg(long, env = "INGEST_WORKERS")]
+    workers: Option<usize>,
+    /// A scan not `ready` within this long counts as a timeout.
+    #[arg(long, default_value = "120s", value_parser = ecoscan_bench::parse_duration)]
+    scan_timeout: Duration,
+}
+
+/// What one scan came to.
+struct ScanOutcome {
+    /// Request sent → `ready` received.
+    e2e: Duration,
+    /// Time inside the vision and answer stages (their `started` → `completed` events): the
+    /// model calls and what surrounds them in those two stages.
+    model_stages: Option<Duration>,
+    /// `queued` → vision `started`: waiting for a pipeline worker.
+    queue_wait: Option<Duration>,
+    /// Request sent → first SSE event.
+    first_event: Option<Duration>,
+    finished_at: Instant,
+}
+
+#[derive(Default)]
+struct Results {
+    ok: Vec<ScanOutcome>,
+    errors: BTreeMap<String, usize>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ecoscan_bench::init_logs();
+    anyhow::ensure!(args.users > 0, "--users must be at least 1");
+    let mut report = Report::new("scan-load");
+    // Each user holds one client socket and the gateway one server socket; the services' own
+    // connections, files and the stores' pools come on top.
+    let fd_limit = system::raise_fd_limit((args.users as u64) * 2 + 4096);
+
+    let workers = args.workers.unwrap_or(args.users).max(1);
+    let dir = tempfile::tempdir().context("failed to create a temporary data directory")?;
+    let (running, shutdown) = ecoscan_bench::start_suite(dir.path(), |c| {
+        c.llm.mock_latency = args.model_latency;
+        c.llm.mock_jitter = args.model_jitter;
+        c.ingest_workers = workers;
+    })
+    .await?;
+    let url = format!("http://{}/api/v1/scan/completion", running.addrs.gateway);
+
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(args.users)
+        .build()?;
+    let results = Arc::new(Mutex::new(Results::default()));
+    let started = Instant::now();
+    let cpu_before = system::cpu_time();
+    let stop_starting = started + args.duration;
+    let cap = args.scans_per_user.unwrap_or(usize::MAX);
+    eprintln!(
+        "scan-load: {} users for {:?} (ramp {:?}), model latency {:?} ± {:.0} %, {} workers, fd limit {fd_limit}",
+        args.users,
+        args.duration,
+        args.ramp,
+        args.model_latency,
+        args.model_jitter * 100.0,
+        workers
+    );
+
+    let mut users = tokio::task::JoinSet::new();
+    for user in 0..args.users {
+        let (client, url, results) = (client.clone(), url.clone(), results.clone());
+        #[allow(clippy::cast_precision_loss)]
+        let offset = args.ramp.mul_f64(user as f64 / args.users as f64);
+        let timeout = args.scan_timeout;
+        users.spawn(async move {
+            tokio::time::sleep(offset).await;
+            let mut n = 0usize;
+            while Instant::now() < stop_starting && n < cap {
+                let salt = (user as u64) << 32 | n as u64;
+                let hint = HINTS[(user + n) % HINTS.len()];
+                let outcome = scan(&client, &url, user, salt, hint, timeout).await;
+                let mut r = results.lock().await;
+                match outcome {
+                    Ok(o) => r.ok.push(o),
+                    Err(kind) => *r.errors.entry(kind).or_default() += 1,
+                }
+                drop(r);
+                n += 1;
+            }
+        });
+    }
+    // Every scan is bounded by its timeout, so the users end by themselves; this is a backstop.
+    let hard_deadline = args.duration + args.ramp + args.scan_timeout + Duration::from_secs(30);
+    let mut unfinished = 0usize;
+    if tokio::time::timeout(hard_deadline, async {
+        while users.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        unfinished = users.len();
+        users.abort_all();
+    }
+    let elapsed = started.elapsed();
+    let cpu = system::cpu_time()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    shutdown.cancel();
+    drop(running);
+
+    let results = std::mem::take(&mut *results.lock().await);
+    let total = results.ok.len() + results.errors.values().sum::<usize>() + unfinished;
+    let ok = results.ok.len();
+    #[allow(clippy::cast_precision_loss)]
+    let success_pct = if total == 0 {
+        0.0
+    } else {
+        ok as f64 * 100.0 / total as f64
+    };
+    let mut e2e = Samples::new();
+    let mut overhead = Samples::new();
+    let mut queue_wait = Samples::new();
+    let mut first_event = Samples::new();
+    for o in &results.ok {
+        e2e.push(o.e2e);
+        if let Some(m) = o.model_stages {
+            overhead.push(o.e2e.saturating_sub(m));
+        }
+        if let Some(q) = o.queue_wait {
+            queue_wait.push(q);
+        }
+        if let Some(f) = o.first_event {
+            first_event.push(f);
+        }
+    }
+
+    // Steady state: completions after every user has started and the first round has gone
+    // through the pipeline, until users stop starting scans.
+    let warm = started + args.ramp + args.model_latency * 2;
+    let window = stop_starting.saturating_duration_since(warm);
+    let in_window = results
+        .ok
+        .iter()
+        .filter(|o| o.finished_at >= warm && o.finished_at <= stop_starting)
+        .count();
+    #[allow(clippy::cast_precision_loss)]
+    let per_min = |n: usize, over: Duration| n as f64 * 60.0 / over.as_secs_f64().max(1e-9);
+
+    let model_time = args.model_latency * 2;
+    let e2e_target = model_time + Duration::from_secs(1);
+    let p95 = e2e.percentile(95.0);
+    let over_p95 = overhead.percentile(95.0);
+
+    report
+        .header(
+            "settings",
+            format!(
+                "{} users, scans started for {:?} (users ramped over {:?}), mock model latency {:?} ± {:.0} % per call (2 calls per scan), INGEST_WORKERS={}, gateway concurrency limit 1024, fd limit {fd_limit}",
+                args.users,
+                args.duration,
+                args.ramp,
+                args.model_latency,
+                args.model_jitter * 100.0,
+                workers
+            ),
+        )
+        .header("stores", system::stores())
+        .header(
+            "process",
+            format!(
+                "suite and load generator in one process; CPU used {} over {:.0} s wall ({} cores busy on average); peak RSS {} MiB",
+                cpu.map_or_else(|| "?".to_owned(), |c| format!("{:.0} s", c.as_secs_f64())),
+                elapsed.as_secs_f64(),
+                cpu.map_or_else(
+                    || "?".to_owned(),
+                    |c| format!("{:.2}", c.as_secs_f64() / elapsed.as_secs_f64())
+                ),
+                system::peak_rss_kib().map_or(0, |k| k / 1024)
+            ),
+        )
+        .row(
+            "success",
+            format!("{success_pct:.2} % ({ok} of {total} scans)"),
+            "100 %",
+            Verdict::of(total > 0 && ok == total),
+        )
+        .row(
+            "E2E p50 / p95 / p99",
+            format!(
+                "{} / {} / {}",
+                fmt_opt(e2e.percentile(50.0)),
+                fmt_opt(p95),
+                fmt_opt(e2e.percentile(99.0))
+            ),
+            &format!(
+                "p95 ≤ model latency + 1 s = {} (2 calls × {:?} + 1 s)",
+                fmt_duration(e2e_target),
+                args.model_latency
+            ),
+            Verdict::of(p95.is_some_and(|p| p <= e2e_target)),
+        )
+        .row(
+            "E2E − time in the vision and answer stages, p50 / p95 / p99",
+            format!(
+                "{} / {} / {}",
+                fmt_opt(overhead.percentile(50.0)),
+                fmt_opt(over_p95),
+                fmt_opt(overhead.percentile(99.0))
+            ),
+            "p95 ≤ 1 s",
+            Verdict::of(over_p95.is_some_and(|p| p <= Duration::from_secs(1))),
+        )
+        .info(
+            "E2E max",
+            fmt_opt(e2e.max()),
+        )
+        .info(
+            "queue wait (queued → vision started) p50 / p95 / p99",
+            format!(
+                "{} / {} / {}",
+                fmt_opt(queue_wait.percentile(50.0)),
+                fmt_opt(queue_wait.percentile(95.0)),
+                fmt_opt(queue_wait.percentile(99.0))
+            ),
+        )
+        .info(
+            "first SSE event p50 / p99",
+            format!(
+                "{} / {}",
+                fmt_opt(first_event.percentile(50.0)),
+                fmt_opt(first_event.percentile(99.0))
+            ),
+        )
+        .info(
+            "scans/min, steady state",
+            if window >= Duration::from_secs(10) {
+                format!(
+                    "{} ({in_window} completed in the {:.0} s after warm-up)",
+                    thousands(per_min(in_window, window)),
+                    window.as_secs_f64()
+                )
+            } else {
+                "– (run too short for a steady-state window; raise --duration)".to_owned()
+            },
+        )
+        .info(
+            "scans/min, whole run",
+            format!(
+                "{} ({ok} in {:.0} s); closed-loop ceiling with this latency: {}",
+                thousands(per_min(ok, elapsed)),
+                elapsed.as_secs_f64(),
+                thousands(per_min(args.users, model_time))
+            ),
+        )
+        .info(
+            "errors by kind",
+            if results.errors.is_empty() && unfinished == 0 {
+                "none".to_owned()
+            } else {
+                let mut kinds: Vec<String> = results
+                    .errors
+                    .iter()
+                    .map(|(k, n)| format!("{k}: {n}"))
+                    .collect();
+                if unfinished > 0 {
+                    kinds.push(format!("unfinished at the deadline: {unfinished}"));
+                }
+                kinds.join(", ")
+            },
+        )
+        .note(format!(
+            "Each scan makes two model calls (vision, then answer), so with the mock E2E ≥ 2 × {:?} by construction; \"model latency\" in the target is read as the model time of one scan (both calls), and the second row is the same target stated as the pipeline's own overhead.",
+            args.model_latency
+        ));
+    report.print();
+    Ok(())
+}
+
+/// One scan: POST, then read the SSE stream to `ready`. `Err` is the error's kind.
+async fn scan(
+    client: &reqwest::Client,
+    url: &str,
+    user: usize,
+    salt: u64,
+    hint: &str,
+    timeout: Duration,
+) -> Result<ScanOutcome, String> {
+    let start = Instant::now();
+    let run = async {
+        let res = client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("x-user-id", format!("bench-user-{user}"))
+            .body(scan_body(salt, hint))
+            .send()
+            .await
+            .map_err(|e| transport_kind(&e))?;
+        if !res.status().is_success() {
+            let status = res.status().as_u16();
+            let body = res.text().await.unwrap_or_default();
+            let code = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("code")?.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            return Err(format!("http {status} {code}").trim_end().to_owned());
+        }
+        let mut parser = sse::Parser::new();
+        let mut body = res.bytes_stream();
+        let mut first_event = None;
+        let mut ts: BTreeMap<(String, String), SystemTime> = BTreeMap::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| transport_kind(&e))?;
+            for ev in parser.push(&chunk) {
+                first_event.get_or_insert_with(|| start.elapsed());
+                match ev.event.as_str() {
+                    "ready" => {
+                        let span = |stage: &str| {
+                            let a = ts.get(&(stage.to_owned(), "started".to_owned()))?;
+                            let b = ts.get(&(stage.to_owned(), "completed".to_owned()))?;
+                            b.duration_since(*a).ok()
+                        };
+                        let queue_wait = ts
+                            .get(&("queued".to_owned(), "completed".to_owned()))
+                            .zip(ts.get(&("vision".to_owned(), "started".to_owned())))
+                            .and_then(|(q, v)| v.duration_since(*q).ok());
+                        return Ok(ScanOutcome {
+                            e2e: start.elapsed(),
+                            model_stages: span("vision").zip(span("answer")).map(|(v, a)| v + a),
+                            queue_wait,
+                            first_event,
+                            finished_at: Instant::now(),
+                        });
+                    }
+                    "error" => {
+                        let code = serde_json::from_str::<serde_json::Value>(&ev.data)
+                            .ok()
+                            .and_then(|v| v.get("error")?.get("code")?.as_str().map(str::to_owned))
+                            .unwrap_or_else(|| "unknown".to_owned());
+                        return Err(format!("sse error {code}"));
+                    }
+                    "stage" => {
+                        if let (Some(stage), Some(status), Some(t)) =
+                            (ev.field("stage"), ev.field("status"), ev.ts())
+                        {
+                            ts.entry((stage.to_owned(), status.to_owned())).or_insert(t);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Err("stream ended before ready".to_owned())
+    };
+    match tokio::time::timeout(timeout, run).await {
+        Ok(r) => r,
+        Err(_) => Err("timeout".to_owned()),
+    }
+}
+
+fn transport_kind(e: &reqwest::Error) -> String {
+    let kind = if e.is_connect() {
+        "connect"
+    } else if e.is_timeout() {
+        "timeout"
+    } else if e.is_body() || e.is_decode() {
+        "body"
+    } else {
+        "request"
+    };
+    let mut source: &dyn std::error::Error = e;
+    while let Some(s) = source.source() {
+        source = s;
+    }
+    format!("transport {kind}: {source}")
+}

@@ -1,0 +1,106 @@
+//! Shared pieces of the ecoscan benchmarks (`src/bin/*`): percentiles, the report table that
+//! prints each figure beside its target from DESIGN.md, facts about the machine and the process
+//! (CPU model, load, RSS, file-descriptor limit), an SSE parser and the suite in a temporary
+//! directory.
+//!
+//! Every benchmark is one command, sends traffic only to 127.0.0.1, bounds its request loops in
+//! count and time, prints its figures and exits.
+
+pub mod report;
+pub mod sse;
+pub mod stats;
+pub mod system;
+
+use std::{path::Path, time::Duration};
+
+use ecoscan::{Running, SuiteConfig};
+use ecoscan_common::CancellationToken;
+
+/// Logs of the services and the benchmark on stderr: `RUST_LOG` when set, else warnings only
+/// (per-request info lines would cost CPU the benchmark is measuring). Spans are not exported.
+pub fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // A second init (never happens in a benchmark binary) would only keep the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Parses a duration as the services do: `250ms`, `8s`, `2m`, or a bare number of milliseconds.
+pub fn parse_duration(v: &str) -> anyhow::Result<Duration> {
+    ecoscan_common::config::parse_duration(v)
+}
+
+/// The whole suite in this process on free loopback ports, data under `dir`; production stores
+/// when the usual variables are set (`REDIS_URL`, `postgres://` database URLs, `S3_*`).
+pub async fn start_suite(
+    dir: &Path,
+    tweak: impl FnOnce(&mut SuiteConfig),
+) -> anyhow::Result<(Running, CancellationToken)> {
+    let mut config = SuiteConfig::ephemeral(dir);
+    tweak(&mut config);
+    let shutdown = CancellationToken::new();
+    let running = ecoscan::start(config, shutdown.clone()).await?;
+    wait_ready(&format!("http://{}/readyz", running.addrs.gateway)).await?;
+    Ok((running, shutdown))
+}
+
+/// Polls `url` until it answers 200 (every backend reachable), for at most 30 s.
+pub async fn wait_ready(url: &str) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.get(url).send().await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            _ if tokio::time::Instant::now() >= deadline => {
+                anyhow::bail!("{url} did not answer 200 within 30 s")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// A sample's value from a Prometheus text page: the first line `name{…} value` or
+/// `name value` (`None` when the page or the series is missing).
+pub async fn scrape(http: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
+    let text = http.get(url).send().await.ok()?.text().await.ok()?;
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// A 1×1 PNG: the gateway sniffs the type, and the mock model classifies by the hint.
+pub const PNG: &[u8] = &[
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
+    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
+    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
+];
+
+/// A scan request body for `POST /api/v1/scan[/completion]`: the PNG with `salt` appended (so
+/// every image is distinct, as photos are) and a hint.
+pub fn scan_body(salt: u64, hint: &str) -> String {
+    use base64::Engine as _;
+    let mut image = PNG.to_vec();
+    image.extend_from_slice(&salt.to_be_bytes());
+    serde_json::json!({
+        "image_base64": base64::engine::general_purpose::STANDARD.encode(image),
+        "hint": hint,
+    })
+    .to_string()
+}
+
+/// Hints the scans rotate through (items the mock recognises).
+pub const HINTS: &[&str] = &[
+    "plastic bottle",
+    "glass bottle",
+    "aluminium can",
+    "paper box",
+];

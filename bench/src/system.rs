@@ -1,0 +1,154 @@
+//! Facts about the machine and this process, read from `/proc` (Linux).
+
+use std::{fs, time::Duration};
+
+/// `2 cores (nproc), AMD EPYC, 23.4 GiB`: what the figures were measured on.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let mem = meminfo_kib("MemTotal").map_or_else(
+        || "unknown memory".to_owned(),
+        |k| {
+            #[allow(clippy::cast_precision_loss)]
+            let gib = k as f64 / 1024.0 / 1024.0;
+            format!("{gib:.1} GiB")
+        },
+    );
+    format!("{cores} cores (nproc), {model}, {mem}")
+}
+
+fn meminfo_kib(key: &str) -> Option<u64> {
+    status_field(&fs::read_to_string("/proc/meminfo").ok()?, key)
+}
+
+fn status_field(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// The 1, 5 and 15 minute load averages (`0.52 1.10 1.40`): other work on the machine.
+pub fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// Jiffies the whole machine spent busy and in all, from the first line of `/proc/stat`.
+pub fn machine_cpu() -> Option<(u64, u64)> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).unwrap_or(&0);
+    Some((total - idle, total))
+}
+
+/// The share of all cores that was busy between two [`machine_cpu`] readings, in percent.
+pub fn busy_percent(before: (u64, u64), after: (u64, u64)) -> Option<f64> {
+    let total = after.1.checked_sub(before.1).filter(|t| *t > 0)?;
+    let busy = after.0.checked_sub(before.0)?;
+    Some(busy as f64 * 100.0 / total as f64)
+}
+
+/// Resident memory of this process (`VmRSS`), in KiB.
+pub fn rss_kib() -> Option<u64> {
+    status_field(&fs::read_to_string("/proc/self/status").ok()?, "VmRSS")
+}
+
+/// Peak resident memory of this process (`VmHWM`), in KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    status_field(&fs::read_to_string("/proc/self/status").ok()?, "VmHWM")
+}
+
+/// CPU time this process has used (user + system), from `/proc/self/stat`. Clock ticks are
+/// taken as 100 per second, the value on every Linux x86-64 and arm64 kernel.
+pub fn cpu_time() -> Option<Duration> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may contain spaces) start at the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 counted from the state field.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
+/// Raises this process's open-file limit to at least `want` (both soft and hard when running
+/// with the privilege to raise the hard limit, else the soft limit up to the hard one) and
+/// returns the soft limit now in force. Every SSE client and every scan holds a socket.
+pub fn raise_fd_limit(want: u64) -> u64 {
+    use rlimit::Resource;
+    let Ok((soft, hard)) = Resource::NOFILE.get() else {
+        return 0;
+    };
+    if soft >= want {
+        return soft;
+    }
+    if Resource::NOFILE.set(want, hard.max(want)).is_err() {
+        let _ = Resource::NOFILE.set(hard, hard);
+    }
+    Resource::NOFILE.get().map_or(soft, |(s, _)| s)
+}
+
+/// Which stores the environment selects for the suite (`embedded` unless the production
+/// variables are set).
+pub fn stores() -> String {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let mut out = Vec::new();
+    if var("REDIS_URL").is_some() {
+        out.push("Redis");
+    }
+    let db = var("DATABASE_URL")
+        .or_else(|| var("INGEST_DATABASE_URL"))
+        .or_else(|| var("ANALYTICS_DATABASE_URL"));
+    if db.is_some_and(|u| u.starts_with("postgres")) {
+        out.push("PostgreSQL");
+    }
+    if var("S3_ENDPOINT").is_some() && var("S3_BUCKET").is_some() {
+        out.push("S3");
+    }
+    if out.is_empty() {
+        "embedded (SQLite, local files, in-memory event log and queue)".to_owned()
+    } else {
+        format!("production: {} (the rest embedded)", out.join(" + "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_fields_are_read_in_kib() {
+        let text = "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
+        assert_eq!(status_field(text, "VmRSS"), Some(1024));
+        assert_eq!(status_field(text, "VmHWM"), Some(2048));
+        assert_eq!(status_field(text, "VmSwap"), None);
+    }
+
+    #[test]
+    fn this_process_has_a_resident_size_and_cpu_time() {
+        assert!(rss_kib().is_some_and(|k| k > 0));
+        assert!(cpu_time().is_some());
+        assert!(machine_cpu().is_some_and(|(busy, total)| busy <= total && total > 0));
+    }
+
+    #[test]
+    fn busy_share_is_the_busy_delta_over_the_total_delta() {
+        assert_eq!(busy_percent((10, 100), (60, 200)), Some(50.0));
+        assert_eq!(busy_percent((10, 100), (10, 100)), None);
+    }
+}
