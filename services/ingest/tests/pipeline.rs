@@ -266,6 +266,24 @@ async fn start_with(
     }
 }
 
+/// Submits the test PNG as `u1` and returns the job id.
+async fn submit_png(env: &Env) -> String {
+    env.ingest
+        .clone()
+        .submit(request_as(
+            SubmitRequest {
+                image: PNG.to_vec(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .expect("submit accepts the test image")
+        .into_inner()
+        .job_id
+}
+
 async fn watch_all(env: &Env, job_id: &str) -> Vec<ScanEvent> {
     let mut stream = env
         .ingest
@@ -373,21 +391,7 @@ async fn a_resumed_job_runs_only_the_stages_without_a_checkpoint() {
 #[tokio::test]
 async fn a_stage_that_fails_for_good_fails_the_job_with_its_error() {
     let env = start(Some(Code::InvalidArgument), |_| {}).await;
-    let job_id = env
-        .ingest
-        .clone()
-        .submit(request_as(
-            SubmitRequest {
-                image: PNG.to_vec(),
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-            "u1",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .job_id;
+    let job_id = submit_png(&env).await;
 
     let events = watch_all(&env, &job_id).await;
     let last = events.last().unwrap();
@@ -438,21 +442,7 @@ async fn a_stage_that_fails_for_good_fails_the_job_with_its_error() {
 #[tokio::test]
 async fn a_transient_stage_failure_is_retried() {
     let env = start(Some(Code::Unavailable), |c| c.stage_retries = 2).await;
-    let job_id = env
-        .ingest
-        .clone()
-        .submit(request_as(
-            SubmitRequest {
-                image: PNG.to_vec(),
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-            "u1",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .job_id;
+    let job_id = submit_png(&env).await;
     let events = watch_all(&env, &job_id).await;
     assert_eq!(env.stages.count("vision"), 3, "one call and two retries");
     let last = events.last().unwrap();
@@ -552,21 +542,7 @@ async fn a_worker_that_lost_its_lease_stops_and_leaves_the_job_to_the_new_owner(
         },
     )
     .await;
-    let job_id = env
-        .ingest
-        .clone()
-        .submit(request_as(
-            SubmitRequest {
-                image: PNG.to_vec(),
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-            "u1",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .job_id;
+    let job_id = submit_png(&env).await;
     let watched = watch_all(&env, &job_id).await;
     assert_eq!(
         watched.last().map(|e| e.stage),
@@ -656,21 +632,7 @@ async fn a_scan_completes_on_redis_postgres_and_s3() {
         .await
     };
 
-    let job_id = env
-        .ingest
-        .clone()
-        .submit(request_as(
-            SubmitRequest {
-                image: PNG.to_vec(),
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-            "u1",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .job_id;
+    let job_id = submit_png(&env).await;
     let events = watch_all(&env, &job_id).await;
     assert_eq!(events.first().unwrap().stage, Stage::Queued as i32);
     assert_eq!(events.last().unwrap().stage, Stage::Done as i32);
