@@ -24,9 +24,9 @@ use ecoscan_proto::{
         RewardDecision, ScanEvent, Stage, scan_event::Payload,
     },
 };
-use futures::{Stream, StreamExt, stream};
+use futures::{Stream, StreamExt, stream::{self, BoxStream}};
 use serde::Serialize;
-use tonic::Streaming;
+use tonic::{Status, Streaming};
 
 use crate::error::{ApiError, ErrorJson};
 
@@ -195,7 +195,7 @@ fn scan_event_json(ev: &ScanEvent, result_url: &dyn Fn(&str) -> String) -> (Stri
         Some(Payload::Answer(a)) => data.answer = Some(a),
         Some(Payload::Reward(r)) => data.reward = Some(r),
         Some(Payload::Delta(d)) => data.delta = Some(d),
-        Some(Payload::ResultUrl(_)) | None => {}
+        None => {}
         Some(Payload::Error(e)) => data.error = Some(error_info_json(e)),
     }
     match kind {
@@ -258,18 +258,38 @@ fn stream_error_event(job_id: &str, err: &ApiError) -> Event {
     )
 }
 
+/// A stream of one job's events from ingest.
+pub(crate) type ScanEvents = BoxStream<'static, Result<ScanEvent, Status>>;
+
+/// The events of a `Scan` or `Watch` response stream: each response carries one event.
+pub(crate) fn scan_stream<R: Send + 'static>(
+    upstream: Streaming<R>,
+    event: fn(R) -> Option<ScanEvent>,
+) -> ScanEvents {
+    upstream
+        .map(move |item| {
+            item.and_then(|r| {
+                event(r).ok_or_else(|| Status::internal("ingest sent a stream message without an event"))
+            })
+        })
+        .boxed()
+}
+
 /// Waits briefly for the first message so that a failure to start (unknown job, backlog full)
 /// becomes an HTTP error instead of an SSE stream. `Ok(None)` means nothing came yet, or the
-/// stream ended (a finished stream keeps answering `None`): streaming may start.
-pub(crate) async fn first_message<T>(
-    stream: &mut Streaming<T>,
+/// stream ended: streaming may start.
+pub(crate) async fn first_message<T, S>(
+    stream: &mut S,
     service: &'static str,
-) -> Result<Option<T>, ApiError> {
-    match tokio::time::timeout(FIRST_MESSAGE_WAIT, stream.message()).await {
-        Ok(Ok(m)) => Ok(m),
-        Ok(Err(status)) => Err(ApiError::upstream(service, status)),
-        // `Streaming::message` is cancel-safe: the next call picks up where this one stopped.
-        Err(_elapsed) => Ok(None),
+) -> Result<Option<T>, ApiError>
+where
+    S: Stream<Item = Result<T, Status>> + Unpin,
+{
+    // Polling a stream through `next` is cancel-safe: nothing is lost when the wait ends.
+    match tokio::time::timeout(FIRST_MESSAGE_WAIT, stream.next()).await {
+        Ok(Some(Ok(m))) => Ok(Some(m)),
+        Ok(Some(Err(status))) => Err(ApiError::upstream(service, status)),
+        Ok(None) | Err(_) => Ok(None),
     }
 }
 
@@ -291,7 +311,7 @@ where
 }
 
 struct ScanStreamState {
-    upstream: Streaming<ScanEvent>,
+    upstream: ScanEvents,
     pending: Option<ScanEvent>,
     job_id: String,
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
@@ -302,7 +322,7 @@ struct ScanStreamState {
 /// An SSE response of a job's events: ends after `ready` or `error`, or when upstream ends.
 /// `first` is a message already read by [`first_message`].
 pub(crate) fn scan_events(
-    upstream: Streaming<ScanEvent>,
+    upstream: ScanEvents,
     first: Option<ScanEvent>,
     job_id: String,
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
@@ -323,7 +343,7 @@ pub(crate) fn scan_events(
         }
         let next = match st.pending.take() {
             Some(ev) => Ok(Some(ev)),
-            None => st.upstream.message().await,
+            None => st.upstream.next().await.transpose(),
         };
         let event = match next {
             Ok(Some(ev)) => {
@@ -347,12 +367,15 @@ pub(crate) fn scan_events(
 }
 
 /// An SSE response of a user's notifications (`event: notification`), until upstream ends.
-pub(crate) fn notification_events(
-    upstream: Streaming<Notification>,
+pub(crate) fn notification_events<S>(
+    upstream: S,
     first: Option<Notification>,
     guard: SseGuard,
     shutdown: CancellationToken,
-) -> Response {
+) -> Response
+where
+    S: Stream<Item = Result<Notification, Status>> + Send + Unpin + 'static,
+{
     let events = stream::unfold(
         (upstream, first, false, guard),
         |(mut upstream, pending, done, guard)| async move {
@@ -361,7 +384,7 @@ pub(crate) fn notification_events(
             }
             let next = match pending {
                 Some(n) => Ok(Some(n)),
-                None => upstream.message().await,
+                None => upstream.next().await.transpose(),
             };
             let (event, done) = match next {
                 Ok(Some(n)) => (
@@ -434,8 +457,7 @@ mod tests {
 
     #[test]
     fn ready_carries_the_gateway_result_url_and_payloads_are_pbjson() {
-        let url = Some(Payload::ResultUrl("http://ingest.internal/x".into()));
-        let e = ev(Stage::Done, EventStatus::Completed, url);
+        let e = ev(Stage::Done, EventStatus::Completed, None);
         let (json, kind) = scan_event_json(&e, &|id| format!("/api/v1/scan/{id}"));
         assert_eq!(kind, Kind::Ready);
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();

@@ -33,3 +33,31 @@ pub fn to_system_time(ts: &Timestamp) -> std::time::SystemTime {
     }
     std::time::UNIX_EPOCH + std::time::Duration::new(ts.seconds as u64, ts.nanos.max(0) as u32)
 }
+
+// `Scan` takes the same input as `Submit` in a message of its own (each RPC's request can
+// evolve alone); ingest and its callers convert between the two.
+impl From<v1::ScanRequest> for v1::SubmitRequest {
+    fn from(r: v1::ScanRequest) -> Self {
+        Self {
+            image: r.image,
+            content_type: r.content_type,
+            image_url: r.image_url,
+            hint: r.hint,
+            idempotency_key: r.idempotency_key,
+            locale: r.locale,
+        }
+    }
+}
+
+impl From<v1::SubmitRequest> for v1::ScanRequest {
+    fn from(r: v1::SubmitRequest) -> Self {
+        Self {
+            image: r.image,
+            content_type: r.content_type,
+            image_url: r.image_url,
+            hint: r.hint,
+            idempotency_key: r.idempotency_key,
+            locale: r.locale,
+        }
+    }
+}

@@ -29,7 +29,10 @@ use ecoscan_bench::{
     system,
 };
 use ecoscan_common::client::TracedChannel;
-use ecoscan_proto::v1::{CallStatus, LlmCall, analytics_service_client::AnalyticsServiceClient};
+use ecoscan_proto::v1::{
+    CallStatus, LlmCall, RecordRequest, RecordStreamRequest,
+    analytics_service_client::AnalyticsServiceClient,
+};
 use rand::Rng as _;
 use tokio::{sync::Mutex, task::JoinSet};
 
@@ -281,7 +284,7 @@ fn kinds(m: &BTreeMap<String, usize>) -> String {
 async fn wait_serving(client: &Client, bodies: &Bodies) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match client.clone().record(bodies.call(0)).await {
+        match client.clone().record(RecordRequest { call: Some(bodies.call(0)) }).await {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() >= deadline => {
                 anyhow::bail!("analytics did not start within 30 s: {e}")
@@ -324,7 +327,7 @@ async fn fixed_rate(client: &Client, bodies: &Arc<Bodies>, rate: u32, duration: 
         tokio::time::sleep_until(due).await;
         let (mut client, run, call) = (client.clone(), run.clone(), bodies.call(i));
         tasks.spawn(async move {
-            let outcome = client.record(call).await;
+            let outcome = client.record(RecordRequest { call: Some(call) }).await;
             let latency = due.elapsed();
             let mut r = run.lock().await;
             match outcome {
@@ -359,7 +362,7 @@ async fn closed_loop_unary(
             let mut i = w;
             while Instant::now() < end {
                 let sent = Instant::now();
-                let outcome = client.clone().record(bodies.call(i)).await;
+                let outcome = client.clone().record(RecordRequest { call: Some(bodies.call(i)) }).await;
                 let mut r = run.lock().await;
                 match outcome {
                     Ok(_) => {
@@ -398,7 +401,9 @@ async fn closed_loop_streams(
             while Instant::now() < end {
                 let sent = Instant::now();
                 let first = (w + n * streams) * calls;
-                let batch: Vec<LlmCall> = (first..first + calls).map(|i| bodies.call(i)).collect();
+                let batch: Vec<RecordStreamRequest> = (first..first + calls)
+                    .map(|i| RecordStreamRequest { call: Some(bodies.call(i)) })
+                    .collect();
                 let outcome = client
                     .clone()
                     .record_stream(futures::stream::iter(batch))

@@ -89,7 +89,6 @@ async fn main() -> anyhow::Result<()> {
         ecoscan_common::client::request_as(
             GetResultRequest {
                 job_id: job_id.clone(),
-                user_id: USER.to_owned(),
             },
             Duration::from_secs(5),
             USER,

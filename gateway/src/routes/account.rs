@@ -14,6 +14,7 @@ use ecoscan_proto::{
     Timestamp,
     v1::{ListOwnedRequest, ListRequest, ScheduleRequest, SubscribeRequest, UsageRequest},
 };
+use futures::StreamExt;
 use serde::Deserialize;
 
 use crate::{
@@ -45,9 +46,7 @@ pub(crate) async fn characters(
     State(state): State<AppState>,
     User(user): User,
 ) -> Result<Response, ApiError> {
-    let msg = ListOwnedRequest {
-        user_id: user.clone(),
-    };
+    let msg = ListOwnedRequest {};
     let res = state
         .reward
         .clone()
@@ -76,10 +75,7 @@ pub(crate) async fn notifications(
             "limit must be between 1 and 500".into(),
         ));
     }
-    let msg = ListRequest {
-        user_id: user.clone(),
-        limit,
-    };
+    let msg = ListRequest { limit };
     let res = state
         .notification
         .clone()
@@ -95,16 +91,21 @@ pub(crate) async fn notification_stream(
     State(state): State<AppState>,
     User(user): User,
 ) -> Result<Response, ApiError> {
-    let msg = SubscribeRequest {
-        user_id: user.clone(),
-    };
+    let msg = SubscribeRequest {};
     let stream = state
         .notification
         .clone()
         .subscribe(request_as(msg, NOTIFICATION_STREAM_DEADLINE, &user))
         .await
         .map_err(|s| ApiError::upstream("notification", s))?
-        .into_inner();
+        .into_inner()
+        .map(|item| {
+            item.and_then(|r| {
+                r.notification.ok_or_else(|| {
+                    tonic::Status::internal("notification sent a stream message without one")
+                })
+            })
+        });
     // No wait for a first message here: a quiet inbox is the normal case, and the headers
     // should go out at once.
     Ok(sse::notification_events(
@@ -185,7 +186,6 @@ pub(crate) async fn schedule(
         }
     };
     let msg = ScheduleRequest {
-        user_id: user.clone(),
         kind,
         title,
         body: b.body,
@@ -198,7 +198,9 @@ pub(crate) async fn schedule(
         .schedule(request_as(msg, UNARY_DEADLINE, &user))
         .await
         .map_err(|s| ApiError::upstream("notification", s))?
-        .into_inner();
+        .into_inner()
+        .notification
+        .ok_or_else(|| ApiError::Internal("notification answered Schedule without it".into()))?;
     Ok((StatusCode::CREATED, Json(notification)).into_response())
 }
 

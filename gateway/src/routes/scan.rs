@@ -7,7 +7,9 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use ecoscan_common::client::request_as;
-use ecoscan_proto::v1::{GetResultRequest, JobStatus, ScanResult, SubmitRequest, WatchRequest};
+use ecoscan_proto::v1::{
+    GetResultRequest, JobStatus, ScanRequest, ScanResult, SubmitRequest, WatchRequest,
+};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -32,11 +34,7 @@ fn job_status_name(status: i32) -> String {
 }
 
 /// Reads and checks the scan; nothing reaches ingest unless this succeeds.
-async fn submit_request(
-    state: &AppState,
-    user: &str,
-    req: Request,
-) -> Result<SubmitRequest, ApiError> {
+async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest, ApiError> {
     let idempotency_key = idempotency_key(req.headers())?;
     let input = ScanInput::from_request(req, state).await?;
     tracing::info!(
@@ -51,7 +49,6 @@ async fn submit_request(
         content_type: input.content_type,
         image_url: input.image_url,
         hint: input.hint,
-        user_id: user.to_owned(),
         idempotency_key,
         locale: input.locale,
     })
@@ -63,7 +60,7 @@ pub(crate) async fn submit(
     User(user): User,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let msg = submit_request(&state, &user, req).await?;
+    let msg = submit_request(&state, req).await?;
     let res = state
         .scan
         .clone()
@@ -93,14 +90,15 @@ pub(crate) async fn completion(
     User(user): User,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let msg = submit_request(&state, &user, req).await?;
-    let mut stream = state
+    let msg = ScanRequest::from(submit_request(&state, req).await?);
+    let stream = state
         .scan
         .clone()
         .scan(request_as(msg, SCAN_STREAM_DEADLINE, &user))
         .await
         .map_err(ingest_error)?
         .into_inner();
+    let mut stream = sse::scan_stream(stream, |r| r.event);
     let first = sse::first_message(&mut stream, "ingest").await?;
     Ok(sse::scan_events(
         stream,
@@ -119,17 +117,16 @@ pub(crate) async fn result(
     Path(raw_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = job_id(&raw_id)?;
-    let msg = GetResultRequest {
-        job_id: id.clone(),
-        user_id: user.clone(),
-    };
+    let msg = GetResultRequest { job_id: id.clone() };
     let result = state
         .scan
         .clone()
         .get_result(request_as(msg, UNARY_DEADLINE, &user))
         .await
         .map_err(ingest_error)?
-        .into_inner();
+        .into_inner()
+        .result
+        .ok_or_else(|| ApiError::Internal(format!("ingest answered GetResult of {id} without it")))?;
     match JobStatus::try_from(result.status) {
         Ok(JobStatus::Queued | JobStatus::Running) => {
             let body = json!({
@@ -201,15 +198,15 @@ pub(crate) async fn events(
     let msg = WatchRequest {
         job_id: id.clone(),
         after_event_id: after,
-        user_id: user.clone(),
     };
-    let mut stream = state
+    let stream = state
         .scan
         .clone()
         .watch(request_as(msg, SCAN_STREAM_DEADLINE, &user))
         .await
         .map_err(ingest_error)?
         .into_inner();
+    let mut stream = sse::scan_stream(stream, |r| r.event);
     let first = sse::first_message(&mut stream, "ingest").await?;
     Ok(sse::scan_events(
         stream,

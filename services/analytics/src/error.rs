@@ -5,6 +5,8 @@ use tonic::Status;
 /// Everything an RPC of the analytics service can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("call is missing; send the llm call to record in `call`")]
+    MissingCall,
     #[error("call_id is empty; send a client-generated uuid")]
     EmptyCallId,
     #[error("call_id {0:?} is not a uuid; send a client-generated uuid")]
@@ -38,7 +40,8 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::EmptyCallId
+            Error::MissingCall
+            | Error::EmptyCallId
             | Error::InvalidCallId(_)
             | Error::EmptyService
             | Error::EmptyModel

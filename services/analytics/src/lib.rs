@@ -20,7 +20,8 @@ use ecoscan_common::{
 use ecoscan_proto::{
     Timestamp,
     v1::{
-        CallStatus, GetCallRequest, LlmCall, RecordResponse, RecordStreamResponse, UsageRequest,
+        CallStatus, GetCallRequest, GetCallResponse, LlmCall, RecordRequest, RecordResponse,
+        RecordStreamRequest, RecordStreamResponse, UsageRequest,
         UsageResponse, UsageRow,
         analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
     },
@@ -225,8 +226,8 @@ impl<S: CallStore> Analytics<S> {
     }
 
     /// Records one call and returns after it is committed.
-    pub async fn record(&self, call: LlmCall) -> Result<RecordResponse, Error> {
-        let call = validate(call)?;
+    pub async fn record(&self, call: Option<LlmCall>) -> Result<RecordResponse, Error> {
+        let call = validate(call.ok_or(Error::MissingCall)?)?;
         let call_id = call.row.call_id.clone();
         let duplicate = settle(self.submit(call).await?).await?;
         Ok(RecordResponse { call_id, duplicate })
@@ -235,14 +236,14 @@ impl<S: CallStore> Analytics<S> {
     /// Records a stream of calls; see [`AnalyticsService::record_stream`].
     pub async fn record_stream(
         &self,
-        mut stream: Streaming<LlmCall>,
+        mut stream: Streaming<RecordStreamRequest>,
     ) -> Result<RecordStreamResponse, Status> {
         let mut unacked = VecDeque::new();
         let mut counts = RecordStreamResponse::default();
         let mut index = 0_u64;
         let outcome = loop {
             match stream.message().await {
-                Ok(Some(call)) => match validate(call) {
+                Ok(Some(item)) => match item.call.ok_or(Error::MissingCall).and_then(validate) {
                     Ok(call) => {
                         tracing::info!(index, call_id = %call.row.call_id, "call received");
                         unacked.push_back(self.submit(call).await?);
@@ -513,9 +514,15 @@ fn us_to_ts(us: i64) -> Timestamp {
 
 #[tonic::async_trait]
 impl<S: CallStore> AnalyticsService for Analytics<S> {
-    #[tracing::instrument(skip_all, fields(call_id = %request.get_ref().call_id, service = %request.get_ref().service))]
-    async fn record(&self, request: Request<LlmCall>) -> Result<Response<RecordResponse>, Status> {
-        let res = Analytics::record(self, request.into_inner()).await?;
+    #[tracing::instrument(skip_all, fields(
+        call_id = %request.get_ref().call.as_ref().map_or("", |c| c.call_id.as_str()),
+        service = %request.get_ref().call.as_ref().map_or("", |c| c.service.as_str()),
+    ))]
+    async fn record(
+        &self,
+        request: Request<RecordRequest>,
+    ) -> Result<Response<RecordResponse>, Status> {
+        let res = Analytics::record(self, request.into_inner().call).await?;
         tracing::info!(duplicate = res.duplicate, "call recorded");
         Ok(Response::new(res))
     }
@@ -525,7 +532,7 @@ impl<S: CallStore> AnalyticsService for Analytics<S> {
     #[tracing::instrument(skip_all)]
     async fn record_stream(
         &self,
-        request: Request<Streaming<LlmCall>>,
+        request: Request<Streaming<RecordStreamRequest>>,
     ) -> Result<Response<RecordStreamResponse>, Status> {
         Analytics::record_stream(self, request.into_inner())
             .await
@@ -546,10 +553,9 @@ impl<S: CallStore> AnalyticsService for Analytics<S> {
     async fn get_call(
         &self,
         request: Request<GetCallRequest>,
-    ) -> Result<Response<LlmCall>, Status> {
-        Ok(Response::new(
-            Analytics::get_call(self, &request.into_inner().call_id).await?,
-        ))
+    ) -> Result<Response<GetCallResponse>, Status> {
+        let call = Analytics::get_call(self, &request.into_inner().call_id).await?;
+        Ok(Response::new(GetCallResponse { call: Some(call) }))
     }
 }
 

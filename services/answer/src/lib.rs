@@ -10,9 +10,9 @@ use std::sync::Arc;
 use ecoscan_common::CancellationToken;
 use ecoscan_llm::{AnalyticsReporter, AnswerChunk, AnswerInput, Llm, LlmConfig, Locale};
 use ecoscan_proto::v1::{
-    Answer, GenerateEvent, GenerateRequest, Progress,
+    Answer, GenerateResponse, GenerateRequest, Progress,
     answer_service_server::{AnswerService, AnswerServiceServer},
-    generate_event,
+    generate_response,
 };
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
@@ -77,7 +77,7 @@ struct AnswerSvc {
     llm: Arc<Llm>,
 }
 
-type EventSender = mpsc::Sender<Result<GenerateEvent, Status>>;
+type EventSender = mpsc::Sender<Result<GenerateResponse, Status>>;
 
 fn parse_locale(locale: &str) -> Result<Locale, Error> {
     match locale.trim() {
@@ -89,7 +89,7 @@ fn parse_locale(locale: &str) -> Result<Locale, Error> {
 
 #[tonic::async_trait]
 impl AnswerService for AnswerSvc {
-    type GenerateStream = ReceiverStream<Result<GenerateEvent, Status>>;
+    type GenerateStream = ReceiverStream<Result<GenerateResponse, Status>>;
 
     #[tracing::instrument(skip_all, fields(job.id = %req.get_ref().job_id, locale = %req.get_ref().locale))]
     async fn generate(
@@ -131,8 +131,8 @@ struct Work {
     rules: ecoscan_proto::v1::DisposalRules,
 }
 
-async fn send(tx: &EventSender, event: generate_event::Event) -> bool {
-    tx.send(Ok(GenerateEvent { event: Some(event) }))
+async fn send(tx: &EventSender, event: generate_response::Event) -> bool {
+    tx.send(Ok(GenerateResponse { event: Some(event) }))
         .await
         .is_ok()
 }
@@ -147,7 +147,7 @@ async fn run(llm: &Llm, work: Work, tx: &EventSender) -> Result<(), Error> {
     tracing::info!(step = "compose_prompt", "progress");
     send(
         tx,
-        generate_event::Event::Progress(Progress {
+        generate_response::Event::Progress(Progress {
             step: "compose_prompt".into(),
             fraction: 0.1,
             message: "writing the prompt from the rules".into(),
@@ -174,7 +174,7 @@ async fn run(llm: &Llm, work: Work, tx: &EventSender) -> Result<(), Error> {
                 deltas += 1;
                 text.push_str(&delta);
                 tracing::debug!(delta_bytes = delta.len(), "delta");
-                if !send(tx, generate_event::Event::Delta(delta)).await {
+                if !send(tx, generate_response::Event::Delta(delta)).await {
                     // The caller went away; dropping the model stream cancels the call.
                     tracing::info!("caller closed the stream, stopping the answer");
                     return Ok(());
@@ -199,7 +199,7 @@ async fn run(llm: &Llm, work: Work, tx: &EventSender) -> Result<(), Error> {
                 );
                 send(
                     tx,
-                    generate_event::Event::Answer(Answer {
+                    generate_response::Event::Answer(Answer {
                         locale: locale.as_str().to_owned(),
                         steps,
                         message,

@@ -6,8 +6,8 @@ use ecoscan_answer::{Config, serve};
 use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_llm::{LlmConfig, Provider};
 use ecoscan_proto::v1::{
-    Answer, Classification, DisposalRules, GenerateEvent, GenerateRequest,
-    answer_service_client::AnswerServiceClient, generate_event,
+    Answer, Classification, DisposalRules, GenerateResponse, GenerateRequest,
+    answer_service_client::AnswerServiceClient, generate_response,
 };
 use tokio_stream::StreamExt;
 use tonic::{Code, Status, transport::Channel};
@@ -88,7 +88,7 @@ fn request(locale: &str) -> GenerateRequest {
 async fn generate(
     client: &mut AnswerServiceClient<Channel>,
     req: GenerateRequest,
-) -> (Vec<GenerateEvent>, Option<Status>) {
+) -> (Vec<GenerateResponse>, Option<Status>) {
     let mut stream = match client.generate(req).await {
         Ok(r) => r.into_inner(),
         Err(status) => return (Vec::new(), Some(status)),
@@ -104,9 +104,9 @@ async fn generate(
 }
 
 /// Asserts the stream shape (progress, deltas, one answer last) and returns the deltas and answer.
-fn split(events: Vec<GenerateEvent>) -> (String, Answer) {
+fn split(events: Vec<GenerateResponse>) -> (String, Answer) {
     let mut events = events.into_iter().map(|e| e.event.expect("event is set"));
-    let Some(generate_event::Event::Progress(p)) = events.next() else {
+    let Some(generate_response::Event::Progress(p)) = events.next() else {
         panic!("first event is not progress");
     };
     assert_eq!(p.step, "compose_prompt");
@@ -114,15 +114,15 @@ fn split(events: Vec<GenerateEvent>) -> (String, Answer) {
     let mut count = 0;
     for event in events {
         match event {
-            generate_event::Event::Delta(d) => {
+            generate_response::Event::Delta(d) => {
                 count += 1;
                 deltas.push_str(&d);
             }
-            generate_event::Event::Answer(a) => {
+            generate_response::Event::Answer(a) => {
                 assert!(count > 3, "text was not streamed in pieces");
                 return (deltas, a);
             }
-            generate_event::Event::Progress(p) => panic!("unexpected progress {p:?}"),
+            generate_response::Event::Progress(p) => panic!("unexpected progress {p:?}"),
         }
     }
     panic!("no final answer");
@@ -272,7 +272,7 @@ async fn an_unreachable_model_provider_is_unavailable() {
     assert!(
         !events
             .iter()
-            .any(|e| matches!(e.event, Some(generate_event::Event::Answer(_)))),
+            .any(|e| matches!(e.event, Some(generate_response::Event::Answer(_)))),
         "no answer may be sent"
     );
     server.stop().await.unwrap();

@@ -6,13 +6,13 @@ pub mod binary;
 pub mod client;
 pub mod codes;
 pub mod config;
+pub mod identity;
 pub mod metrics;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;
 pub mod testing;
 
-/// Metadata key that carries the acting user's id on internal calls.
-pub const USER_ID_HEADER: &str = "x-user-id";
+pub use identity::USER_ID_HEADER;
 
 pub use tokio_util::sync::CancellationToken;

@@ -28,7 +28,6 @@ use crate::store::postgres::is_postgres_url;
 /// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
 /// | `INGEST_SWEEP_INTERVAL` | how often the sweeper looks for unfinished jobs missing from the queue [30s] |
 /// | `INGEST_SWEEP_GRACE` | age below which a job is never swept (it may be between insert and enqueue) [60s] |
-/// | `INGEST_RESULT_URL_PREFIX` | prefix of the result URL in `done` events [`/api/v1/scan/`] |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub vision_url: String,
@@ -54,7 +53,6 @@ pub struct Config {
     pub event_max_len: usize,
     pub sweep_interval: Duration,
     pub sweep_grace: Duration,
-    pub result_url_prefix: String,
 }
 
 impl Default for Config {
@@ -81,7 +79,6 @@ impl Default for Config {
             event_max_len: 2048,
             sweep_interval: Duration::from_secs(30),
             sweep_grace: Duration::from_secs(60),
-            result_url_prefix: "/api/v1/scan/".into(),
         }
     }
 }
@@ -113,7 +110,6 @@ impl Config {
             event_max_len: env_or("INGEST_EVENT_MAX_LEN", d.event_max_len)?.max(1),
             sweep_interval: env_duration("INGEST_SWEEP_INTERVAL", d.sweep_interval)?,
             sweep_grace: env_duration("INGEST_SWEEP_GRACE", d.sweep_grace)?,
-            result_url_prefix: env_opt("INGEST_RESULT_URL_PREFIX").unwrap_or(d.result_url_prefix),
         })
     }
 }

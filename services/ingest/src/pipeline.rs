@@ -8,14 +8,14 @@ use std::{future::Future, sync::Arc, time::Duration};
 use backon::{ExponentialBuilder, Retryable};
 use ecoscan_common::{
     CancellationToken,
-    client::{TracedChannel, channel, request, request_as},
+    client::{TracedChannel, channel, request_as},
     codes,
 };
 use ecoscan_proto::v1::{
     Answer, Classification, ClassifyRequest, DisposalRules, ErrorInfo, EvaluateRequest,
     EventStatus, GenerateRequest, JobStatus, LookupRequest, NotifyRequest, Progress,
-    RewardDecision, ScanEvent, Stage, answer_service_client::AnswerServiceClient, classify_event,
-    generate_event, lookup_event, notification_service_client::NotificationServiceClient,
+    RewardDecision, ScanEvent, Stage, answer_service_client::AnswerServiceClient, classify_response,
+    generate_response, lookup_response, notification_service_client::NotificationServiceClient,
     reward_service_client::RewardServiceClient, rule_service_client::RuleServiceClient,
     scan_event::Payload, vision_service_client::VisionServiceClient,
 };
@@ -147,12 +147,9 @@ pub fn event(
     }
 }
 
-fn result_url(config: &Config, job_id: &str) -> String {
-    format!("{}{job_id}", config.result_url_prefix)
-}
-
-/// The final event of a finished job, rebuilt from its row.
-pub fn terminal_event_from_row(job: &Job, config: &Config) -> ScanEvent {
+/// The final event of a finished job, rebuilt from its row. A success carries no payload: the
+/// result is the job's, and the gateway knows where it publishes results.
+pub fn terminal_event_from_row(job: &Job) -> ScanEvent {
     if job.status == JobStatus::Succeeded {
         event(
             &job.id,
@@ -160,7 +157,7 @@ pub fn terminal_event_from_row(job: &Job, config: &Config) -> ScanEvent {
             EventStatus::Completed,
             1.0,
             "scan complete",
-            Some(Payload::ResultUrl(result_url(config, &job.id))),
+            None,
         )
     } else {
         let error = job.error.clone().unwrap_or_else(|| ErrorInfo {
@@ -288,7 +285,7 @@ impl Ctx {
             if !events.iter().any(|e| e.stage == Stage::Done as i32) {
                 self.stores
                     .events
-                    .append_final(terminal_event_from_row(&job, &self.config))
+                    .append_final(terminal_event_from_row(&job))
                     .await?;
             }
             self.stores
@@ -347,7 +344,7 @@ impl Ctx {
             })?;
         self.stores
             .events
-            .append_final(terminal_event_from_row(&row, &self.config))
+            .append_final(terminal_event_from_row(&row))
             .await?;
         self.stores
             .events
@@ -573,10 +570,10 @@ impl Ctx {
         let mut out = None;
         while let Some(msg) = next(&mut stream).await? {
             match msg.event {
-                Some(classify_event::Event::Progress(p)) => {
+                Some(classify_response::Event::Progress(p)) => {
                     self.progress(&job.id, Stage::Vision, &p).await?
                 }
-                Some(classify_event::Event::Classification(c)) => out = Some(c),
+                Some(classify_response::Event::Classification(c)) => out = Some(c),
                 None => {}
             }
         }
@@ -606,10 +603,10 @@ impl Ctx {
         let mut out = None;
         while let Some(msg) = next(&mut stream).await? {
             match msg.event {
-                Some(lookup_event::Event::Progress(p)) => {
+                Some(lookup_response::Event::Progress(p)) => {
                     self.progress(&job.id, Stage::Rule, &p).await?
                 }
-                Some(lookup_event::Event::Rules(r)) => out = Some(r),
+                Some(lookup_response::Event::Rules(r)) => out = Some(r),
                 None => {}
             }
         }
@@ -659,16 +656,16 @@ impl Ctx {
             };
             let Some(msg) = msg else { break };
             match msg.event {
-                Some(generate_event::Event::Progress(p)) => {
+                Some(generate_response::Event::Progress(p)) => {
                     self.progress(&job.id, Stage::Answer, &p).await?
                 }
-                Some(generate_event::Event::Delta(d)) => {
+                Some(generate_response::Event::Delta(d)) => {
                     if pending.is_empty() {
                         flush_at = tokio::time::Instant::now() + DELTA_WINDOW;
                     }
                     pending.push_str(&d);
                 }
-                Some(generate_event::Event::Answer(a)) => out = Some(a),
+                Some(generate_response::Event::Answer(a)) => out = Some(a),
                 None => {}
             }
         }
@@ -698,7 +695,6 @@ impl Ctx {
     ) -> Result<RewardDecision, StageError> {
         let req = EvaluateRequest {
             job_id: job.id.clone(),
-            user_id: job.user_id.clone(),
             classification: Some(classification.clone()),
             rules: Some(rules.clone()),
         };
@@ -708,7 +704,9 @@ impl Ctx {
             .clone()
             .evaluate(request_as(req, self.config.stage_timeout, &job.user_id))
             .await?
-            .into_inner())
+            .into_inner()
+            .decision
+            .ok_or_else(|| Status::internal("reward answered without a decision"))?)
     }
 
     /// Tells the owner the scan finished. Best effort: the scan's result does not depend on it,
@@ -745,7 +743,6 @@ impl Ctx {
             ),
         };
         let req = NotifyRequest {
-            user_id: job.user_id.clone(),
             kind: "scan_completed".into(),
             title,
             body,
@@ -755,7 +752,12 @@ impl Ctx {
         let call = || {
             let mut client = self.stages.notification.clone();
             let req = req.clone();
-            async move { client.notify(request(req, Duration::from_secs(5))).await }
+            let user = job.user_id.as_str();
+            async move {
+                client
+                    .notify(request_as(req, Duration::from_secs(5), user))
+                    .await
+            }
         };
         let sent = call
             .retry(ExponentialBuilder::default().with_max_times(3))

@@ -4,13 +4,15 @@ use std::{pin::Pin, sync::Arc};
 
 use bytes::Bytes;
 use ecoscan_common::CancellationToken;
+use ecoscan_common::identity::caller;
 use ecoscan_proto::v1::{
-    EventStatus, GetResultRequest, ScanEvent, ScanResult, Stage, SubmitRequest, SubmitResponse,
-    WatchRequest, scan_service_server::ScanService,
+    EventStatus, GetResultRequest, GetResultResponse, ScanEvent, ScanRequest, ScanResponse,
+    ScanResult, Stage, SubmitRequest, SubmitResponse, WatchRequest, WatchResponse,
+    scan_service_server::ScanService,
 };
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, mpsc};
-use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -37,7 +39,7 @@ struct Inner {
     shutdown: CancellationToken,
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<ScanEvent, Status>> + Send>>;
+type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 impl ScanApi {
     pub fn new(
@@ -64,31 +66,10 @@ impl ScanApi {
     }
 }
 
-/// The acting user: the request field, else `x-user-id` metadata.
-fn user_of<T>(req: &Request<T>, field: &str) -> Result<String, Error> {
-    let user = if field.is_empty() {
-        req.metadata()
-            .get(ecoscan_common::USER_ID_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
-    } else {
-        field.to_owned()
-    };
-    if user.is_empty() {
-        return Err(Error::InvalidArgument(
-            "user_id is required (field `user_id` or `x-user-id` metadata)".into(),
-        ));
-    }
-    if user.len() > 128
-        || !user
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.@-".contains(&b))
-    {
-        return Err(Error::InvalidArgument(
-            "user_id must be 1-128 characters of letters, digits, '_', '.', '@' or '-'".into(),
-        ));
-    }
+/// The acting user (see `ecoscan_common::identity`), recorded on the RPC's span.
+fn user_of<T>(req: &Request<T>) -> Result<String, Error> {
+    let user = caller(req.metadata()).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    tracing::Span::current().record("user.id", user.as_str());
     Ok(user)
 }
 
@@ -233,7 +214,7 @@ impl Inner {
 
     /// Streams a job's events after `after` until its final event: subscribe to the hub first,
     /// then read the backlog from the log, then forward live events, skipping any already sent.
-    fn watch(self: &Arc<Self>, job: Job, after: Option<EventId>) -> EventStream {
+    fn watch(self: &Arc<Self>, job: Job, after: Option<EventId>) -> EventStream<ScanEvent> {
         let (tx, rx) = mpsc::channel(32);
         let this = self.clone();
         let span = tracing::info_span!("watch", job.id = %job.id);
@@ -303,7 +284,7 @@ impl Inner {
                     .is_empty()
             {
                 let _ = tx
-                    .send(Ok(terminal_event_from_row(&row, &self.config)))
+                    .send(Ok(terminal_event_from_row(&row)))
                     .await;
                 return Ok(());
             }
@@ -377,8 +358,7 @@ impl ScanService for ScanApi {
         &self,
         request: Request<SubmitRequest>,
     ) -> Result<Response<SubmitResponse>, Status> {
-        let user = user_of(&request, &request.get_ref().user_id)?;
-        tracing::Span::current().record("user.id", user.as_str());
+        let user = user_of(&request)?;
         let (job, inserted) = self.inner.submit(user, request.into_inner()).await?;
         tracing::Span::current().record("job.id", job.id.as_str());
         Ok(Response::new(SubmitResponse {
@@ -388,27 +368,33 @@ impl ScanService for ScanApi {
         }))
     }
 
-    type ScanStream = EventStream;
+    type ScanStream = EventStream<ScanResponse>;
 
     #[tracing::instrument(skip_all, fields(job.id, user.id))]
     async fn scan(
         &self,
-        request: Request<SubmitRequest>,
+        request: Request<ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
-        let user = user_of(&request, &request.get_ref().user_id)?;
-        let (job, _) = self.inner.submit(user, request.into_inner()).await?;
+        let user = user_of(&request)?;
+        let (job, _) = self
+            .inner
+            .submit(user, request.into_inner().into())
+            .await?;
         tracing::Span::current().record("job.id", job.id.as_str());
-        Ok(Response::new(self.inner.watch(job, None)))
+        let events = self.inner.watch(job, None);
+        Ok(Response::new(Box::pin(events.map(|item| {
+            item.map(|event| ScanResponse { event: Some(event) })
+        }))))
     }
 
-    type WatchStream = EventStream;
+    type WatchStream = EventStream<WatchResponse>;
 
-    #[tracing::instrument(skip_all, fields(job.id = %request.get_ref().job_id))]
+    #[tracing::instrument(skip_all, fields(job.id = %request.get_ref().job_id, user.id))]
     async fn watch(
         &self,
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let user = user_of(&request, &request.get_ref().user_id)?;
+        let user = user_of(&request)?;
         let req = request.into_inner();
         let after = if req.after_event_id.is_empty() {
             None
@@ -420,16 +406,21 @@ impl ScanService for ScanApi {
             )
         };
         let job = self.inner.job_for(&req.job_id, &user).await?;
-        Ok(Response::new(self.inner.watch(job, after)))
+        let events = self.inner.watch(job, after);
+        Ok(Response::new(Box::pin(events.map(|item| {
+            item.map(|event| WatchResponse { event: Some(event) })
+        }))))
     }
 
-    #[tracing::instrument(skip_all, fields(job.id = %request.get_ref().job_id))]
+    #[tracing::instrument(skip_all, fields(job.id = %request.get_ref().job_id, user.id))]
     async fn get_result(
         &self,
         request: Request<GetResultRequest>,
-    ) -> Result<Response<ScanResult>, Status> {
-        let user = user_of(&request, &request.get_ref().user_id)?;
+    ) -> Result<Response<GetResultResponse>, Status> {
+        let user = user_of(&request)?;
         let job = self.inner.job_for(&request.get_ref().job_id, &user).await?;
-        Ok(Response::new(result_of(job)))
+        Ok(Response::new(GetResultResponse {
+            result: Some(result_of(job)),
+        }))
     }
 }

@@ -18,13 +18,13 @@ use ecoscan_ingest::{
     store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
 };
 use ecoscan_proto::v1::{
-    Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyEvent,
-    ClassifyRequest, DisposalRules, EvaluateRequest, EventStatus, GenerateEvent, GenerateRequest,
+    Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyResponse,
+    ClassifyRequest, DisposalRules, EvaluateRequest, EventStatus, GenerateResponse, GenerateRequest,
     GetResultRequest, JobStatus, ListCategoriesRequest, ListCategoriesResponse, ListOwnedRequest,
-    ListOwnedResponse, ListRequest, ListResponse, LookupEvent, LookupRequest, Notification,
+    ListOwnedResponse, ListRequest, ListResponse, LookupResponse, LookupRequest, Notification,
     NotifyRequest, RewardDecision, ScanEvent, ScheduleRequest, Stage, SubmitRequest,
-    SubscribeRequest, WatchRequest, answer_service_server, classify_event, generate_event,
-    lookup_event, notification_service_server, reward_service_server, rule_service_server,
+    SubscribeRequest, WatchRequest, answer_service_server, classify_response, generate_response,
+    lookup_response, notification_service_server, reward_service_server, rule_service_server,
     scan_service_client::ScanServiceClient, vision_service_server,
 };
 use tokio_stream::{Stream, StreamExt};
@@ -83,7 +83,7 @@ fn classification() -> Classification {
 
 #[tonic::async_trait]
 impl vision_service_server::VisionService for Stages {
-    type ClassifyStream = BoxStream<ClassifyEvent>;
+    type ClassifyStream = BoxStream<ClassifyResponse>;
     async fn classify(
         &self,
         req: Request<ClassifyRequest>,
@@ -93,22 +93,22 @@ impl vision_service_server::VisionService for Stages {
         if let Some(code) = self.vision_fails_with {
             return Err(Status::new(code, "the photo shows no object"));
         }
-        Ok(Response::new(stream_of(vec![ClassifyEvent {
-            event: Some(classify_event::Event::Classification(classification())),
+        Ok(Response::new(stream_of(vec![ClassifyResponse {
+            event: Some(classify_response::Event::Classification(classification())),
         }])))
     }
 }
 
 #[tonic::async_trait]
 impl rule_service_server::RuleService for Stages {
-    type LookupStream = BoxStream<LookupEvent>;
+    type LookupStream = BoxStream<LookupResponse>;
     async fn lookup(
         &self,
         _: Request<LookupRequest>,
     ) -> Result<Response<Self::LookupStream>, Status> {
         self.hit("rule");
-        Ok(Response::new(stream_of(vec![LookupEvent {
-            event: Some(lookup_event::Event::Rules(DisposalRules {
+        Ok(Response::new(stream_of(vec![LookupResponse {
+            event: Some(lookup_response::Event::Rules(DisposalRules {
                 recyclable: true,
                 ..Default::default()
             })),
@@ -124,7 +124,7 @@ impl rule_service_server::RuleService for Stages {
 
 #[tonic::async_trait]
 impl answer_service_server::AnswerService for Stages {
-    type GenerateStream = BoxStream<GenerateEvent>;
+    type GenerateStream = BoxStream<GenerateResponse>;
     async fn generate(
         &self,
         req: Request<GenerateRequest>,
@@ -132,15 +132,15 @@ impl answer_service_server::AnswerService for Stages {
         self.hit("answer");
         assert!(req.get_ref().classification.is_some() && req.get_ref().rules.is_some());
         tokio::time::sleep(self.answer_delay).await;
-        let delta = |d: &str| GenerateEvent {
-            event: Some(generate_event::Event::Delta(d.into())),
+        let delta = |d: &str| GenerateResponse {
+            event: Some(generate_response::Event::Delta(d.into())),
         };
         Ok(Response::new(stream_of(vec![
             delta("Remove the label, "),
             delta("rinse, "),
             delta("crush."),
-            GenerateEvent {
-                event: Some(generate_event::Event::Answer(Answer {
+            GenerateResponse {
+                event: Some(generate_response::Event::Answer(Answer {
                     text: "Remove the label, rinse, crush.".into(),
                     ..Default::default()
                 })),

@@ -9,7 +9,9 @@ use std::{
 };
 
 use backon::{ExponentialBuilder, Retryable};
-use ecoscan_proto::v1::{LlmCall, analytics_service_client::AnalyticsServiceClient};
+use ecoscan_proto::v1::{
+    LlmCall, RecordStreamRequest, analytics_service_client::AnalyticsServiceClient,
+};
 use opentelemetry::trace::{SpanContext, TraceContextExt};
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -138,7 +140,11 @@ async fn drain(client: Client, mut rx: mpsc::Receiver<Reported>, counters: Arc<C
             async move {
                 client
                     .record_stream(ecoscan_common::client::request(
-                        tokio_stream::iter(calls),
+                        tokio_stream::iter(
+                            calls
+                                .into_iter()
+                                .map(|call| RecordStreamRequest { call: Some(call) }),
+                        ),
                         SEND_DEADLINE,
                     ))
                     .await

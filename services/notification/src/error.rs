@@ -5,8 +5,8 @@ use tonic::Status;
 /// Everything an RPC of the notification service can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("user_id is empty; send the id of the person to notify")]
-    EmptyUserId,
+    #[error(transparent)]
+    Identity(#[from] ecoscan_common::identity::IdentityError),
     #[error("title is empty; send a short title for the notification")]
     EmptyTitle,
     #[error("id is empty; send the id of the notification to cancel")]
@@ -32,7 +32,7 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::EmptyUserId
+            Error::Identity(_)
             | Error::EmptyTitle
             | Error::EmptyId
             | Error::MissingDueAt
@@ -57,7 +57,7 @@ mod tests {
     #[test]
     fn errors_map_to_the_right_codes_and_hide_internal_causes() {
         for e in [
-            Error::EmptyUserId,
+            Error::Identity(ecoscan_common::identity::IdentityError::Missing),
             Error::EmptyTitle,
             Error::EmptyId,
             Error::MissingDueAt,

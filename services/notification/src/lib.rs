@@ -18,12 +18,14 @@ use anyhow::{Context, bail};
 use ecoscan_common::{
     CancellationToken,
     config::{env_duration, env_opt, env_or},
+    identity::{IdentityError, caller, valid_user_id},
 };
 use ecoscan_proto::{
     Timestamp,
     v1::{
         CancelRequest, CancelResponse, ListRequest, ListResponse, Notification, NotificationStatus,
-        NotifyRequest, ScheduleRequest, SubscribeRequest,
+        NotifyRequest, NotifyResponse, ScheduleRequest, ScheduleResponse, SubscribeRequest,
+        SubscribeResponse,
         notification_service_server::{NotificationService, NotificationServiceServer},
     },
 };
@@ -366,12 +368,12 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
 
     /// Stores and delivers a notification now; a repeat of a dedupe key returns the first one
     /// and publishes nothing.
-    pub async fn notify(&self, req: NotifyRequest) -> Result<Notification, Error> {
-        check_user_and_title(&req.user_id, &req.title)?;
+    pub async fn notify(&self, user_id: &str, req: NotifyRequest) -> Result<Notification, Error> {
+        check_user_and_title(user_id, &req.title)?;
         let now = now_us();
         let row = NotificationRow {
             id: uuid::Uuid::now_v7().to_string(),
-            user_id: req.user_id,
+            user_id: user_id.to_owned(),
             kind: req.kind,
             title: req.title,
             body: req.body,
@@ -394,8 +396,12 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
     }
 
     /// Stores a notification for delivery at its due time (at once when that has passed).
-    pub async fn schedule(&self, req: ScheduleRequest) -> Result<Notification, Error> {
-        check_user_and_title(&req.user_id, &req.title)?;
+    pub async fn schedule(
+        &self,
+        user_id: &str,
+        req: ScheduleRequest,
+    ) -> Result<Notification, Error> {
+        check_user_and_title(user_id, &req.title)?;
         let due = ts_to_us(&req.due_at.ok_or(Error::MissingDueAt)?);
         let now = now_us();
         let max_ahead = i64::try_from(MAX_SCHEDULE_AHEAD.as_micros()).expect("a year fits in i64");
@@ -404,7 +410,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
         }
         let row = NotificationRow {
             id: uuid::Uuid::now_v7().to_string(),
-            user_id: req.user_id,
+            user_id: user_id.to_owned(),
             kind: req.kind,
             title: req.title,
             body: req.body,
@@ -444,16 +450,14 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
     }
 
     /// Cancels a scheduled notification of `user_id`; cancelling one twice is not an error.
-    pub async fn cancel(&self, req: CancelRequest) -> Result<Notification, Error> {
-        if req.user_id.trim().is_empty() {
-            return Err(Error::EmptyUserId);
-        }
+    pub async fn cancel(&self, user_id: &str, req: CancelRequest) -> Result<Notification, Error> {
+        check_user(user_id)?;
         if req.id.trim().is_empty() {
             return Err(Error::EmptyId);
         }
         match self
             .store
-            .cancel(&req.id, &req.user_id)
+            .cancel(&req.id, user_id)
             .await
             .map_err(Error::Internal)?
         {
@@ -467,27 +471,31 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
     }
 
     /// `user_id`'s inbox, newest first.
-    pub async fn list(&self, req: ListRequest) -> Result<Vec<Notification>, Error> {
-        if req.user_id.trim().is_empty() {
-            return Err(Error::EmptyUserId);
-        }
+    pub async fn list(&self, user_id: &str, req: ListRequest) -> Result<Vec<Notification>, Error> {
+        check_user(user_id)?;
         let limit = match req.limit {
             0 => DEFAULT_LIST_LIMIT,
             n => n.min(MAX_LIST_LIMIT),
         };
         let rows = self
             .store
-            .list(&req.user_id, limit)
+            .list(user_id, limit)
             .await
             .map_err(Error::Internal)?;
         Ok(rows.into_iter().map(to_proto).collect())
     }
 }
 
-fn check_user_and_title(user_id: &str, title: &str) -> Result<(), Error> {
-    if user_id.trim().is_empty() {
-        return Err(Error::EmptyUserId);
+fn check_user(user_id: &str) -> Result<(), Error> {
+    if valid_user_id(user_id) {
+        Ok(())
+    } else {
+        Err(Error::Identity(IdentityError::Invalid))
     }
+}
+
+fn check_user_and_title(user_id: &str, title: &str) -> Result<(), Error> {
+    check_user(user_id)?;
     if title.trim().is_empty() {
         return Err(Error::EmptyTitle);
     }
@@ -537,54 +545,63 @@ fn us_to_ts(us: i64) -> Timestamp {
     }
 }
 
+/// The user the call acts for (see `ecoscan_common::identity`), recorded on the RPC's span.
+fn acting_user<T>(request: &Request<T>) -> Result<String, Error> {
+    let user = caller(request.metadata())?;
+    tracing::Span::current().record("user_id", user.as_str());
+    Ok(user)
+}
+
 #[tonic::async_trait]
 impl<St: NotificationStore, Sc: Scheduler> NotificationService for Notifications<St, Sc> {
-    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id, kind = %request.get_ref().kind))]
+    #[tracing::instrument(skip_all, fields(user_id, kind = %request.get_ref().kind))]
     async fn notify(
         &self,
         request: Request<NotifyRequest>,
-    ) -> Result<Response<Notification>, Status> {
-        Ok(Response::new(
-            Notifications::notify(self, request.into_inner()).await?,
-        ))
+    ) -> Result<Response<NotifyResponse>, Status> {
+        let user = acting_user(&request)?;
+        let n = Notifications::notify(self, &user, request.into_inner()).await?;
+        Ok(Response::new(NotifyResponse {
+            notification: Some(n),
+        }))
     }
 
-    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id, kind = %request.get_ref().kind))]
+    #[tracing::instrument(skip_all, fields(user_id, kind = %request.get_ref().kind))]
     async fn schedule(
         &self,
         request: Request<ScheduleRequest>,
-    ) -> Result<Response<Notification>, Status> {
-        Ok(Response::new(
-            Notifications::schedule(self, request.into_inner()).await?,
-        ))
+    ) -> Result<Response<ScheduleResponse>, Status> {
+        let user = acting_user(&request)?;
+        let n = Notifications::schedule(self, &user, request.into_inner()).await?;
+        Ok(Response::new(ScheduleResponse {
+            notification: Some(n),
+        }))
     }
 
-    #[tracing::instrument(skip_all, fields(id = %request.get_ref().id, user_id = %request.get_ref().user_id))]
+    #[tracing::instrument(skip_all, fields(id = %request.get_ref().id, user_id))]
     async fn cancel(
         &self,
         request: Request<CancelRequest>,
     ) -> Result<Response<CancelResponse>, Status> {
-        let n = Notifications::cancel(self, request.into_inner()).await?;
+        let user = acting_user(&request)?;
+        let n = Notifications::cancel(self, &user, request.into_inner()).await?;
         tracing::info!("notification cancelled");
         Ok(Response::new(CancelResponse {
             notification: Some(n),
         }))
     }
 
-    type SubscribeStream = ReceiverStream<Result<Notification, Status>>;
+    type SubscribeStream = ReceiverStream<Result<SubscribeResponse, Status>>;
 
     /// Streams the user's notifications delivered from now on. A subscriber that falls more than
     /// the subscriber buffer behind gets RESOURCE_EXHAUSTED; server shutdown ends it with
     /// UNAVAILABLE.
-    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id))]
+    #[tracing::instrument(skip_all, fields(user_id))]
     async fn subscribe(
         &self,
         request: Request<SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let user_id = request.into_inner().user_id;
-        if user_id.trim().is_empty() {
-            return Err(Error::EmptyUserId.into());
-        }
+        let user_id = acting_user(&request)?;
         // Subscribed before the response goes out: whatever is delivered after the caller sees
         // the stream open reaches it.
         let mut sub = self.hub.subscribe(&user_id);
@@ -608,7 +625,7 @@ impl<St: NotificationStore, Sc: Scheduler> NotificationService for Notifications
                     let sent = tokio::select! {
                         // A final status still goes out when there is room for it.
                         biased;
-                        r = tx.send(item.map_err(Status::from)) => r.is_ok(),
+                        r = tx.send(item.map(|n| SubscribeResponse { notification: Some(n) }).map_err(Status::from)) => r.is_ok(),
                         () = shutdown.cancelled() => false,
                     };
                     if last || !sent {
@@ -622,9 +639,10 @@ impl<St: NotificationStore, Sc: Scheduler> NotificationService for Notifications
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id, limit = request.get_ref().limit))]
+    #[tracing::instrument(skip_all, fields(user_id, limit = request.get_ref().limit))]
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-        let notifications = Notifications::list(self, request.into_inner()).await?;
+        let user = acting_user(&request)?;
+        let notifications = Notifications::list(self, &user, request.into_inner()).await?;
         Ok(Response::new(ListResponse { notifications }))
     }
 }

@@ -7,8 +7,8 @@ use tonic::Status;
 pub enum Error {
     #[error("job_id is empty; send the id of the scan being rewarded")]
     EmptyJobId,
-    #[error("user_id is empty; send the id of the person who scanned")]
-    EmptyUserId,
+    #[error(transparent)]
+    Identity(#[from] ecoscan_common::identity::IdentityError),
     #[error("classification is missing; send the scan's classification")]
     MissingClassification,
     #[error("job {0} was already evaluated for another user")]
@@ -20,7 +20,7 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::EmptyJobId | Error::EmptyUserId | Error::MissingClassification => {
+            Error::EmptyJobId | Error::Identity(_) | Error::MissingClassification => {
                 Status::invalid_argument(e.to_string())
             }
             Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
@@ -44,7 +44,10 @@ mod tests {
             Code::InvalidArgument
         );
         assert_eq!(
-            Status::from(Error::EmptyUserId).code(),
+            Status::from(Error::Identity(
+                ecoscan_common::identity::IdentityError::Missing
+            ))
+            .code(),
             Code::InvalidArgument
         );
         assert_eq!(

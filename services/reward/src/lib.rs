@@ -13,9 +13,10 @@ use ecoscan_common::metrics::Labels1;
 use ecoscan_common::{
     CancellationToken,
     config::{env_opt, env_or},
+    identity::{IdentityError, caller, valid_user_id},
 };
 use ecoscan_proto::v1::{
-    EvaluateRequest, ListOwnedRequest, ListOwnedResponse, OwnedCharacter, RewardDecision,
+    EvaluateRequest, EvaluateResponse, ListOwnedRequest, ListOwnedResponse, OwnedCharacter, RewardDecision,
     reward_service_server::{RewardService, RewardServiceServer},
 };
 use prometheus_client::metrics::{counter::Counter, family::Family};
@@ -148,12 +149,16 @@ impl<S: RewardStore> Reward<S> {
     }
 
     /// Decides (and grants) what the scan earns; see the RPC's docs.
-    pub async fn evaluate(&self, req: EvaluateRequest) -> Result<RewardDecision, Error> {
+    pub async fn evaluate(
+        &self,
+        user_id: &str,
+        req: EvaluateRequest,
+    ) -> Result<RewardDecision, Error> {
         if req.job_id.trim().is_empty() {
             return Err(Error::EmptyJobId);
         }
-        if req.user_id.trim().is_empty() {
-            return Err(Error::EmptyUserId);
+        if !valid_user_id(user_id) {
+            return Err(Error::Identity(IdentityError::Invalid));
         }
         let classification = req.classification.ok_or(Error::MissingClassification)?;
 
@@ -164,7 +169,7 @@ impl<S: RewardStore> Reward<S> {
             .await
             .map_err(Error::Internal)?
         {
-            return self.stored_to_proto(stored, &req.user_id);
+            return self.stored_to_proto(stored, user_id);
         }
 
         // Ineligible decisions grant nothing and follow from the request alone, so they are
@@ -183,19 +188,19 @@ impl<S: RewardStore> Reward<S> {
             .store
             .grant(Grant {
                 job_id: req.job_id,
-                user_id: req.user_id.clone(),
+                user_id: user_id.to_owned(),
                 character_code: character.code.clone(),
                 now_us: now_us(),
             })
             .await
             .map_err(Error::Internal)?;
-        self.stored_to_proto(stored, &req.user_id)
+        self.stored_to_proto(stored, user_id)
     }
 
     /// Characters `user_id` owns, oldest first.
     pub async fn list_owned(&self, user_id: &str) -> Result<Vec<OwnedCharacter>, Error> {
-        if user_id.trim().is_empty() {
-            return Err(Error::EmptyUserId);
+        if !valid_user_id(user_id) {
+            return Err(Error::Identity(IdentityError::Invalid));
         }
         let rows = self
             .store
@@ -262,12 +267,14 @@ fn from_us(us: i64) -> ecoscan_proto::Timestamp {
 
 #[tonic::async_trait]
 impl<S: RewardStore> RewardService for Reward<S> {
-    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id, user_id = %request.get_ref().user_id, reason))]
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id, user_id, reason))]
     async fn evaluate(
         &self,
         request: Request<EvaluateRequest>,
-    ) -> Result<Response<RewardDecision>, Status> {
-        let decision = Reward::evaluate(self, request.into_inner()).await?;
+    ) -> Result<Response<EvaluateResponse>, Status> {
+        let user = caller(request.metadata()).map_err(Error::from)?;
+        tracing::Span::current().record("user_id", user.as_str());
+        let decision = Reward::evaluate(self, &user, request.into_inner()).await?;
         self.decisions
             .get_or_create(&[("reason", decision.reason.clone())])
             .inc();
@@ -277,15 +284,19 @@ impl<S: RewardStore> RewardService for Reward<S> {
             newly_granted = decision.newly_granted,
             "reward decided"
         );
-        Ok(Response::new(decision))
+        Ok(Response::new(EvaluateResponse {
+            decision: Some(decision),
+        }))
     }
 
-    #[tracing::instrument(skip_all, fields(user_id = %request.get_ref().user_id))]
+    #[tracing::instrument(skip_all, fields(user_id))]
     async fn list_owned(
         &self,
         request: Request<ListOwnedRequest>,
     ) -> Result<Response<ListOwnedResponse>, Status> {
-        let characters = Reward::list_owned(self, &request.into_inner().user_id).await?;
+        let user = caller(request.metadata()).map_err(Error::from)?;
+        tracing::Span::current().record("user_id", user.as_str());
+        let characters = Reward::list_owned(self, &user).await?;
         Ok(Response::new(ListOwnedResponse { characters }))
     }
 }

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use ecoscan_proto::v1::{
-    ListCategoriesRequest, ListCategoriesResponse, LookupEvent, LookupRequest, Progress,
-    lookup_event::Event, rule_service_server::RuleService,
+    ListCategoriesRequest, ListCategoriesResponse, LookupResponse, LookupRequest, Progress,
+    lookup_response::Event, rule_service_server::RuleService,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -62,8 +62,8 @@ fn failed_outcome(e: &Error) -> &'static str {
     }
 }
 
-fn progress(step: &str, fraction: f32, message: String) -> LookupEvent {
-    LookupEvent {
+fn progress(step: &str, fraction: f32, message: String) -> LookupResponse {
+    LookupResponse {
         event: Some(Event::Progress(Progress {
             step: step.to_owned(),
             fraction,
@@ -78,7 +78,7 @@ fn progress(step: &str, fraction: f32, message: String) -> LookupEvent {
 fn lookup_events(
     dataset: &Dataset,
     req: &LookupRequest,
-) -> Result<(Vec<LookupEvent>, &'static str), Error> {
+) -> Result<(Vec<LookupResponse>, &'static str), Error> {
     let locale = Locale::parse(&req.locale)?;
     let c = req
         .classification
@@ -136,7 +136,7 @@ fn lookup_events(
         ));
     }
     events.push(progress("apply_situation_tags", 0.9, tag_message));
-    events.push(LookupEvent {
+    events.push(LookupResponse {
         event: Some(Event::Rules(out.rules)),
     });
     Ok((events, outcome))
@@ -144,7 +144,7 @@ fn lookup_events(
 
 #[tonic::async_trait]
 impl RuleService for RuleApi {
-    type LookupStream = ReceiverStream<Result<LookupEvent, Status>>;
+    type LookupStream = ReceiverStream<Result<LookupResponse, Status>>;
 
     #[tracing::instrument(
         name = "rule.lookup",

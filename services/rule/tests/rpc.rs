@@ -2,8 +2,8 @@
 
 use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_proto::v1::{
-    Classification, DisposalRules, ListCategoriesRequest, LookupEvent, LookupRequest, Progress,
-    lookup_event::Event, rule_service_client::RuleServiceClient,
+    Classification, DisposalRules, ListCategoriesRequest, LookupResponse, LookupRequest, Progress,
+    lookup_response::Event, rule_service_client::RuleServiceClient,
 };
 use ecoscan_rule::{Config, serve};
 use tokio_stream::StreamExt;
@@ -41,7 +41,7 @@ fn request(c: Classification, locale: &str) -> LookupRequest {
 async fn lookup(
     client: &mut RuleServiceClient<Channel>,
     req: LookupRequest,
-) -> Result<Vec<LookupEvent>, tonic::Status> {
+) -> Result<Vec<LookupResponse>, tonic::Status> {
     let mut stream = client.lookup(req).await?.into_inner();
     let mut events = Vec::new();
     while let Some(event) = stream.next().await {
@@ -52,7 +52,7 @@ async fn lookup(
 
 /// Splits a successful lookup into its progress messages and its one rules message, asserting
 /// the stream's shape: progress first, exactly one rules message, last.
-fn split(events: Vec<LookupEvent>) -> (Vec<Progress>, DisposalRules) {
+fn split(events: Vec<LookupResponse>) -> (Vec<Progress>, DisposalRules) {
     let mut progress = Vec::new();
     let mut rules = Vec::new();
     for (i, e) in events.iter().enumerate() {

@@ -7,15 +7,15 @@ use std::path::PathBuf;
 use ecoscan_rule::{Dataset, Locale};
 
 fn reference_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/eco2")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/reference")
 }
 
 fn read_reference(name: &str) -> String {
     let path = reference_dir().join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "cannot read the reference taxonomy at {} ({e}); the taxonomy tests need \
-             /work/shared/reference/eco2 checked out next to the repository",
+            "cannot read the reference taxonomy at {} ({e}); it is part of the repository \
+             (services/rule/data/reference, see its README)",
             path.display()
         )
     })

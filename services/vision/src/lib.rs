@@ -12,7 +12,7 @@ use bytes::Bytes;
 use ecoscan_common::CancellationToken;
 use ecoscan_llm::{AnalyticsReporter, ClassifyInput, Llm, LlmConfig, TaxonomyPath};
 use ecoscan_proto::v1::{
-    Classification, ClassifyEvent, ClassifyRequest, Progress, classify_event,
+    Classification, ClassifyResponse, ClassifyRequest, Progress, classify_response,
     vision_service_server::{VisionService, VisionServiceServer},
 };
 use tokio::sync::mpsc;
@@ -98,11 +98,11 @@ struct Inner {
     taxonomy: taxonomy::TaxonomyCache,
 }
 
-type EventSender = mpsc::Sender<Result<ClassifyEvent, Status>>;
+type EventSender = mpsc::Sender<Result<ClassifyResponse, Status>>;
 
 #[tonic::async_trait]
 impl VisionService for Vision {
-    type ClassifyStream = ReceiverStream<Result<ClassifyEvent, Status>>;
+    type ClassifyStream = ReceiverStream<Result<ClassifyResponse, Status>>;
 
     #[tracing::instrument(skip_all, fields(job.id = %req.get_ref().job_id, image.bytes = req.get_ref().image.len()))]
     async fn classify(
@@ -129,8 +129,8 @@ impl VisionService for Vision {
 async fn progress(tx: &EventSender, step: &str, fraction: f32, message: &str) {
     tracing::info!(step, fraction, "progress");
     let _ = tx
-        .send(Ok(ClassifyEvent {
-            event: Some(classify_event::Event::Progress(Progress {
+        .send(Ok(ClassifyResponse {
+            event: Some(classify_response::Event::Progress(Progress {
                 step: step.to_owned(),
                 fraction,
                 message: message.to_owned(),
@@ -212,8 +212,8 @@ async fn run(
         "classified"
     );
     let _ = tx
-        .send(Ok(ClassifyEvent {
-            event: Some(classify_event::Event::Classification(classification)),
+        .send(Ok(ClassifyResponse {
+            event: Some(classify_response::Event::Classification(classification)),
         }))
         .await;
     Ok(())

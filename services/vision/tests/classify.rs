@@ -13,8 +13,8 @@ use axum::{Json, Router, extract::Path, response::IntoResponse, routing::post};
 use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_llm::{LlmConfig, Provider};
 use ecoscan_proto::v1::{
-    Category, Classification, ClassifyEvent, ClassifyRequest, ListCategoriesRequest,
-    ListCategoriesResponse, LookupEvent, LookupRequest, classify_event,
+    Category, Classification, ClassifyResponse, ClassifyRequest, ListCategoriesRequest,
+    ListCategoriesResponse, LookupResponse, LookupRequest, classify_response,
     rule_service_server::{RuleService, RuleServiceServer},
     vision_service_client::VisionServiceClient,
 };
@@ -33,7 +33,7 @@ struct Rules {
 
 #[tonic::async_trait]
 impl RuleService for Rules {
-    type LookupStream = ReceiverStream<Result<LookupEvent, Status>>;
+    type LookupStream = ReceiverStream<Result<LookupResponse, Status>>;
 
     async fn lookup(
         &self,
@@ -102,7 +102,7 @@ async fn start_vision(rule_url: String, llm: LlmConfig) -> (Spawned, VisionServi
 async fn classify(
     client: &mut VisionServiceClient<Channel>,
     req: ClassifyRequest,
-) -> (Vec<ClassifyEvent>, Option<Status>) {
+) -> (Vec<ClassifyResponse>, Option<Status>) {
     let mut stream = match client.classify(req).await {
         Ok(r) => r.into_inner(),
         Err(status) => return (Vec::new(), Some(status)),
@@ -126,9 +126,9 @@ fn request(image: &[u8], content_type: &str, hint: &str) -> ClassifyRequest {
     }
 }
 
-fn final_classification(events: &[ClassifyEvent]) -> &Classification {
+fn final_classification(events: &[ClassifyResponse]) -> &Classification {
     match events.last().and_then(|e| e.event.as_ref()) {
-        Some(classify_event::Event::Classification(c)) => c,
+        Some(classify_response::Event::Classification(c)) => c,
         other => panic!("last event is not a classification: {other:?}"),
     }
 }
@@ -148,7 +148,7 @@ async fn a_pet_bottle_hint_is_classified_with_progress_in_order_and_marked_mock(
     let steps: Vec<&str> = events
         .iter()
         .filter_map(|e| match &e.event {
-            Some(classify_event::Event::Progress(p)) => Some(p.step.as_str()),
+            Some(classify_response::Event::Progress(p)) => Some(p.step.as_str()),
             _ => None,
         })
         .collect();
@@ -299,7 +299,7 @@ async fn a_model_answer_outside_the_taxonomy_is_an_internal_error_not_a_made_up_
     assert!(
         !events
             .iter()
-            .any(|e| matches!(e.event, Some(classify_event::Event::Classification(_)))),
+            .any(|e| matches!(e.event, Some(classify_response::Event::Classification(_)))),
         "no classification may be sent"
     );
     server.stop().await.unwrap();

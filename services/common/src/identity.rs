@@ -1,0 +1,73 @@
+//! The user a call acts for. It travels in one place only: the `x-user-id` request metadata,
+//! set by the gateway from the authenticated caller (or by ingest, acting for a job's owner).
+//! No request field can name or override it.
+
+use tonic::metadata::MetadataMap;
+
+/// Metadata key that carries the acting user's id on internal calls.
+pub const USER_ID_HEADER: &str = "x-user-id";
+
+/// Why a call has no usable user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("the call names no user; send the acting user's id in `x-user-id` metadata")]
+    Missing,
+    #[error(
+        "the user id in `x-user-id` must be 1-128 characters of letters, digits, '_', '.', '@', \
+         '|', ':', '+' or '-'"
+    )]
+    Invalid,
+}
+
+/// Whether `id` is a user id services accept: short, printable, no separators that could
+/// confuse a log line or a key (`|` and `:` appear in OIDC subjects such as `auth0|123`).
+pub fn valid_user_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.@|:+-".contains(&b))
+}
+
+/// The acting user of a call, from its metadata.
+pub fn caller(metadata: &MetadataMap) -> Result<String, IdentityError> {
+    let Some(value) = metadata.get(USER_ID_HEADER) else {
+        return Err(IdentityError::Missing);
+    };
+    let id = value.to_str().map_err(|_| IdentityError::Invalid)?;
+    if id.is_empty() {
+        return Err(IdentityError::Missing);
+    }
+    if !valid_user_id(id) {
+        return Err(IdentityError::Invalid);
+    }
+    Ok(id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::metadata::MetadataValue;
+
+    use super::*;
+
+    fn with(value: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert(USER_ID_HEADER, MetadataValue::try_from(value).unwrap());
+        m
+    }
+
+    #[test]
+    fn the_caller_comes_from_metadata() {
+        assert_eq!(caller(&with("alice")).unwrap(), "alice");
+        assert_eq!(caller(&with("auth0|abc:1")).unwrap(), "auth0|abc:1");
+    }
+
+    #[test]
+    fn a_missing_empty_or_odd_user_is_refused() {
+        assert_eq!(caller(&MetadataMap::new()), Err(IdentityError::Missing));
+        assert_eq!(caller(&with("")), Err(IdentityError::Missing));
+        assert_eq!(caller(&with("a b")), Err(IdentityError::Invalid));
+        assert_eq!(caller(&with(&"a".repeat(129))), Err(IdentityError::Invalid));
+        assert!(valid_user_id("alice@example.com"));
+        assert!(!valid_user_id("ünïcode"));
+    }
+}
