@@ -10,6 +10,9 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "==> gRPC API (buf lint, buf breaking against the released API)"
+infra/proto-check.sh
+
 echo "==> servers (Redis, PostgreSQL, S3)"
 infra/services.sh
 export TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379}"

@@ -24,7 +24,10 @@ use ecoscan_proto::{
         RewardDecision, ScanEvent, Stage, scan_event::Payload,
     },
 };
-use futures::{Stream, StreamExt, stream::{self, BoxStream}};
+use futures::{
+    Stream, StreamExt,
+    stream::{self, BoxStream},
+};
 use serde::Serialize;
 use tonic::{Status, Streaming};
 
@@ -269,7 +272,9 @@ pub(crate) fn scan_stream<R: Send + 'static>(
     upstream
         .map(move |item| {
             item.and_then(|r| {
-                event(r).ok_or_else(|| Status::internal("ingest sent a stream message without an event"))
+                event(r).ok_or_else(|| {
+                    Status::internal("ingest sent a stream message without an event")
+                })
             })
         })
         .boxed()

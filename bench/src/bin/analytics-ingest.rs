@@ -284,7 +284,13 @@ fn kinds(m: &BTreeMap<String, usize>) -> String {
 async fn wait_serving(client: &Client, bodies: &Bodies) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match client.clone().record(RecordRequest { call: Some(bodies.call(0)) }).await {
+        match client
+            .clone()
+            .record(RecordRequest {
+                call: Some(bodies.call(0)),
+            })
+            .await
+        {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() >= deadline => {
                 anyhow::bail!("analytics did not start within 30 s: {e}")
@@ -362,7 +368,12 @@ async fn closed_loop_unary(
             let mut i = w;
             while Instant::now() < end {
                 let sent = Instant::now();
-                let outcome = client.clone().record(RecordRequest { call: Some(bodies.call(i)) }).await;
+                let outcome = client
+                    .clone()
+                    .record(RecordRequest {
+                        call: Some(bodies.call(i)),
+                    })
+                    .await;
                 let mut r = run.lock().await;
                 match outcome {
                     Ok(_) => {
@@ -402,7 +413,9 @@ async fn closed_loop_streams(
                 let sent = Instant::now();
                 let first = (w + n * streams) * calls;
                 let batch: Vec<RecordStreamRequest> = (first..first + calls)
-                    .map(|i| RecordStreamRequest { call: Some(bodies.call(i)) })
+                    .map(|i| RecordStreamRequest {
+                        call: Some(bodies.call(i)),
+                    })
                     .collect();
                 let outcome = client
                     .clone()

@@ -126,7 +126,9 @@ pub(crate) async fn result(
         .map_err(ingest_error)?
         .into_inner()
         .result
-        .ok_or_else(|| ApiError::Internal(format!("ingest answered GetResult of {id} without it")))?;
+        .ok_or_else(|| {
+            ApiError::Internal(format!("ingest answered GetResult of {id} without it"))
+        })?;
     match JobStatus::try_from(result.status) {
         Ok(JobStatus::Queued | JobStatus::Running) => {
             let body = json!({

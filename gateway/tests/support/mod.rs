@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::{
+    collections::HashMap,
     pin::Pin,
     sync::{
         Arc, Mutex,
@@ -11,15 +12,20 @@ use std::{
     },
 };
 
-use ecoscan_common::testing::{Spawned, spawn};
+use ecoscan_common::{
+    identity::caller,
+    testing::{Spawned, spawn},
+};
 use ecoscan_gateway::Config;
 use ecoscan_proto::v1::{
     CancelRequest, CancelResponse, Character, Classification, ErrorInfo, EvaluateRequest,
-    EventStatus, GetCallRequest, GetResultRequest, JobStatus, ListOwnedRequest, ListOwnedResponse,
-    ListRequest, ListResponse, LlmCall, Notification, NotifyRequest, OwnedCharacter,
-    RecordResponse, RecordStreamResponse, RewardDecision, ScanEvent, ScanResult, ScheduleRequest,
-    Stage, SubmitRequest, SubmitResponse, SubscribeRequest, UsageRequest, UsageResponse, UsageRow,
-    WatchRequest,
+    EvaluateResponse, EventStatus, GetCallRequest, GetCallResponse, GetResultRequest,
+    GetResultResponse, JobStatus, ListOwnedRequest, ListOwnedResponse, ListRequest, ListResponse,
+    Notification, NotifyRequest, NotifyResponse, OwnedCharacter, RecordRequest, RecordResponse,
+    RecordStreamRequest, RecordStreamResponse, RewardDecision, ScanEvent, ScanRequest,
+    ScanResponse, ScanResult, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest,
+    SubmitResponse, SubscribeRequest, SubscribeResponse, UsageRequest, UsageResponse, UsageRow,
+    WatchRequest, WatchResponse,
     analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
     notification_service_server::{NotificationService, NotificationServiceServer},
     reward_service_server::{RewardService, RewardServiceServer},
@@ -54,6 +60,9 @@ pub struct Calls {
     pub last_watch: Mutex<Option<WatchRequest>>,
     /// `x-user-id` metadata of the last call to any fake.
     pub last_user: Mutex<Option<String>>,
+    /// The acting user (`x-user-id` metadata) of the last call of each RPC, by RPC name
+    /// ("submit", "scan", "watch", "get_result", "list_owned", "schedule", "subscribe", "list").
+    pub users: Mutex<HashMap<&'static str, String>>,
     /// `traceparent` metadata of the last `Submit`.
     pub last_traceparent: Mutex<Option<String>>,
     pub last_usage: Mutex<Option<UsageRequest>>,
@@ -66,9 +75,23 @@ impl Calls {
         self.submit.load(Ordering::SeqCst) + self.scan.load(Ordering::SeqCst)
     }
 
+    /// The acting user of the last call of `rpc`.
+    pub fn user_of(&self, rpc: &str) -> Option<String> {
+        self.users.lock().unwrap().get(rpc).cloned()
+    }
+
     fn saw<T>(&self, req: &Request<T>) {
         let user = meta(req, "x-user-id");
         *self.last_user.lock().unwrap() = user;
+    }
+
+    /// Records a call of `rpc` and returns its acting user, read from the metadata as the real
+    /// services read it: INVALID_ARGUMENT without one.
+    fn acting_user<T>(&self, rpc: &'static str, req: &Request<T>) -> Result<String, Status> {
+        self.saw(req);
+        let user = caller(req.metadata()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.users.lock().unwrap().insert(rpc, user.clone());
+        Ok(user)
     }
 }
 
@@ -148,13 +171,9 @@ pub fn success_events(job: &str) -> Vec<ScanEvent> {
                 reason: "granted".into(),
             })),
         ),
-        event(
-            6,
-            job,
-            Stage::Done,
-            S::Completed,
-            Some(Payload::ResultUrl("http://ingest.internal/result".into())),
-        ),
+        // ingest's `done` of a successful job carries no payload: the gateway builds the
+        // result URL itself.
+        event(6, job, Stage::Done, S::Completed, None),
     ]
 }
 
@@ -232,7 +251,7 @@ impl ScanService for FakeIngest {
         req: Request<SubmitRequest>,
     ) -> Result<Response<SubmitResponse>, Status> {
         self.calls.submit.fetch_add(1, Ordering::SeqCst);
-        self.calls.saw(&req);
+        self.calls.acting_user("submit", &req)?;
         *self.calls.last_traceparent.lock().unwrap() = meta(&req, "traceparent");
         let msg = req.into_inner();
         let overload = overloaded(&msg.hint);
@@ -248,33 +267,33 @@ impl ScanService for FakeIngest {
         }))
     }
 
-    type ScanStream = EventStream<ScanEvent>;
+    type ScanStream = EventStream<ScanResponse>;
 
-    async fn scan(
-        &self,
-        req: Request<SubmitRequest>,
-    ) -> Result<Response<Self::ScanStream>, Status> {
+    async fn scan(&self, req: Request<ScanRequest>) -> Result<Response<Self::ScanStream>, Status> {
         self.calls.scan.fetch_add(1, Ordering::SeqCst);
-        self.calls.saw(&req);
-        let msg = req.into_inner();
+        self.calls.acting_user("scan", &req)?;
+        let msg = SubmitRequest::from(req.into_inner());
         let overload = overloaded(&msg.hint);
         *self.calls.last_submit.lock().unwrap() = Some(msg);
         // Refused inside the stream, as a worker would: the gateway must still answer 503.
         if let Some(s) = overload {
             return Ok(Response::new(stream_of(vec![Err(s)])));
         }
-        let events = success_events(NEW_JOB).into_iter().map(Ok).collect();
+        let events = success_events(NEW_JOB)
+            .into_iter()
+            .map(|event| Ok(ScanResponse { event: Some(event) }))
+            .collect();
         Ok(Response::new(stream_of(events)))
     }
 
-    type WatchStream = EventStream<ScanEvent>;
+    type WatchStream = EventStream<WatchResponse>;
 
     async fn watch(
         &self,
         req: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.calls.watch.fetch_add(1, Ordering::SeqCst);
-        self.calls.saw(&req);
+        self.calls.acting_user("watch", &req)?;
         let msg = req.into_inner();
         *self.calls.last_watch.lock().unwrap() = Some(msg.clone());
         let events = match msg.job_id.as_str() {
@@ -285,7 +304,7 @@ impl ScanService for FakeIngest {
                 let mut items: Vec<_> = success_events(RUNNING_JOB)
                     .into_iter()
                     .take(2)
-                    .map(Ok)
+                    .map(|event| Ok(WatchResponse { event: Some(event) }))
                     .collect();
                 items.push(Err(Status::internal("redis: connection reset by peer")));
                 return Ok(Response::new(stream_of(items)));
@@ -296,7 +315,7 @@ impl ScanService for FakeIngest {
         let items = events
             .into_iter()
             .filter(|e| after.is_none_or(|a| seq_of(&e.event_id).unwrap() > a))
-            .map(Ok)
+            .map(|event| Ok(WatchResponse { event: Some(event) }))
             .collect();
         Ok(Response::new(stream_of(items)))
     }
@@ -304,9 +323,9 @@ impl ScanService for FakeIngest {
     async fn get_result(
         &self,
         req: Request<GetResultRequest>,
-    ) -> Result<Response<ScanResult>, Status> {
+    ) -> Result<Response<GetResultResponse>, Status> {
         self.calls.get_result.fetch_add(1, Ordering::SeqCst);
-        self.calls.saw(&req);
+        self.calls.acting_user("get_result", &req)?;
         let job_id = req.into_inner().job_id;
         let base = ScanResult {
             job_id: job_id.clone(),
@@ -350,7 +369,9 @@ impl ScanService for FakeIngest {
             }
             _ => return Err(Status::not_found(format!("job {job_id} not found"))),
         };
-        Ok(Response::new(result))
+        Ok(Response::new(GetResultResponse {
+            result: Some(result),
+        }))
     }
 }
 
@@ -364,7 +385,7 @@ impl RewardService for FakeReward {
     async fn evaluate(
         &self,
         _req: Request<EvaluateRequest>,
-    ) -> Result<Response<RewardDecision>, Status> {
+    ) -> Result<Response<EvaluateResponse>, Status> {
         Err(Status::unimplemented("not used by the gateway"))
     }
 
@@ -372,8 +393,7 @@ impl RewardService for FakeReward {
         &self,
         req: Request<ListOwnedRequest>,
     ) -> Result<Response<ListOwnedResponse>, Status> {
-        self.calls.saw(&req);
-        let user = req.into_inner().user_id;
+        let user = self.calls.acting_user("list_owned", &req)?;
         Ok(Response::new(ListOwnedResponse {
             characters: vec![OwnedCharacter {
                 character: Some(character()),
@@ -402,26 +422,31 @@ pub fn notification(id: &str, user: &str) -> Notification {
 
 #[tonic::async_trait]
 impl NotificationService for FakeNotification {
-    async fn notify(&self, _req: Request<NotifyRequest>) -> Result<Response<Notification>, Status> {
+    async fn notify(
+        &self,
+        _req: Request<NotifyRequest>,
+    ) -> Result<Response<NotifyResponse>, Status> {
         Err(Status::unimplemented("not used by the gateway"))
     }
 
     async fn schedule(
         &self,
         req: Request<ScheduleRequest>,
-    ) -> Result<Response<Notification>, Status> {
-        self.calls.saw(&req);
+    ) -> Result<Response<ScheduleResponse>, Status> {
+        let user_id = self.calls.acting_user("schedule", &req)?;
         let msg = req.into_inner();
         *self.calls.last_schedule.lock().unwrap() = Some(msg.clone());
-        Ok(Response::new(Notification {
-            id: "n-1".into(),
-            user_id: msg.user_id,
-            kind: msg.kind,
-            title: msg.title,
-            body: msg.body,
-            due_at: msg.due_at,
-            status: 1,
-            ..Notification::default()
+        Ok(Response::new(ScheduleResponse {
+            notification: Some(Notification {
+                id: "n-1".into(),
+                user_id,
+                kind: msg.kind,
+                title: msg.title,
+                body: msg.body,
+                due_at: msg.due_at,
+                status: 1,
+                ..Notification::default()
+            }),
         }))
     }
 
@@ -432,27 +457,28 @@ impl NotificationService for FakeNotification {
         Err(Status::unimplemented("not used by the gateway"))
     }
 
-    type SubscribeStream = EventStream<Notification>;
+    type SubscribeStream = EventStream<SubscribeResponse>;
 
     async fn subscribe(
         &self,
         req: Request<SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        self.calls.saw(&req);
-        let user = req.into_inner().user_id;
+        let user = self.calls.acting_user("subscribe", &req)?;
         // One notification, then the stream stays open as a live inbox does.
-        let first = tokio_stream::iter(vec![Ok(notification("n-1", &user))]);
+        let first = tokio_stream::iter(vec![Ok(SubscribeResponse {
+            notification: Some(notification("n-1", &user)),
+        })]);
         Ok(Response::new(Box::pin(
             first.chain(tokio_stream::pending()),
         )))
     }
 
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-        self.calls.saw(&req);
+        let user = self.calls.acting_user("list", &req)?;
         let msg = req.into_inner();
-        *self.calls.last_list.lock().unwrap() = Some(msg.clone());
+        *self.calls.last_list.lock().unwrap() = Some(msg);
         Ok(Response::new(ListResponse {
-            notifications: vec![notification("n-1", &msg.user_id)],
+            notifications: vec![notification("n-1", &user)],
         }))
     }
 }
@@ -464,13 +490,16 @@ pub struct FakeAnalytics {
 
 #[tonic::async_trait]
 impl AnalyticsService for FakeAnalytics {
-    async fn record(&self, _req: Request<LlmCall>) -> Result<Response<RecordResponse>, Status> {
+    async fn record(
+        &self,
+        _req: Request<RecordRequest>,
+    ) -> Result<Response<RecordResponse>, Status> {
         Err(Status::unimplemented("not used by the gateway"))
     }
 
     async fn record_stream(
         &self,
-        _req: Request<Streaming<LlmCall>>,
+        _req: Request<Streaming<RecordStreamRequest>>,
     ) -> Result<Response<RecordStreamResponse>, Status> {
         Err(Status::unimplemented("not used by the gateway"))
     }
@@ -491,7 +520,10 @@ impl AnalyticsService for FakeAnalytics {
         }))
     }
 
-    async fn get_call(&self, _req: Request<GetCallRequest>) -> Result<Response<LlmCall>, Status> {
+    async fn get_call(
+        &self,
+        _req: Request<GetCallRequest>,
+    ) -> Result<Response<GetCallResponse>, Status> {
         Err(Status::unimplemented("not used by the gateway"))
     }
 }

@@ -21,8 +21,7 @@ use ecoscan_proto::{
     Timestamp,
     v1::{
         CallStatus, GetCallRequest, GetCallResponse, LlmCall, RecordRequest, RecordResponse,
-        RecordStreamRequest, RecordStreamResponse, UsageRequest,
-        UsageResponse, UsageRow,
+        RecordStreamRequest, RecordStreamResponse, UsageRequest, UsageResponse, UsageRow,
         analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
     },
 };

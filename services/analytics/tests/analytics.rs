@@ -8,8 +8,8 @@ use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_proto::{
     Timestamp,
     v1::{
-        CallStatus, GetCallRequest, LlmCall, UsageRequest, UsageRow,
-        analytics_service_client::AnalyticsServiceClient,
+        CallStatus, GetCallRequest, LlmCall, RecordRequest, RecordStreamRequest, UsageRequest,
+        UsageRow, analytics_service_client::AnalyticsServiceClient,
     },
 };
 use tempfile::TempDir;
@@ -73,13 +73,27 @@ fn call(id: &str) -> LlmCall {
     }
 }
 
+/// The Record request for `call`.
+fn record(call: LlmCall) -> RecordRequest {
+    RecordRequest { call: Some(call) }
+}
+
+/// The RecordStream requests for `calls`, in order.
+fn record_stream(calls: Vec<LlmCall>) -> impl tokio_stream::Stream<Item = RecordStreamRequest> {
+    tokio_stream::iter(
+        calls
+            .into_iter()
+            .map(|call| RecordStreamRequest { call: Some(call) }),
+    )
+}
+
 async fn get(h: &mut Harness, call_id: &str) -> Result<LlmCall, tonic::Status> {
     h.client
         .get_call(GetCallRequest {
             call_id: call_id.into(),
         })
         .await
-        .map(tonic::Response::into_inner)
+        .map(|r| r.into_inner().call.unwrap())
 }
 
 #[tokio::test]
@@ -87,7 +101,12 @@ async fn a_recorded_call_reads_back_with_every_field_and_its_bodies() {
     let mut h = start().await;
     let sent = call(&id());
 
-    let res = h.client.record(sent.clone()).await.unwrap().into_inner();
+    let res = h
+        .client
+        .record(record(sent.clone()))
+        .await
+        .unwrap()
+        .into_inner();
     let back = get(&mut h, &sent.call_id).await.unwrap();
 
     assert_eq!(res.call_id, sent.call_id);
@@ -118,7 +137,7 @@ async fn concurrent_records_each_read_back_their_own_bodies() {
 
     let results = futures::future::join_all(calls.iter().cloned().map(|c| {
         let mut client = h.client.clone();
-        async move { client.record(c).await.unwrap().into_inner() }
+        async move { client.record(record(c)).await.unwrap().into_inner() }
     }))
     .await;
 
@@ -132,6 +151,8 @@ async fn concurrent_records_each_read_back_their_own_bodies() {
                 .await
                 .unwrap()
                 .into_inner()
+                .call
+                .unwrap()
         }
     }))
     .await;
@@ -150,8 +171,13 @@ async fn a_call_recorded_twice_is_stored_once_and_reported_as_duplicate() {
         ..first.clone()
     };
 
-    let r1 = h.client.record(first.clone()).await.unwrap().into_inner();
-    let r2 = h.client.record(again).await.unwrap().into_inner();
+    let r1 = h
+        .client
+        .record(record(first.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    let r2 = h.client.record(record(again)).await.unwrap().into_inner();
 
     assert!(!r1.duplicate);
     assert!(r2.duplicate);
@@ -213,7 +239,7 @@ async fn a_stream_of_500_calls_gives_exact_usage() {
 
     let res = h
         .client
-        .record_stream(tokio_stream::iter(calls))
+        .record_stream(record_stream(calls))
         .await
         .unwrap()
         .into_inner();
@@ -253,7 +279,7 @@ async fn a_bad_stream_item_fails_the_stream_naming_its_index_and_keeps_the_calls
 
     let err = h
         .client
-        .record_stream(tokio_stream::iter(items))
+        .record_stream(record_stream(items))
         .await
         .unwrap_err();
 
@@ -328,7 +354,7 @@ async fn invalid_calls_are_rejected_with_invalid_argument_and_not_stored() {
         ),
     ];
     for (bad, needle) in cases {
-        let err = h.client.record(bad.clone()).await.unwrap_err();
+        let err = h.client.record(record(bad.clone())).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{needle}");
         assert!(
             err.message().contains(needle),
@@ -366,8 +392,8 @@ async fn usage_defaults_to_the_last_day_and_rejects_a_reversed_window() {
         ..call(&id())
     };
     let old = call(&id()); // started in 2025, far outside the last day
-    h.client.record(recent).await.unwrap();
-    h.client.record(old).await.unwrap();
+    h.client.record(record(recent)).await.unwrap();
+    h.client.record(record(old)).await.unwrap();
 
     let usage = h
         .client

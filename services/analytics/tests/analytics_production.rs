@@ -9,7 +9,7 @@ use ecoscan_analytics::{BODY_KEY_PREFIX, Config, serve};
 use ecoscan_common::testing::{assert_health_and_reflection, spawn};
 use ecoscan_objects::{ObjectStoreConfig, S3Config, S3ObjectStore};
 use ecoscan_proto::v1::{
-    CallStatus, GetCallRequest, LlmCall, UsageRequest,
+    CallStatus, GetCallRequest, LlmCall, RecordRequest, UsageRequest,
     analytics_service_client::AnalyticsServiceClient,
 };
 use support::PgSchema;
@@ -89,12 +89,20 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
 
     let recorded = futures::future::join_all(calls.iter().cloned().map(|c| {
         let mut client = client.clone();
-        async move { client.record(c).await.unwrap().into_inner() }
+        async move {
+            client
+                .record(RecordRequest { call: Some(c) })
+                .await
+                .unwrap()
+                .into_inner()
+        }
     }))
     .await;
     let repeat = client
         .clone()
-        .record(calls[7].clone())
+        .record(RecordRequest {
+            call: Some(calls[7].clone()),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -107,6 +115,8 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
                 .await
                 .unwrap()
                 .into_inner()
+                .call
+                .unwrap()
         }
     }))
     .await;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ecoscan_common::CancellationToken;
 use ecoscan_llm::{AnalyticsReporter, AnswerChunk, AnswerInput, Llm, LlmConfig, Locale};
 use ecoscan_proto::v1::{
-    Answer, GenerateResponse, GenerateRequest, Progress,
+    Answer, GenerateRequest, GenerateResponse, Progress,
     answer_service_server::{AnswerService, AnswerServiceServer},
     generate_response,
 };

@@ -6,7 +6,7 @@ use ecoscan_answer::{Config, serve};
 use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_llm::{LlmConfig, Provider};
 use ecoscan_proto::v1::{
-    Answer, Classification, DisposalRules, GenerateResponse, GenerateRequest,
+    Answer, Classification, DisposalRules, GenerateRequest, GenerateResponse,
     answer_service_client::AnswerServiceClient, generate_response,
 };
 use tokio_stream::StreamExt;

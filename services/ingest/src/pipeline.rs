@@ -14,8 +14,9 @@ use ecoscan_common::{
 use ecoscan_proto::v1::{
     Answer, Classification, ClassifyRequest, DisposalRules, ErrorInfo, EvaluateRequest,
     EventStatus, GenerateRequest, JobStatus, LookupRequest, NotifyRequest, Progress,
-    RewardDecision, ScanEvent, Stage, answer_service_client::AnswerServiceClient, classify_response,
-    generate_response, lookup_response, notification_service_client::NotificationServiceClient,
+    RewardDecision, ScanEvent, Stage, answer_service_client::AnswerServiceClient,
+    classify_response, generate_response, lookup_response,
+    notification_service_client::NotificationServiceClient,
     reward_service_client::RewardServiceClient, rule_service_client::RuleServiceClient,
     scan_event::Payload, vision_service_client::VisionServiceClient,
 };

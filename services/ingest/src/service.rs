@@ -283,9 +283,7 @@ impl Inner {
                     .map_err(Error::from)?
                     .is_empty()
             {
-                let _ = tx
-                    .send(Ok(terminal_event_from_row(&row)))
-                    .await;
+                let _ = tx.send(Ok(terminal_event_from_row(&row))).await;
                 return Ok(());
             }
         }
@@ -376,10 +374,7 @@ impl ScanService for ScanApi {
         request: Request<ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
         let user = user_of(&request)?;
-        let (job, _) = self
-            .inner
-            .submit(user, request.into_inner().into())
-            .await?;
+        let (job, _) = self.inner.submit(user, request.into_inner().into()).await?;
         tracing::Span::current().record("job.id", job.id.as_str());
         let events = self.inner.watch(job, None);
         Ok(Response::new(Box::pin(events.map(|item| {

@@ -11,19 +11,20 @@ use std::{
 };
 
 use bytes::Bytes;
-use ecoscan_common::{client::request_as, testing::spawn};
+use ecoscan_common::{client::request_as, identity::caller, testing::spawn};
 use ecoscan_ingest::{
     Config, Stores,
     error::StoreError,
     store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
 };
 use ecoscan_proto::v1::{
-    Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyResponse,
-    ClassifyRequest, DisposalRules, EvaluateRequest, EventStatus, GenerateResponse, GenerateRequest,
-    GetResultRequest, JobStatus, ListCategoriesRequest, ListCategoriesResponse, ListOwnedRequest,
-    ListOwnedResponse, ListRequest, ListResponse, LookupResponse, LookupRequest, Notification,
-    NotifyRequest, RewardDecision, ScanEvent, ScheduleRequest, Stage, SubmitRequest,
-    SubscribeRequest, WatchRequest, answer_service_server, classify_response, generate_response,
+    Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyRequest,
+    ClassifyResponse, DisposalRules, EvaluateRequest, EvaluateResponse, EventStatus,
+    GenerateRequest, GenerateResponse, GetResultRequest, JobStatus, ListCategoriesRequest,
+    ListCategoriesResponse, ListOwnedRequest, ListOwnedResponse, ListRequest, ListResponse,
+    LookupRequest, LookupResponse, Notification, NotifyRequest, NotifyResponse, RewardDecision,
+    ScanEvent, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest, SubscribeRequest,
+    SubscribeResponse, WatchRequest, answer_service_server, classify_response, generate_response,
     lookup_response, notification_service_server, reward_service_server, rule_service_server,
     scan_service_client::ScanServiceClient, vision_service_server,
 };
@@ -67,6 +68,11 @@ impl Stages {
     fn count(&self, name: &str) -> usize {
         self.calls[name].load(Ordering::SeqCst)
     }
+}
+
+/// The acting user of a call, from its `x-user-id` metadata, as the real services read it.
+fn acting_user<T>(req: &Request<T>) -> Result<String, Status> {
+    caller(req.metadata()).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 fn classification() -> Classification {
@@ -153,44 +159,59 @@ impl answer_service_server::AnswerService for Stages {
 impl reward_service_server::RewardService for Stages {
     async fn evaluate(
         &self,
-        _: Request<EvaluateRequest>,
-    ) -> Result<Response<RewardDecision>, Status> {
+        req: Request<EvaluateRequest>,
+    ) -> Result<Response<EvaluateResponse>, Status> {
+        // Ingest evaluates for the job's owner, in the metadata.
+        acting_user(&req)?;
         self.hit("reward");
-        Ok(Response::new(RewardDecision {
-            eligible: true,
-            newly_granted: true,
-            character: Some(Character {
-                code: "char-petty".into(),
-                ..Default::default()
+        Ok(Response::new(EvaluateResponse {
+            decision: Some(RewardDecision {
+                eligible: true,
+                newly_granted: true,
+                character: Some(Character {
+                    code: "char-petty".into(),
+                    ..Default::default()
+                }),
+                reason: "granted".into(),
             }),
-            reason: "granted".into(),
         }))
     }
     async fn list_owned(
         &self,
-        _: Request<ListOwnedRequest>,
+        req: Request<ListOwnedRequest>,
     ) -> Result<Response<ListOwnedResponse>, Status> {
+        acting_user(&req)?;
         Ok(Response::new(ListOwnedResponse::default()))
     }
 }
 
 #[tonic::async_trait]
 impl notification_service_server::NotificationService for Stages {
-    async fn notify(&self, req: Request<NotifyRequest>) -> Result<Response<Notification>, Status> {
+    async fn notify(
+        &self,
+        req: Request<NotifyRequest>,
+    ) -> Result<Response<NotifyResponse>, Status> {
+        // Ingest notifies the job's owner, in the metadata.
+        let user_id = acting_user(&req)?;
         self.hit("notify");
         assert_eq!(req.get_ref().kind, "scan_completed");
-        Ok(Response::new(Notification::default()))
+        Ok(Response::new(NotifyResponse {
+            notification: Some(Notification {
+                user_id,
+                ..Default::default()
+            }),
+        }))
     }
     async fn schedule(
         &self,
         _: Request<ScheduleRequest>,
-    ) -> Result<Response<Notification>, Status> {
+    ) -> Result<Response<ScheduleResponse>, Status> {
         Err(Status::unimplemented("not used by ingest"))
     }
     async fn cancel(&self, _: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
         Err(Status::unimplemented("not used by ingest"))
     }
-    type SubscribeStream = BoxStream<Notification>;
+    type SubscribeStream = BoxStream<SubscribeResponse>;
     async fn subscribe(
         &self,
         _: Request<SubscribeRequest>,
@@ -302,7 +323,7 @@ async fn watch_all(env: &Env, job_id: &str) -> Vec<ScanEvent> {
     let mut events = Vec::new();
     let read = async {
         while let Some(ev) = stream.next().await {
-            events.push(ev.unwrap());
+            events.push(ev.unwrap().event.expect("every message carries an event"));
         }
     };
     tokio::time::timeout(Duration::from_secs(60), read)
@@ -419,14 +440,15 @@ async fn a_stage_that_fails_for_good_fails_the_job_with_its_error() {
         .get_result(request_as(
             GetResultRequest {
                 job_id: job_id.clone(),
-                ..Default::default()
             },
             Duration::from_secs(10),
             "u1",
         ))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .result
+        .unwrap();
     assert_eq!(result.status, JobStatus::Failed as i32);
     assert_eq!(
         result.stage,
@@ -663,7 +685,6 @@ async fn a_scan_completes_on_redis_postgres_and_s3() {
             WatchRequest {
                 job_id: job_id.clone(),
                 after_event_id: mid.event_id.clone(),
-                ..Default::default()
             },
             Duration::from_secs(30),
             "u1",
@@ -673,7 +694,7 @@ async fn a_scan_completes_on_redis_postgres_and_s3() {
         .into_inner();
     let mut replayed = Vec::new();
     while let Some(ev) = stream.next().await {
-        replayed.push(ev.unwrap().seq);
+        replayed.push(ev.unwrap().event.unwrap().seq);
     }
     assert_eq!(
         replayed,

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use ecoscan_common::testing::{Spawned, spawn};
 use ecoscan_llm::{AnalyticsReporter, ClassifyInput, Llm, LlmConfig, Provider, TaxonomyPath};
 use ecoscan_proto::v1::{
-    CallStatus, GetCallRequest, LlmCall, RecordResponse, RecordStreamResponse, UsageRequest,
-    UsageResponse,
+    CallStatus, GetCallRequest, GetCallResponse, LlmCall, RecordRequest, RecordResponse,
+    RecordStreamRequest, RecordStreamResponse, UsageRequest, UsageResponse,
     analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
 };
 use tokio_stream::StreamExt;
@@ -23,8 +23,14 @@ struct Recorder {
 
 #[tonic::async_trait]
 impl AnalyticsService for Recorder {
-    async fn record(&self, req: Request<LlmCall>) -> Result<Response<RecordResponse>, Status> {
-        let call = req.into_inner();
+    async fn record(
+        &self,
+        req: Request<RecordRequest>,
+    ) -> Result<Response<RecordResponse>, Status> {
+        let call = req
+            .into_inner()
+            .call
+            .ok_or_else(|| Status::invalid_argument("call is missing"))?;
         let call_id = call.call_id.clone();
         self.calls.lock().unwrap().push(call);
         Ok(Response::new(RecordResponse {
@@ -35,12 +41,15 @@ impl AnalyticsService for Recorder {
 
     async fn record_stream(
         &self,
-        req: Request<Streaming<LlmCall>>,
+        req: Request<Streaming<RecordStreamRequest>>,
     ) -> Result<Response<RecordStreamResponse>, Status> {
         let mut stream = req.into_inner();
         let mut recorded = 0;
-        while let Some(call) = stream.next().await {
-            self.calls.lock().unwrap().push(call?);
+        while let Some(item) = stream.next().await {
+            let call = item?
+                .call
+                .ok_or_else(|| Status::invalid_argument("call is missing"))?;
+            self.calls.lock().unwrap().push(call);
             recorded += 1;
         }
         Ok(Response::new(RecordStreamResponse {
@@ -53,7 +62,10 @@ impl AnalyticsService for Recorder {
         Err(Status::unimplemented("not part of this test double"))
     }
 
-    async fn get_call(&self, _: Request<GetCallRequest>) -> Result<Response<LlmCall>, Status> {
+    async fn get_call(
+        &self,
+        _: Request<GetCallRequest>,
+    ) -> Result<Response<GetCallResponse>, Status> {
         Err(Status::unimplemented("not part of this test double"))
     }
 }

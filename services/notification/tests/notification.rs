@@ -2,17 +2,21 @@
 
 use std::time::{Duration, SystemTime};
 
-use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
+use ecoscan_common::{
+    USER_ID_HEADER,
+    testing::{Spawned, assert_health_and_reflection, spawn},
+};
 use ecoscan_notification::{Config, serve};
 use ecoscan_proto::{
     Timestamp,
     v1::{
         CancelRequest, ListRequest, Notification, NotificationStatus, NotifyRequest,
-        ScheduleRequest, SubscribeRequest, notification_service_client::NotificationServiceClient,
+        ScheduleRequest, SubscribeRequest, SubscribeResponse,
+        notification_service_client::NotificationServiceClient,
     },
 };
 use tempfile::TempDir;
-use tonic::{Code, Streaming, transport::Channel};
+use tonic::{Code, Request, Streaming, transport::Channel};
 
 /// Generous bound for anything that should happen promptly; never a synchronisation sleep.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -38,9 +42,20 @@ async fn start_on(dir: &TempDir) -> (Spawned, Client) {
     (server, client)
 }
 
-fn notify_req(user: &str, title: &str, dedupe: &str) -> NotifyRequest {
+/// `msg` as a call acting for `user` (the `x-user-id` metadata; empty when `user` is).
+fn as_user<T>(msg: T, user: &str) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert(USER_ID_HEADER, user.parse().unwrap());
+    req
+}
+
+fn notify_req(user: &str, title: &str, dedupe: &str) -> Request<NotifyRequest> {
+    as_user(notify_body(title, dedupe), user)
+}
+
+fn notify_body(title: &str, dedupe: &str) -> NotifyRequest {
     NotifyRequest {
-        user_id: user.into(),
         kind: "scan_completed".into(),
         title: title.into(),
         body: "페트병은 라벨을 떼고 버려 주세요".into(),
@@ -57,41 +72,40 @@ fn in_ms(ms: i64) -> Timestamp {
     ts
 }
 
-fn schedule_req(user: &str, title: &str, due_at: Option<Timestamp>) -> ScheduleRequest {
-    ScheduleRequest {
-        user_id: user.into(),
-        kind: "reminder".into(),
-        title: title.into(),
-        body: "분리배출 하는 날이에요".into(),
-        due_at,
-        dedupe_key: String::new(),
-    }
+fn schedule_req(user: &str, title: &str, due_at: Option<Timestamp>) -> Request<ScheduleRequest> {
+    as_user(
+        ScheduleRequest {
+            kind: "reminder".into(),
+            title: title.into(),
+            body: "분리배출 하는 날이에요".into(),
+            due_at,
+            dedupe_key: String::new(),
+        },
+        user,
+    )
 }
 
-async fn subscribe(client: &mut Client, user: &str) -> Streaming<Notification> {
+async fn subscribe(client: &mut Client, user: &str) -> Streaming<SubscribeResponse> {
     client
-        .subscribe(SubscribeRequest {
-            user_id: user.into(),
-        })
+        .subscribe(as_user(SubscribeRequest {}, user))
         .await
         .unwrap()
         .into_inner()
 }
 
-async fn next(stream: &mut Streaming<Notification>) -> Notification {
+async fn next(stream: &mut Streaming<SubscribeResponse>) -> Notification {
     tokio::time::timeout(PATIENCE, stream.message())
         .await
         .expect("a notification arrived in time")
         .unwrap()
         .expect("the stream is still open")
+        .notification
+        .expect("the message carries a notification")
 }
 
 async fn list(client: &mut Client, user: &str, limit: u32) -> Vec<Notification> {
     client
-        .list(ListRequest {
-            user_id: user.into(),
-            limit,
-        })
+        .list(as_user(ListRequest { limit }, user))
         .await
         .unwrap()
         .into_inner()
@@ -109,7 +123,9 @@ async fn a_notification_appears_in_the_inbox_and_on_an_open_stream() {
         .notify(notify_req("alice", "scan done", ""))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     let streamed = next(&mut stream).await;
     let inbox = list(&mut client, "alice", 0).await;
 
@@ -123,7 +139,9 @@ async fn a_notification_appears_in_the_inbox_and_on_an_open_stream() {
         .notify(notify_req("bob", "for bob", ""))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     assert_eq!(next(&mut other).await, for_bob);
     server.stop().await.unwrap();
 }
@@ -138,22 +156,30 @@ async fn a_repeated_dedupe_key_returns_the_first_notification_and_is_not_republi
         .notify(notify_req("alice", "first", "job-1:done"))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     let repeat = client
         .notify(notify_req("alice", "second", "job-1:done"))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     let other_user = client
         .notify(notify_req("bob", "bob's", "job-1:done"))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     let marker = client
         .notify(notify_req("alice", "marker", ""))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
 
     assert_eq!(repeat, first);
     assert_ne!(other_user.id, first.id);
@@ -177,7 +203,9 @@ async fn a_scheduled_notification_is_delivered_to_a_subscriber_at_its_due_time()
         ))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     assert_eq!(scheduled.status, NotificationStatus::Scheduled as i32);
     assert!(scheduled.delivered_at.is_none());
 
@@ -201,7 +229,9 @@ async fn a_past_due_schedule_is_delivered_at_once() {
         .schedule(schedule_req("alice", "late", Some(in_ms(-60_000))))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
 
     assert_eq!(n.status, NotificationStatus::Delivered as i32);
     assert_eq!(next(&mut stream).await, n);
@@ -216,18 +246,24 @@ async fn a_notification_cancelled_before_its_due_time_is_never_delivered() {
         .schedule(schedule_req("alice", "cancelled", Some(in_ms(300))))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     let later = client
         .schedule(schedule_req("alice", "kept", Some(in_ms(600))))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
 
     let cancelled = client
-        .cancel(CancelRequest {
-            id: doomed.id.clone(),
-            user_id: "alice".into(),
-        })
+        .cancel(as_user(
+            CancelRequest {
+                id: doomed.id.clone(),
+            },
+            "alice",
+        ))
         .await
         .unwrap()
         .into_inner()
@@ -256,16 +292,17 @@ async fn cancel_answers_not_found_for_others_and_failed_precondition_once_delive
         .schedule(schedule_req("alice", "later", Some(in_ms(3_600_000))))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     let delivered = client
         .notify(notify_req("alice", "now", ""))
         .await
         .unwrap()
-        .into_inner();
-    let cancel = |id: &str, user: &str| CancelRequest {
-        id: id.into(),
-        user_id: user.into(),
-    };
+        .into_inner()
+        .notification
+        .unwrap();
+    let cancel = |id: &str, user: &str| as_user(CancelRequest { id: id.into() }, user);
 
     let other = client
         .cancel(cancel(&scheduled.id, "mallory"))
@@ -306,7 +343,9 @@ async fn a_pending_schedule_is_delivered_after_a_restart_on_the_same_database() 
         ))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     drop(client);
     first.stop().await.unwrap();
     let pending = list_status_after_restart_check(&dir, &scheduled.id).await;
@@ -361,14 +400,18 @@ async fn list_is_newest_first_with_every_status_and_clamps_its_limit() {
             .notify(notify_req("alice", &format!("n{i}"), ""))
             .await
             .unwrap()
-            .into_inner();
+            .into_inner()
+            .notification
+            .unwrap();
         ids.push(n.id);
     }
     let scheduled = client
         .schedule(schedule_req("alice", "later", Some(in_ms(3_600_000))))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     ids.push(scheduled.id);
     ids.reverse();
 
@@ -423,30 +466,19 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
             .await
             .unwrap_err(),
         client
-            .cancel(CancelRequest {
-                id: String::new(),
-                user_id: "alice".into(),
-            })
+            .cancel(as_user(CancelRequest { id: String::new() }, "alice"))
             .await
             .unwrap_err(),
         client
-            .cancel(CancelRequest {
-                id: "x".into(),
-                user_id: String::new(),
-            })
+            .cancel(as_user(CancelRequest { id: "x".into() }, ""))
             .await
             .unwrap_err(),
         client
-            .list(ListRequest {
-                user_id: String::new(),
-                limit: 0,
-            })
+            .list(as_user(ListRequest { limit: 0 }, ""))
             .await
             .unwrap_err(),
         client
-            .subscribe(SubscribeRequest {
-                user_id: String::new(),
-            })
+            .subscribe(Request::new(SubscribeRequest {}))
             .await
             .unwrap_err(),
     ];
@@ -456,17 +488,18 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
         errors.iter().all(|e| e.code() == Code::InvalidArgument),
         "{messages:?}"
     );
+    // The acting user is the `x-user-id` metadata: an empty or missing one is named.
     for (i, needle) in [
-        "user_id",
+        "x-user-id",
         "title",
         "due_at is missing",
         "more than a year",
-        "user_id",
+        "x-user-id",
         "title",
         "id is empty",
-        "user_id",
-        "user_id",
-        "user_id",
+        "x-user-id",
+        "x-user-id",
+        "x-user-id",
     ]
     .iter()
     .enumerate()

@@ -6,17 +6,21 @@ mod support;
 
 use std::time::{Duration, SystemTime};
 
-use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
+use ecoscan_common::{
+    USER_ID_HEADER,
+    testing::{Spawned, assert_health_and_reflection, spawn},
+};
 use ecoscan_notification::{Config, serve};
 use ecoscan_proto::{
     Timestamp,
     v1::{
         ListRequest, Notification, NotificationStatus, NotifyRequest, ScheduleRequest,
-        SubscribeRequest, notification_service_client::NotificationServiceClient,
+        SubscribeRequest, SubscribeResponse,
+        notification_service_client::NotificationServiceClient,
     },
 };
 use support::{PgSchema, RedisPrefix};
-use tonic::{Streaming, transport::Channel};
+use tonic::{Request, Streaming, transport::Channel};
 
 /// Generous bound for anything that should happen promptly; never a synchronisation sleep.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -56,15 +60,25 @@ impl Backends {
     }
 }
 
-fn notify_req(user: &str, title: &str) -> NotifyRequest {
-    NotifyRequest {
-        user_id: user.into(),
-        kind: "scan_completed".into(),
-        title: title.into(),
-        body: "페트병은 라벨을 떼고 버려 주세요".into(),
-        job_id: "job-1".into(),
-        dedupe_key: String::new(),
-    }
+/// `msg` as a call acting for `user` (the `x-user-id` metadata).
+fn as_user<T>(msg: T, user: &str) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert(USER_ID_HEADER, user.parse().unwrap());
+    req
+}
+
+fn notify_req(user: &str, title: &str) -> Request<NotifyRequest> {
+    as_user(
+        NotifyRequest {
+            kind: "scan_completed".into(),
+            title: title.into(),
+            body: "페트병은 라벨을 떼고 버려 주세요".into(),
+            job_id: "job-1".into(),
+            dedupe_key: String::new(),
+        },
+        user,
+    )
 }
 
 fn in_ms(ms: i64) -> Timestamp {
@@ -75,22 +89,22 @@ fn in_ms(ms: i64) -> Timestamp {
     ts
 }
 
-async fn subscribe(client: &mut Client, user: &str) -> Streaming<Notification> {
+async fn subscribe(client: &mut Client, user: &str) -> Streaming<SubscribeResponse> {
     client
-        .subscribe(SubscribeRequest {
-            user_id: user.into(),
-        })
+        .subscribe(as_user(SubscribeRequest {}, user))
         .await
         .unwrap()
         .into_inner()
 }
 
-async fn next(stream: &mut Streaming<Notification>) -> Notification {
+async fn next(stream: &mut Streaming<SubscribeResponse>) -> Notification {
     tokio::time::timeout(PATIENCE, stream.message())
         .await
         .expect("a notification arrived in time")
         .unwrap()
         .expect("the stream is still open")
+        .notification
+        .expect("the message carries a notification")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,19 +119,25 @@ async fn a_subscriber_on_one_replica_receives_what_another_replica_delivers() {
         .notify(notify_req("alice", "scan done"))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     let scheduled = client_a
-        .schedule(ScheduleRequest {
-            user_id: "alice".into(),
-            kind: "reminder".into(),
-            title: "later".into(),
-            body: "분리배출 하는 날이에요".into(),
-            due_at: Some(in_ms(300)),
-            dedupe_key: String::new(),
-        })
+        .schedule(as_user(
+            ScheduleRequest {
+                kind: "reminder".into(),
+                title: "later".into(),
+                body: "분리배출 하는 날이에요".into(),
+                due_at: Some(in_ms(300)),
+                dedupe_key: String::new(),
+            },
+            "alice",
+        ))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
 
     // Both replicas' subscribers get both, each exactly in the order delivered.
     let b_first = next(&mut on_b).await;
@@ -134,14 +154,13 @@ async fn a_subscriber_on_one_replica_receives_what_another_replica_delivers() {
         .notify(notify_req("alice", "marker"))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     assert_eq!(next(&mut on_b).await, marker);
     // The inbox is shared: B lists what A created, delivered once.
     let inbox = client_b
-        .list(ListRequest {
-            user_id: "alice".into(),
-            limit: 0,
-        })
+        .list(as_user(ListRequest { limit: 0 }, "alice"))
         .await
         .unwrap()
         .into_inner()
@@ -161,17 +180,21 @@ async fn a_schedule_survives_a_restart_that_finds_redis_emptied() {
     let backends = Backends::create().await;
     let (server, mut client) = backends.replica().await;
     let scheduled = client
-        .schedule(ScheduleRequest {
-            user_id: "bob".into(),
-            kind: "reminder".into(),
-            title: "after the restart".into(),
-            body: String::new(),
-            due_at: Some(in_ms(500)),
-            dedupe_key: String::new(),
-        })
+        .schedule(as_user(
+            ScheduleRequest {
+                kind: "reminder".into(),
+                title: "after the restart".into(),
+                body: String::new(),
+                due_at: Some(in_ms(500)),
+                dedupe_key: String::new(),
+            },
+            "bob",
+        ))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .notification
+        .unwrap();
     server.stop().await.unwrap();
     // Redis restarted without persistence: the schedule is gone from it, not from PostgreSQL.
     let mut conn = redis::Client::open(backends.redis.url.as_str())
@@ -197,10 +220,7 @@ async fn a_schedule_survives_a_restart_that_finds_redis_emptied() {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let delivered = loop {
         let inbox = client
-            .list(ListRequest {
-                user_id: "bob".into(),
-                limit: 0,
-            })
+            .list(as_user(ListRequest { limit: 0 }, "bob"))
             .await
             .unwrap()
             .into_inner()

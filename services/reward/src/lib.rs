@@ -16,7 +16,8 @@ use ecoscan_common::{
     identity::{IdentityError, caller, valid_user_id},
 };
 use ecoscan_proto::v1::{
-    EvaluateRequest, EvaluateResponse, ListOwnedRequest, ListOwnedResponse, OwnedCharacter, RewardDecision,
+    EvaluateRequest, EvaluateResponse, ListOwnedRequest, ListOwnedResponse, OwnedCharacter,
+    RewardDecision,
     reward_service_server::{RewardService, RewardServiceServer},
 };
 use prometheus_client::metrics::{counter::Counter, family::Family};

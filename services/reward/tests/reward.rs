@@ -1,13 +1,16 @@
 //! RewardService over a real socket, on a SQLite file in a temporary directory.
 
-use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
+use ecoscan_common::{
+    USER_ID_HEADER,
+    testing::{Spawned, assert_health_and_reflection, spawn},
+};
 use ecoscan_proto::v1::{
     Classification, DisposalRules, EvaluateRequest, ListOwnedRequest, RewardDecision,
     reward_service_client::RewardServiceClient,
 };
 use ecoscan_reward::{Config, serve};
 use tempfile::TempDir;
-use tonic::{Code, transport::Channel};
+use tonic::{Code, Request, transport::Channel};
 
 struct Harness {
     server: Spawned,
@@ -32,10 +35,26 @@ async fn start() -> Harness {
     }
 }
 
-fn request(job: &str, user: &str, middle: &str, recyclable: Option<bool>) -> EvaluateRequest {
+/// `msg` as a call acting for `user` (the `x-user-id` metadata).
+fn as_user<T>(msg: T, user: &str) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert(USER_ID_HEADER, user.parse().unwrap());
+    req
+}
+
+fn request(
+    job: &str,
+    user: &str,
+    middle: &str,
+    recyclable: Option<bool>,
+) -> Request<EvaluateRequest> {
+    as_user(body(job, middle, recyclable), user)
+}
+
+fn body(job: &str, middle: &str, recyclable: Option<bool>) -> EvaluateRequest {
     EvaluateRequest {
         job_id: job.into(),
-        user_id: user.into(),
         classification: Some(Classification {
             major_category: "재활용폐기물".into(),
             middle_category: middle.into(),
@@ -50,15 +69,19 @@ fn request(job: &str, user: &str, middle: &str, recyclable: Option<bool>) -> Eva
     }
 }
 
-async fn evaluate(h: &mut Harness, req: EvaluateRequest) -> RewardDecision {
-    h.client.evaluate(req).await.unwrap().into_inner()
+async fn evaluate(h: &mut Harness, req: Request<EvaluateRequest>) -> RewardDecision {
+    h.client
+        .evaluate(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .decision
+        .unwrap()
 }
 
 async fn owned_codes(h: &mut Harness, user: &str) -> Vec<String> {
     h.client
-        .list_owned(ListOwnedRequest {
-            user_id: user.into(),
-        })
+        .list_owned(as_user(ListOwnedRequest {}, user))
         .await
         .unwrap()
         .into_inner()
@@ -113,6 +136,8 @@ async fn concurrent_jobs_of_one_category_grant_exactly_once() {
                 .await
                 .unwrap()
                 .into_inner()
+                .decision
+                .unwrap()
         }
     });
     let decisions = futures::future::join_all(calls).await;
@@ -158,9 +183,7 @@ async fn list_owned_returns_characters_in_acquisition_order_with_their_jobs() {
 
     let owned = h
         .client
-        .list_owned(ListOwnedRequest {
-            user_id: "dave".into(),
-        })
+        .list_owned(as_user(ListOwnedRequest {}, "dave"))
         .await
         .unwrap()
         .into_inner()
@@ -185,12 +208,17 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
     let mut h = start().await;
     let cases = [
         (request("", "frank", "종이", Some(true)), "job_id"),
-        (request("job-1", " ", "종이", Some(true)), "user_id"),
+        // The acting user is the `x-user-id` metadata: a blank or missing one is refused.
+        (request("job-1", " ", "종이", Some(true)), "x-user-id"),
+        (Request::new(body("job-1", "종이", Some(true))), "x-user-id"),
         (
-            EvaluateRequest {
-                classification: None,
-                ..request("job-1", "frank", "종이", Some(true))
-            },
+            as_user(
+                EvaluateRequest {
+                    classification: None,
+                    ..body("job-1", "종이", Some(true))
+                },
+                "frank",
+            ),
             "classification",
         ),
     ];
@@ -201,9 +229,7 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
     }
     let err = h
         .client
-        .list_owned(ListOwnedRequest {
-            user_id: String::new(),
-        })
+        .list_owned(Request::new(ListOwnedRequest {}))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -246,6 +272,8 @@ async fn concurrent_replays_of_one_job_all_return_the_one_grant() {
                 .await
                 .unwrap()
                 .into_inner()
+                .decision
+                .unwrap()
         }
     });
     let decisions = futures::future::join_all(calls).await;

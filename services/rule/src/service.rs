@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ecoscan_proto::v1::{
-    ListCategoriesRequest, ListCategoriesResponse, LookupResponse, LookupRequest, Progress,
+    ListCategoriesRequest, ListCategoriesResponse, LookupRequest, LookupResponse, Progress,
     lookup_response::Event, rule_service_server::RuleService,
 };
 use tokio::sync::mpsc;

@@ -2,7 +2,7 @@
 
 use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_proto::v1::{
-    Classification, DisposalRules, ListCategoriesRequest, LookupResponse, LookupRequest, Progress,
+    Classification, DisposalRules, ListCategoriesRequest, LookupRequest, LookupResponse, Progress,
     lookup_response::Event, rule_service_client::RuleServiceClient,
 };
 use ecoscan_rule::{Config, serve};

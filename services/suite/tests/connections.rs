@@ -128,7 +128,7 @@ async fn redis_connections_stay_constant_with_a_thousand_watchers() {
                 .watch(request_as(
                     WatchRequest {
                         job_id: job.clone(),
-                        ..Default::default()
+                        after_event_id: String::new(),
                     },
                     Duration::from_secs(120),
                     USER,
@@ -138,7 +138,11 @@ async fn redis_connections_stay_constant_with_a_thousand_watchers() {
                 .into_inner();
             let mut last = None;
             while let Some(ev) = events.next().await {
-                last = Some(ev.unwrap_or_else(|s| panic!("Watch {job} ended with {s:?}")));
+                let res = ev.unwrap_or_else(|s| panic!("Watch {job} ended with {s:?}"));
+                last = Some(
+                    res.event
+                        .unwrap_or_else(|| panic!("Watch {job} sent a message without an event")),
+                );
             }
             (job, last)
         });

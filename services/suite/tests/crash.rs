@@ -202,14 +202,17 @@ async fn results(cluster: &Cluster, scans: &[Scan]) -> HashMap<String, ScanResul
                     .get_result(request_as(
                         GetResultRequest {
                             job_id: scan.job_id.clone(),
-                            user_id: String::new(),
                         },
                         RPC_DEADLINE,
                         scan.user,
                     ))
                     .await
                     .unwrap_or_else(|s| panic!("GetResult {}: {s:?}", scan.job_id))
-                    .into_inner();
+                    .into_inner()
+                    .result
+                    .unwrap_or_else(|| {
+                        panic!("GetResult {} answered without a result", scan.job_id)
+                    });
                 assert_eq!(
                     res.status,
                     JobStatus::Succeeded as i32,
@@ -314,13 +317,7 @@ async fn assert_rewards_granted_once(
     );
     for user in USERS {
         let owned = reward
-            .list_owned(request_as(
-                ListOwnedRequest {
-                    user_id: user.to_owned(),
-                },
-                RPC_DEADLINE,
-                user,
-            ))
+            .list_owned(request_as(ListOwnedRequest {}, RPC_DEADLINE, user))
             .await
             .expect("ListOwned")
             .into_inner()

@@ -374,7 +374,6 @@ async fn ingest_answers_bad_grpc_input_with_the_matching_codes() {
         .get_result(request_as(
             GetResultRequest {
                 job_id: unknown.clone(),
-                ..Default::default()
             },
             deadline,
             "grace",
@@ -386,7 +385,6 @@ async fn ingest_answers_bad_grpc_input_with_the_matching_codes() {
         .get_result(request_as(
             GetResultRequest {
                 job_id: "42".into(),
-                ..Default::default()
             },
             deadline,
             "grace",
@@ -399,7 +397,6 @@ async fn ingest_answers_bad_grpc_input_with_the_matching_codes() {
             WatchRequest {
                 job_id: unknown,
                 after_event_id: "not-an-id".into(),
-                ..Default::default()
             },
             deadline,
             "grace",

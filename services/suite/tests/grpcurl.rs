@@ -112,6 +112,29 @@ async fn assert_described(
         message.contains(request_field),
         "describe {request} shows its fields:\n{message}"
     );
+    // The protos' comments travel with the descriptors: every RPC and every field of the
+    // request is explained to the person exploring the API (buf's COMMENTS rules hold them).
+    let rpc_comments = described
+        .lines()
+        .filter(|l| l.trim_start().starts_with("//"))
+        .count();
+    assert!(
+        rpc_comments >= methods.len(),
+        "describe {service} shows the RPCs' comments:\n{described}"
+    );
+    let fields = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.ends_with(';') && !l.starts_with("//") && !l.starts_with("reserved"))
+        .count();
+    let field_comments = message
+        .lines()
+        .filter(|l| l.trim_start().starts_with("//"))
+        .count();
+    assert!(
+        fields > 0 && field_comments >= fields,
+        "describe {request} explains each of its {fields} fields:\n{message}"
+    );
 }
 
 #[tokio::test]
@@ -169,7 +192,8 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
             ("Usage", false),
             ("GetCall", false),
         ],
-        "call_id",
+        // RecordRequest's one field: the call, an LlmCall.
+        ".ecoscan.v1.LlmCall call = 1",
     )
     .await;
     assert_described(
@@ -199,8 +223,10 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
         .await,
     );
     assert!(scan.len() > 5, "a scan streams many events: {scan:#?}");
+    // Each message of the stream carries one event.
+    let scan: Vec<&serde_json::Value> = scan.iter().map(|m| &m["event"]).collect();
     assert_eq!(scan[0]["stage"], "STAGE_QUEUED");
-    let last = scan.last().expect("events");
+    let last = *scan.last().expect("events");
     assert_eq!(last["stage"], "STAGE_DONE", "{last:#}");
     assert_eq!(last["status"], "EVENT_STATUS_COMPLETED", "{last:#}");
     let job_id = last["jobId"].as_str().expect("job id").to_owned();
@@ -216,9 +242,10 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
         ])
         .await,
     );
-    assert_eq!(result[0]["status"], "JOB_STATUS_SUCCEEDED");
-    let classification = result[0]["classification"].clone();
-    let rules = result[0]["rules"].clone();
+    let result = &result[0]["result"];
+    assert_eq!(result["status"], "JOB_STATUS_SUCCEEDED");
+    let classification = result["classification"].clone();
+    let rules = result["rules"].clone();
 
     // VisionService/Classify streams progress, then the classification.
     let classify = messages(
@@ -296,8 +323,10 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     // RewardService/ListOwned: the scan above granted a character.
     let owned = messages(
         &grpcurl(&[
+            "-H",
+            "x-user-id: curler",
             "-d",
-            r#"{"user_id": "curler"}"#,
+            "{}",
             &a.reward.to_string(),
             "ecoscan.v1.RewardService/ListOwned",
         ])
@@ -325,8 +354,10 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     // NotificationService/List: the scan told its owner.
     let inbox = messages(
         &grpcurl(&[
+            "-H",
+            "x-user-id: curler",
             "-d",
-            r#"{"user_id": "curler"}"#,
+            "{}",
             &a.notification.to_string(),
             "ecoscan.v1.NotificationService/List",
         ])

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use ecoscan_common::CancellationToken;
 use ecoscan_llm::{AnalyticsReporter, ClassifyInput, Llm, LlmConfig, TaxonomyPath};
 use ecoscan_proto::v1::{
-    Classification, ClassifyResponse, ClassifyRequest, Progress, classify_response,
+    Classification, ClassifyRequest, ClassifyResponse, Progress, classify_response,
     vision_service_server::{VisionService, VisionServiceServer},
 };
 use tokio::sync::mpsc;

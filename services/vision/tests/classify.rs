@@ -13,8 +13,8 @@ use axum::{Json, Router, extract::Path, response::IntoResponse, routing::post};
 use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_llm::{LlmConfig, Provider};
 use ecoscan_proto::v1::{
-    Category, Classification, ClassifyResponse, ClassifyRequest, ListCategoriesRequest,
-    ListCategoriesResponse, LookupResponse, LookupRequest, classify_response,
+    Category, Classification, ClassifyRequest, ClassifyResponse, ListCategoriesRequest,
+    ListCategoriesResponse, LookupRequest, LookupResponse, classify_response,
     rule_service_server::{RuleService, RuleServiceServer},
     vision_service_client::VisionServiceClient,
 };
