@@ -1,0 +1,405 @@
+//! How ecoscan services reach Redis, single server or Cluster alike.
+//!
+//! - [`Redis`] is a process's handle: one shared multiplexed connection ([`Conn`]) for commands
+//!   that answer at once, dedicated connections for blocking commands, and [`Subscriber`]s
+//!   for Pub/Sub. Connections per process stay constant whatever the load.
+//! - Every connection has a connect timeout, a response timeout, TCP keepalive and
+//!   `TCP_USER_TIMEOUT`, so a peer that stops answering is noticed and the connection replaced
+//!   instead of hanging its callers.
+//! - Every connection carries the process's name, so `CLIENT LIST` tells an operator whose
+//!   connections they are: on one server as its `name=` (`CLIENT SETNAME`, set again every few
+//!   seconds so a reconnected connection gets it back), and as its library name (`CLIENT
+//!   SETINFO LIB-NAME`, Redis 7.2 and later) on every connection, Cluster nodes included.
+//!
+//! Single server or Cluster is a setting ([`Settings::cluster`]); callers use [`Conn`] the
+//! same way for both. Keys that one command or script uses together must share a hash tag
+//! (`{…}`), which the stores take care of.
+
+mod subscriber;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::time::Duration;
+
+use redis::{
+    Client, ProtocolVersion, RedisError, RedisFuture, Value,
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    cluster::{ClusterClient, ClusterClientBuilder},
+    cluster_async::ClusterConnection,
+    io::tcp::{TcpSettings, socket2::TcpKeepalive},
+};
+
+pub use redis;
+pub use subscriber::{Delivery, Subscriber};
+
+/// How long connecting may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a command on a shared connection may take before it fails; blocking commands run
+/// on dedicated connections whose timeout is their block time plus this.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle time before TCP keepalive probes start, the interval between probes, and how many
+/// unanswered probes drop the connection: a dead peer is noticed within ~25 s even on a
+/// connection that only waits for pushes.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// Unacknowledged data older than this drops the connection (a peer that vanished mid-write).
+const USER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where Redis is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// `redis://host:port[/db]` of the server; for a Cluster, one or more seed nodes.
+    pub urls: Vec<String>,
+    /// Talk Redis Cluster (slots, redirects) instead of one server.
+    pub cluster: bool,
+}
+
+impl Settings {
+    /// One server at `url`.
+    pub fn single(url: impl Into<String>) -> Self {
+        Self {
+            urls: vec![url.into()],
+            cluster: false,
+        }
+    }
+
+    /// A Cluster reached through `seeds`.
+    pub fn cluster(seeds: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            urls: seeds.into_iter().map(Into::into).collect(),
+            cluster: true,
+        }
+    }
+
+    /// From the environment: `REDIS_URL` (for a Cluster, a comma-separated list of seed
+    /// nodes) and `REDIS_CLUSTER` (`true`/`1` for a Cluster). `None` when `REDIS_URL` is unset.
+    pub fn from_env() -> Result<Option<Self>, Error> {
+        let Some(url) = std::env::var("REDIS_URL")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        else {
+            return Ok(None);
+        };
+        let cluster = match std::env::var("REDIS_CLUSTER")
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "" | "0" | "false" | "no" => false,
+            "1" | "true" | "yes" => true,
+            other => {
+                return Err(Error::Config(format!(
+                    "REDIS_CLUSTER={other:?} is not a boolean; use true or false"
+                )));
+            }
+        };
+        Self::parse(&url, cluster).map(Some)
+    }
+
+    /// `urls` as `REDIS_URL` writes them: one URL, or comma-separated seeds for a Cluster.
+    pub fn parse(urls: &str, cluster: bool) -> Result<Self, Error> {
+        let urls: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if urls.is_empty() {
+            return Err(Error::Config("REDIS_URL names no server".into()));
+        }
+        if !cluster && urls.len() > 1 {
+            return Err(Error::Config(
+                "REDIS_URL lists several servers; that is a Redis Cluster: set REDIS_CLUSTER=true"
+                    .into(),
+            ));
+        }
+        for url in &urls {
+            redis::parse_redis_url(url).ok_or_else(|| {
+                Error::Config(format!(
+                    "REDIS_URL entry {url:?} is not a redis:// URL (e.g. redis://127.0.0.1:6379)"
+                ))
+            })?;
+        }
+        Ok(Self { urls, cluster })
+    }
+}
+
+/// Failures of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+}
+
+/// A connection usable for any command: one server's, or a Cluster's (which routes each
+/// command to the node owning its keys and follows redirects). Clones share the connection.
+#[derive(Clone)]
+pub enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+enum Clients {
+    Single(Client),
+    Cluster(Vec<redis::ConnectionInfo>),
+}
+
+/// A process's access to Redis. Clones share everything.
+#[derive(Clone)]
+pub struct Redis {
+    inner: std::sync::Arc<Inner>,
+}
+
+struct Inner {
+    clients: Clients,
+    shared: Conn,
+    name: String,
+    settings: Settings,
+    /// Single-server connections whose name is set again now and then (a reconnect loses it).
+    named: std::sync::Mutex<Vec<ConnectionManager>>,
+}
+
+/// How often single-server connections get their name set again.
+const RENAME_EVERY: Duration = Duration::from_secs(5);
+
+/// `CLIENT SETNAME name` on `conn`.
+pub(crate) async fn set_name<C: ConnectionLike>(
+    conn: &mut C,
+    name: &str,
+) -> redis::RedisResult<()> {
+    redis::cmd("CLIENT")
+        .arg("SETNAME")
+        .arg(name)
+        .query_async(conn)
+        .await
+}
+
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(
+            TcpKeepalive::new()
+                .with_time(KEEPALIVE_IDLE)
+                .with_interval(KEEPALIVE_INTERVAL)
+                .with_retries(KEEPALIVE_RETRIES),
+        )
+        .set_user_timeout(USER_TIMEOUT)
+}
+
+/// `url`'s connection info with our TCP settings, protocol and library name.
+fn connection_info(
+    url: &str,
+    name: &str,
+    protocol: ProtocolVersion,
+) -> Result<redis::ConnectionInfo, Error> {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info()?;
+    let redis_settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(protocol)
+        .set_lib_name(name, env!("CARGO_PKG_VERSION"));
+    Ok(info
+        .set_tcp_settings(tcp_settings())
+        .set_redis_settings(redis_settings))
+}
+
+impl Redis {
+    /// Connects to what `settings` names. `name` (no spaces) labels this process's connections.
+    pub async fn connect(settings: &Settings, name: &str) -> Result<Self, Error> {
+        let (clients, shared) = if settings.cluster {
+            let infos = settings
+                .urls
+                .iter()
+                .map(|u| connection_info(u, name, ProtocolVersion::RESP3))
+                .collect::<Result<Vec<_>, _>>()?;
+            let client = cluster_client(infos.clone(), RESPONSE_TIMEOUT, None)?;
+            let conn = client.get_async_connection().await?;
+            (Clients::Cluster(infos), Conn::Cluster(conn))
+        } else {
+            let info = connection_info(&settings.urls[0], name, ProtocolVersion::RESP2)?;
+            let client = Client::open(info)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                .set_number_of_retries(3);
+            let mut conn = client.get_connection_manager_with_config(config).await?;
+            set_name(&mut conn, name).await?;
+            (Clients::Single(client), Conn::Single(conn))
+        };
+        let named = match &shared {
+            Conn::Single(c) => vec![c.clone()],
+            Conn::Cluster(_) => Vec::new(),
+        };
+        let redis = Self {
+            inner: std::sync::Arc::new(Inner {
+                clients,
+                shared,
+                name: name.to_owned(),
+                settings: settings.clone(),
+                named: std::sync::Mutex::new(named),
+            }),
+        };
+        if !settings.cluster {
+            tokio::spawn(rename_periodically(std::sync::Arc::downgrade(&redis.inner)));
+        }
+        Ok(redis)
+    }
+
+    /// The shared connection, for commands that answer at once. Never block on it: a
+    /// blocking command would stall every command queued behind it.
+    pub fn conn(&self) -> Conn {
+        self.inner.shared.clone()
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.settings.cluster
+    }
+
+    /// The label of this process's connections.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// A connection of its own for blocking commands (`BLOCK` up to `longest_block`): its
+    /// response timeout is the block plus [`RESPONSE_TIMEOUT`], so a server that stops
+    /// answering fails the command instead of hanging it. It reconnects by itself.
+    pub async fn blocking(&self, longest_block: Duration) -> Result<Conn, Error> {
+        let timeout = longest_block + RESPONSE_TIMEOUT;
+        match &self.inner.clients {
+            Clients::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(3);
+                let mut conn = client.get_connection_manager_with_config(config).await?;
+                set_name(&mut conn, &self.inner.name).await?;
+                self.inner
+                    .named
+                    .lock()
+                    .expect("names lock poisoned")
+                    .push(conn.clone());
+                Ok(Conn::Single(conn))
+            }
+            Clients::Cluster(infos) => {
+                let client = cluster_client(infos.clone(), timeout, None)?;
+                Ok(Conn::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+
+    /// Subscribes to `channels` on a connection of its own: sharded Pub/Sub (`SSUBSCRIBE`) on
+    /// a Cluster, where each channel lives on the node of its slot, plain `SUBSCRIBE` on one
+    /// server. Publishers must use the matching command ([`publish_command`]).
+    pub async fn subscribe(&self, channels: Vec<String>) -> Result<Subscriber, Error> {
+        Subscriber::start(self.clone(), channels).await
+    }
+
+    fn single_client(&self) -> Option<&Client> {
+        match &self.inner.clients {
+            Clients::Single(c) => Some(c),
+            Clients::Cluster(_) => None,
+        }
+    }
+
+    fn cluster_infos(&self) -> Option<&[redis::ConnectionInfo]> {
+        match &self.inner.clients {
+            Clients::Single(_) => None,
+            Clients::Cluster(infos) => Some(infos),
+        }
+    }
+}
+
+/// Sets the name of every single-server connection again, until the handle is gone: a
+/// connection that reconnected has none. Cheap (one command per connection every few seconds),
+/// and it never waits behind a blocking command for longer than that command's block.
+async fn rename_periodically(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(RENAME_EVERY).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let conns = inner.named.lock().expect("names lock poisoned").clone();
+        for mut conn in conns {
+            if let Err(e) = set_name(&mut conn, &inner.name).await {
+                tracing::debug!(error = %e, "cannot name a redis connection now");
+            }
+        }
+    }
+}
+
+/// The command that publishes to channels [`Redis::subscribe`] listens on: `SPUBLISH` on a
+/// Cluster (the message stays on the channel's shard), `PUBLISH` on one server.
+pub fn publish_command(cluster: bool) -> &'static str {
+    if cluster { "SPUBLISH" } else { "PUBLISH" }
+}
+
+fn cluster_client(
+    infos: Vec<redis::ConnectionInfo>,
+    response_timeout: Duration,
+    push: Option<subscriber::PushSink>,
+) -> Result<ClusterClient, Error> {
+    let mut builder = ClusterClientBuilder::new(infos)
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(response_timeout)
+        .tcp_settings(tcp_settings())
+        .use_protocol(ProtocolVersion::RESP3)
+        .retries(3);
+    if let Some(push) = push {
+        builder = builder.push_sender(move |info| push(info));
+    }
+    Ok(builder.build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_single_and_cluster_urls() {
+        let s = Settings::parse("redis://127.0.0.1:6379", false).unwrap();
+        assert_eq!(s, Settings::single("redis://127.0.0.1:6379"));
+        let c = Settings::parse("redis://127.0.0.1:7000, redis://127.0.0.1:7001", true).unwrap();
+        assert_eq!(c.urls.len(), 2);
+        assert!(c.cluster);
+    }
+
+    #[test]
+    fn settings_refuse_what_would_silently_misbehave() {
+        let several = Settings::parse("redis://a:1,redis://b:2", false).unwrap_err();
+        assert!(several.to_string().contains("REDIS_CLUSTER=true"));
+        assert!(Settings::parse(" , ", true).is_err());
+        assert!(Settings::parse("http://x", false).is_err());
+    }
+}

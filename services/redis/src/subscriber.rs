@@ -1,0 +1,218 @@
+//! A Pub/Sub subscription that says when it may have missed messages.
+//!
+//! Pub/Sub delivers at most once: whatever is published while a connection is down, or while
+//! the reader is behind, is gone. A [`Subscriber`] therefore hands out [`Delivery::Resync`]
+//! whenever that may have happened — after every (re)subscription, and when its buffer
+//! overflowed — so its user can catch up from the durable copy (for ingest: the per-job event
+//! log). A connection that stops answering its health `PING` is replaced.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use redis::{
+    Client, PushInfo, PushKind, Value,
+    aio::{ConnectionManager, ConnectionManagerConfig},
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::{CONNECT_TIMEOUT, Error, RESPONSE_TIMEOUT, Redis};
+
+/// Messages buffered between the connection and the reader; past it they are dropped and the
+/// reader is told to resync.
+const BUFFER: usize = 65_536;
+/// How often the subscription's connection is checked with a `PING`.
+const HEALTH_EVERY: Duration = Duration::from_secs(5);
+/// A `PING` slower than this means the connection is stalled: it is replaced.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a subscription delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// A message published to one of the channels.
+    Message { channel: String, payload: Vec<u8> },
+    /// Messages may have been lost before this point (a reconnect, or a reader too slow):
+    /// catch up from the durable copy.
+    Resync,
+}
+
+/// Where the connection's pushes go: never blocks the connection.
+pub(crate) type PushSink = Arc<dyn Fn(PushInfo) -> Result<(), ()> + Send + Sync>;
+
+fn sink(tx: mpsc::Sender<Delivery>, lost: Arc<AtomicBool>) -> PushSink {
+    Arc::new(move |info: PushInfo| {
+        let delivery = match info.kind {
+            PushKind::Message | PushKind::SMessage => {
+                let mut data = info.data.into_iter();
+                let (Some(channel), Some(payload)) = (data.next(), data.next()) else {
+                    return Ok(());
+                };
+                let (Some(channel), Some(payload)) = (bytes(channel), bytes(payload)) else {
+                    return Ok(());
+                };
+                Delivery::Message {
+                    channel: String::from_utf8_lossy(&channel).into_owned(),
+                    payload,
+                }
+            }
+            // A (re)subscription: whatever was published before it took effect was missed.
+            PushKind::Subscribe | PushKind::SSubscribe | PushKind::Disconnection => {
+                Delivery::Resync
+            }
+            _ => return Ok(()),
+        };
+        if tx.try_send(delivery).is_err() {
+            lost.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    })
+}
+
+fn bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        _ => None,
+    }
+}
+
+/// A live subscription to a fixed set of channels.
+pub struct Subscriber {
+    rx: mpsc::Receiver<Delivery>,
+    lost: Arc<AtomicBool>,
+    stop: CancellationToken,
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The subscription's connection, whichever kind.
+enum SubConn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl SubConn {
+    async fn open(redis: &Redis, channels: &[String], push: PushSink) -> Result<Self, Error> {
+        if let Some(client) = redis.single_client() {
+            // Pushes need RESP3; the shared connections stay on RESP2.
+            let info = client.get_connection_info().clone().set_redis_settings(
+                client
+                    .get_connection_info()
+                    .redis_settings()
+                    .clone()
+                    .set_protocol(redis::ProtocolVersion::RESP3),
+            );
+            let client = Client::open(info)?;
+            let push = push.clone();
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                .set_number_of_retries(3)
+                .set_automatic_resubscription()
+                .set_push_sender(move |info| push(info));
+            let mut conn = client.get_connection_manager_with_config(config).await?;
+            crate::set_name(&mut conn, redis.name()).await?;
+            conn.subscribe(channels).await?;
+            Ok(Self::Single(conn))
+        } else {
+            let infos = redis
+                .cluster_infos()
+                .expect("a redis that is not single is a cluster")
+                .to_vec();
+            let client = crate::cluster_client(infos, RESPONSE_TIMEOUT, Some(push))?;
+            let mut conn = client.get_async_connection().await?;
+            conn.ssubscribe(channels).await?;
+            Ok(Self::Cluster(conn))
+        }
+    }
+
+    /// A round trip that proves the connection alive; on one server it also (re)names the
+    /// connection, which a reconnect leaves unnamed.
+    async fn check(&mut self, name: &str) -> Result<(), redis::RedisError> {
+        match self {
+            Self::Single(c) => crate::set_name(c, name).await,
+            Self::Cluster(c) => redis::cmd("PING").query_async::<()>(c).await,
+        }
+    }
+}
+
+impl Subscriber {
+    pub(crate) async fn start(redis: Redis, channels: Vec<String>) -> Result<Self, Error> {
+        let (tx, rx) = mpsc::channel(BUFFER);
+        let lost = Arc::new(AtomicBool::new(false));
+        let push = sink(tx.clone(), lost.clone());
+        let conn = SubConn::open(&redis, &channels, push.clone()).await?;
+        let stop = CancellationToken::new();
+        tokio::spawn(watch_health(redis, channels, push, conn, tx, stop.clone()));
+        Ok(Self { rx, lost, stop })
+    }
+
+    /// The next delivery; `None` once the subscription has stopped for good.
+    pub async fn recv(&mut self) -> Option<Delivery> {
+        if self.lost.swap(false, Ordering::Relaxed) {
+            return Some(Delivery::Resync);
+        }
+        let delivery = self.rx.recv().await;
+        if self.lost.swap(false, Ordering::Relaxed) {
+            // Dropped messages came before this one or after it: catch up before going on.
+            return Some(Delivery::Resync);
+        }
+        delivery
+    }
+}
+
+/// Pings the subscription's connection; one that does not answer is replaced by a new one,
+/// subscribed to the same channels (which itself announces a resync).
+async fn watch_health(
+    redis: Redis,
+    channels: Vec<String>,
+    push: PushSink,
+    mut conn: SubConn,
+    tx: mpsc::Sender<Delivery>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(HEALTH_EVERY) => {}
+        }
+        let healthy = matches!(
+            tokio::time::timeout(HEALTH_TIMEOUT, conn.check(redis.name())).await,
+            Ok(Ok(()))
+        );
+        if healthy {
+            continue;
+        }
+        tracing::warn!(
+            connection = redis.name(),
+            "redis subscription stopped answering; replacing its connection"
+        );
+        // Tell the reader at once: messages are being lost from now until the new
+        // subscription is in place (its confirmation says so again).
+        let _ = tx.try_send(Delivery::Resync);
+        loop {
+            match SubConn::open(&redis, &channels, push.clone()).await {
+                Ok(fresh) => {
+                    conn = fresh;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot subscribe again yet; retrying");
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+    }
+}
