@@ -22,6 +22,7 @@ const MIB: usize = 1024 * 1024;
 /// | `GATEWAY_CONCURRENCY_LIMIT` | `1024` | requests handled at once before new ones are shed with 503 |
 /// | `GATEWAY_DEFAULT_USER` | `local` | user id when a request carries no `X-User-Id` |
 /// | `GATEWAY_PUBLIC_BASE_URL` | unset | prefix for the URLs the gateway hands out (`https://scan.example.com`); relative URLs when unset |
+/// | `GATEWAY_SSE_MAX_LIFETIME` | `30m` | longest life of one SSE response; clients reconnect with `Last-Event-ID` |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub ingest_url: String,
@@ -38,6 +39,9 @@ pub struct Config {
     pub default_user: String,
     /// When set, `Location`, `events_url`, `result_url` are absolute URLs under it.
     pub public_base_url: Option<String>,
+    /// Every SSE response ends after this long (an `EventSource` reconnects by itself), so no
+    /// connection is held forever.
+    pub sse_max_lifetime: std::time::Duration,
 }
 
 impl Default for Config {
@@ -53,6 +57,7 @@ impl Default for Config {
             concurrency_limit: 1024,
             default_user: "local".to_owned(),
             public_base_url: None,
+            sse_max_lifetime: std::time::Duration::from_secs(30 * 60),
         }
     }
 }
@@ -80,6 +85,10 @@ impl Config {
             concurrency_limit: env_or("GATEWAY_CONCURRENCY_LIMIT", d.concurrency_limit)?,
             default_user: env_or("GATEWAY_DEFAULT_USER", d.default_user)?,
             public_base_url: env_opt("GATEWAY_PUBLIC_BASE_URL"),
+            sse_max_lifetime: ecoscan_common::config::env_duration(
+                "GATEWAY_SSE_MAX_LIFETIME",
+                d.sse_max_lifetime,
+            )?,
         };
         config.validate().context("invalid gateway configuration")?;
         Ok(config)
@@ -96,6 +105,10 @@ impl Config {
             "GATEWAY_MAX_BODY_BYTES ({}) must be at least GATEWAY_MAX_IMAGE_BYTES ({})",
             self.max_body_bytes,
             self.max_image_bytes
+        );
+        ensure!(
+            !self.sse_max_lifetime.is_zero(),
+            "GATEWAY_SSE_MAX_LIFETIME must be positive"
         );
         ensure!(
             self.concurrency_limit > 0,

@@ -24,6 +24,7 @@ mod input;
 mod metrics;
 mod routes;
 mod sse;
+mod watch;
 
 use std::{sync::Arc, time::Duration};
 
@@ -86,6 +87,8 @@ pub(crate) struct AppState {
     notification: NotificationServiceClient<TracedChannel>,
     backends: Arc<[Backend]>,
     sse: SseGauge,
+    /// One upstream `Watch` per job, shared by its SSE clients.
+    watches: watch::Watches,
     /// Cancelled at shutdown so long-lived SSE streams end and graceful shutdown can finish.
     shutdown: CancellationToken,
 }
@@ -122,9 +125,15 @@ impl AppState {
                 channel: notification.clone(),
             },
         ]);
+        let scan = ScanServiceClient::new(ingest)
+            .max_encoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
         Ok(Self {
-            scan: ScanServiceClient::new(ingest)
-                .max_encoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES),
+            watches: watch::Watches::new(
+                scan.clone(),
+                SCAN_STREAM_DEADLINE,
+                sse::FIRST_MESSAGE_WAIT,
+            ),
+            scan,
             reward: RewardServiceClient::new(reward),
             analytics: AnalyticsServiceClient::new(analytics),
             notification: NotificationServiceClient::new(notification),
@@ -163,7 +172,8 @@ fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::
     let state = AppState::new(config, shutdown)?;
     let config = state.config.clone();
     let mut registry = ecoscan_common::metrics::Metrics::new("gateway");
-    let http_metrics = metrics::HttpMetrics::register(&mut registry, state.sse.clone());
+    let http_metrics =
+        metrics::HttpMetrics::register(&mut registry, state.sse.clone(), state.watches.clone());
     let registry = Arc::new(registry);
 
     let api = Router::new()

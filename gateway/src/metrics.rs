@@ -23,7 +23,11 @@ pub(crate) struct HttpMetrics {
 
 impl HttpMetrics {
     /// Registers the gateway's series in `metrics`; `sse` feeds `gateway_sse_connections`.
-    pub(crate) fn register(metrics: &mut Metrics, sse: SseGauge) -> Self {
+    pub(crate) fn register(
+        metrics: &mut Metrics,
+        sse: SseGauge,
+        watches: crate::watch::Watches,
+    ) -> Self {
         let this = Self {
             requests: Family::default(),
             duration: seconds_family(),
@@ -43,6 +47,11 @@ impl HttpMetrics {
             "gateway_sse_connections",
             "SSE streams open now (scan completion, scan events, notifications)",
             move || i64::try_from(sse.open()).unwrap_or(i64::MAX),
+        );
+        metrics.gauge_fn(
+            "gateway_watch_feeds",
+            "Upstream Watch streams to ingest, one per job with SSE clients, shared by them",
+            move || i64::try_from(watches.feeds()).unwrap_or(i64::MAX),
         );
         this
     }

@@ -91,7 +91,7 @@ impl Kind {
         }
     }
 
-    fn is_terminal(self) -> bool {
+    pub(crate) fn is_terminal(self) -> bool {
         matches!(self, Self::Ready | Self::Error)
     }
 }
@@ -261,8 +261,8 @@ fn stream_error_event(job_id: &str, err: &ApiError) -> Event {
     )
 }
 
-/// A stream of one job's events from ingest.
-pub(crate) type ScanEvents = BoxStream<'static, Result<ScanEvent, Status>>;
+/// A stream of one job's events from ingest (shared by the clients of a job: hence `Arc`).
+pub(crate) type ScanEvents = BoxStream<'static, Result<Arc<ScanEvent>, Status>>;
 
 /// The events of a `Scan` or `Watch` response stream: each response carries one event.
 pub(crate) fn scan_stream<R: Send + 'static>(
@@ -272,7 +272,7 @@ pub(crate) fn scan_stream<R: Send + 'static>(
     upstream
         .map(move |item| {
             item.and_then(|r| {
-                event(r).ok_or_else(|| {
+                event(r).map(Arc::new).ok_or_else(|| {
                     Status::internal("ingest sent a stream message without an event")
                 })
             })
@@ -298,12 +298,16 @@ where
     }
 }
 
-fn respond<S>(events: S, shutdown: CancellationToken) -> Response
+fn respond<S>(events: S, shutdown: CancellationToken, lifetime: Duration) -> Response
 where
     S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
 {
     // End streams at shutdown: open SSE connections would otherwise hold graceful shutdown open.
-    let events = events.take_until(shutdown.cancelled_owned());
+    // And after their lifetime: no connection is held forever; the client reconnects with its
+    // last event id.
+    let events = events
+        .take_until(shutdown.cancelled_owned())
+        .take_until(tokio::time::sleep(lifetime));
     let mut res = Sse::new(events)
         .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
         .into_response();
@@ -317,7 +321,7 @@ where
 
 struct ScanStreamState {
     upstream: ScanEvents,
-    pending: Option<ScanEvent>,
+    pending: Option<Arc<ScanEvent>>,
     job_id: String,
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
     done: bool,
@@ -328,11 +332,12 @@ struct ScanStreamState {
 /// `first` is a message already read by [`first_message`].
 pub(crate) fn scan_events(
     upstream: ScanEvents,
-    first: Option<ScanEvent>,
+    first: Option<Arc<ScanEvent>>,
     job_id: String,
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
     guard: SseGuard,
     shutdown: CancellationToken,
+    lifetime: Duration,
 ) -> Response {
     let state = ScanStreamState {
         upstream,
@@ -368,7 +373,7 @@ pub(crate) fn scan_events(
         };
         Some((Ok::<_, Infallible>(event), st))
     });
-    respond(events, shutdown)
+    respond(events, shutdown, lifetime)
 }
 
 /// An SSE response of a user's notifications (`event: notification`), until upstream ends.
@@ -377,6 +382,7 @@ pub(crate) fn notification_events<S>(
     first: Option<Notification>,
     guard: SseGuard,
     shutdown: CancellationToken,
+    lifetime: Duration,
 ) -> Response
 where
     S: Stream<Item = Result<Notification, Status>> + Send + Unpin + 'static,
@@ -405,7 +411,7 @@ where
             Some((Ok::<_, Infallible>(event), (upstream, None, done, guard)))
         },
     );
-    respond(events, shutdown)
+    respond(events, shutdown, lifetime)
 }
 
 #[cfg(test)]

@@ -50,11 +50,10 @@ struct Args {
     /// Spread of the mock latency, ± this fraction (0: every call takes exactly the latency).
     #[arg(long, env = "LLM_MOCK_JITTER", default_value_t = 0.0)]
     model_jitter: f64,
-    /// Pipeline workers in ingest (`INGEST_WORKERS`). Default: one per user, since each user
-    /// has one scan in flight; `ecoscan up` defaults to 256, and with fewer workers than scans
-    /// in flight the rest wait in the queue (`--workers 256` shows it).
-    #[arg(long, env = "INGEST_WORKERS")]
-    workers: Option<usize>,
+    /// Jobs ingest runs at once (`INGEST_MAX_IN_FLIGHT`). Default: ingest's own default (the
+    /// backlog limit), as `ecoscan up` runs it.
+    #[arg(long, env = "INGEST_MAX_IN_FLIGHT")]
+    max_in_flight: Option<usize>,
     /// A scan not `ready` within this long counts as a timeout.
     #[arg(long, default_value = "120s", value_parser = ecoscan_bench::parse_duration)]
     scan_timeout: Duration,
@@ -90,12 +89,11 @@ async fn main() -> anyhow::Result<()> {
     // connections, files and the stores' pools come on top.
     let fd_limit = system::raise_fd_limit((args.users as u64) * 2 + 4096);
 
-    let workers = args.workers.unwrap_or(args.users).max(1);
     let dir = tempfile::tempdir().context("failed to create a temporary data directory")?;
     let (running, shutdown) = ecoscan_bench::start_suite(dir.path(), |c| {
         c.llm.mock_latency = args.model_latency;
         c.llm.mock_jitter = args.model_jitter;
-        c.ingest_workers = workers;
+        c.ingest_max_in_flight = args.max_in_flight;
     })
     .await?;
     let url = format!("http://{}/api/v1/scan/completion", running.addrs.gateway);
@@ -110,13 +108,14 @@ async fn main() -> anyhow::Result<()> {
     let stop_starting = started + args.duration;
     let cap = args.scans_per_user.unwrap_or(usize::MAX);
     eprintln!(
-        "scan-load: {} users for {:?} (ramp {:?}), model latency {:?} ± {:.0} %, {} workers, fd limit {fd_limit}",
+        "scan-load: {} users for {:?} (ramp {:?}), model latency {:?} ± {:.0} %, max in flight {}, fd limit {fd_limit}",
         args.users,
         args.duration,
         args.ramp,
         args.model_latency,
         args.model_jitter * 100.0,
-        workers
+        args.max_in_flight
+            .map_or_else(|| "default".to_owned(), |n| n.to_string())
     );
 
     let mut users = tokio::task::JoinSet::new();
@@ -208,13 +207,14 @@ async fn main() -> anyhow::Result<()> {
         .header(
             "settings",
             format!(
-                "{} users, scans started for {:?} (users ramped over {:?}), mock model latency {:?} ± {:.0} % per call (2 calls per scan), INGEST_WORKERS={}, gateway concurrency limit 1024, fd limit {fd_limit}",
+                "{} users, scans started for {:?} (users ramped over {:?}), mock model latency {:?} ± {:.0} % per call (2 calls per scan), INGEST_MAX_IN_FLIGHT={}, gateway concurrency limit 1024, fd limit {fd_limit}",
                 args.users,
                 args.duration,
                 args.ramp,
                 args.model_latency,
                 args.model_jitter * 100.0,
-                workers
+                args.max_in_flight
+                    .map_or_else(|| "default".to_owned(), |n| n.to_string())
             ),
         )
         .header("stores", system::stores())

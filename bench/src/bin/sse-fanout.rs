@@ -165,7 +165,6 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
     let (running, shutdown) = ecoscan_bench::start_suite(dir.path(), |c| {
         c.llm.mock_latency = args.model_latency;
         c.llm.mock_jitter = args.model_jitter;
-        c.ingest_workers = args.jobs.max(256);
     })
     .await?;
     let gateway = running.addrs.gateway;

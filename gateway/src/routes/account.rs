@@ -113,6 +113,7 @@ pub(crate) async fn notification_stream(
         None,
         state.sse.track(),
         state.shutdown.clone(),
+        state.config.sse_max_lifetime,
     ))
 }
 

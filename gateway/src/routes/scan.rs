@@ -18,7 +18,9 @@ use crate::{
     error::ApiError,
     input::{ScanInput, User, idempotency_key, job_id, valid_event_id},
     sse::{self, error_info_json, stage_name},
+    watch::Refused,
 };
+use futures::StreamExt as _;
 
 fn ingest_error(status: tonic::Status) -> ApiError {
     ApiError::upstream("ingest", status)
@@ -107,6 +109,7 @@ pub(crate) async fn completion(
         state.result_url_fn(),
         state.sse.track(),
         state.shutdown.clone(),
+        state.config.sse_max_lifetime,
     ))
 }
 
@@ -197,19 +200,32 @@ pub(crate) async fn events(
             "Last-Event-ID must be an event id like 1718000000000-0".into(),
         ));
     }
-    let msg = WatchRequest {
-        job_id: id.clone(),
-        after_event_id: after,
-    };
-    let stream = state
-        .scan
-        .clone()
-        .watch(request_as(msg, SCAN_STREAM_DEADLINE, &user))
+    // Every client of a job shares one upstream watch; a resume from outside its replay
+    // window gets a watch of its own.
+    let (stream, first) = match state
+        .watches
+        .subscribe(&user, &id, (!after.is_empty()).then_some(after.as_str()))
         .await
-        .map_err(ingest_error)?
-        .into_inner();
-    let mut stream = sse::scan_stream(stream, |r| r.event);
-    let first = sse::first_message(&mut stream, "ingest").await?;
+    {
+        Ok(sub) => (sub.into_stream().boxed(), None),
+        Err(Refused::Upstream(status)) => return Err(ingest_error(status)),
+        Err(Refused::OutsideWindow) => {
+            let msg = WatchRequest {
+                job_id: id.clone(),
+                after_event_id: after,
+            };
+            let stream = state
+                .scan
+                .clone()
+                .watch(request_as(msg, SCAN_STREAM_DEADLINE, &user))
+                .await
+                .map_err(ingest_error)?
+                .into_inner();
+            let mut stream = sse::scan_stream(stream, |r| r.event);
+            let first = sse::first_message(&mut stream, "ingest").await?;
+            (stream, first)
+        }
+    };
     Ok(sse::scan_events(
         stream,
         first,
@@ -217,6 +233,7 @@ pub(crate) async fn events(
         state.result_url_fn(),
         state.sse.track(),
         state.shutdown.clone(),
+        state.config.sse_max_lifetime,
     ))
 }
 

@@ -255,3 +255,56 @@ fn on_eos(trailers: Option<&http::HeaderMap>, _latency: Duration, span: &Span) {
         record_status(t, span);
     }
 }
+
+/// The deadline a caller set on its call (`grpc-timeout`), as a duration from now. tonic
+/// enforces it only until the response headers; a server stream uses it to bound its whole
+/// life (with a maximum of its own).
+pub fn call_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    // At most 8 digits and one unit letter, by the gRPC spec.
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    use std::time::Duration;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod call_timeout_tests {
+    use std::time::Duration;
+
+    use tonic::metadata::{MetadataMap, MetadataValue};
+
+    use super::call_timeout;
+
+    fn with(v: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert("grpc-timeout", MetadataValue::try_from(v).unwrap());
+        m
+    }
+
+    #[test]
+    fn grpc_timeouts_parse_in_every_unit() {
+        assert_eq!(call_timeout(&with("600S")), Some(Duration::from_secs(600)));
+        assert_eq!(call_timeout(&with("2H")), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            call_timeout(&with("1500m")),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(call_timeout(&with("10u")), Some(Duration::from_micros(10)));
+        assert_eq!(call_timeout(&MetadataMap::new()), None);
+        for bad in ["S", "12", "1x", "123456789S", "-1S"] {
+            assert_eq!(call_timeout(&with(bad)), None, "{bad}");
+        }
+    }
+}

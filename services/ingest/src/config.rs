@@ -5,7 +5,10 @@ use std::{path::PathBuf, time::Duration};
 use ecoscan_common::config::{env_duration, env_opt, env_or};
 use ecoscan_objects::S3Config;
 
-use crate::store::postgres::is_postgres_url;
+use crate::{
+    hub::HubConfig,
+    store::{postgres::is_postgres_url, redis::DEFAULT_FEED_SHARDS},
+};
 
 /// Ingest settings. Environment variables (defaults in brackets):
 ///
@@ -13,11 +16,13 @@ use crate::store::postgres::is_postgres_url;
 /// |---|---|
 /// | `VISION_URL` `RULE_URL` `ANSWER_URL` `REWARD_URL` `NOTIFICATION_URL` | stage services [`http://127.0.0.1:5005{2,3,4,5,7}`] |
 /// | `INGEST_DATABASE_URL`, else `DATABASE_URL` | job rows; `postgres://…` selects PostgreSQL [`sqlite://./data/ingest.db?mode=rwc`] |
-/// | `REDIS_URL` | set: event log and dispatch queue on Redis Streams; unset: in memory |
+/// | `REDIS_URL` | set: event log and dispatch queue on Redis; unset: in memory. For a Cluster, one or more seed nodes, comma-separated |
+/// | `REDIS_CLUSTER` | `true`: `REDIS_URL` is a Redis Cluster [false] |
+/// | `INGEST_FEED_SHARDS` | feed shards of the event log; the same on every replica [64] |
 /// | `INGEST_REDIS_PREFIX` | prefix of every Redis key ingest uses [empty] |
 /// | `S3_ENDPOINT` + `S3_BUCKET` (+ `S3_REGION`, `S3_ACCESS_KEY_ID`, `S3_SECRET_ACCESS_KEY`) | set: images in S3; unset: `INGEST_OBJECT_DIR` |
 /// | `INGEST_OBJECT_DIR` | image store [`./data/objects`] |
-/// | `INGEST_WORKERS` | concurrent pipeline workers [256] |
+/// | `INGEST_MAX_IN_FLIGHT` | jobs one process runs at once [the backlog limit] |
 /// | `INGEST_LEASE` | a claimed job's lease, renewed while it runs [30s] |
 /// | `INGEST_MAX_BACKLOG` | jobs waiting or running past which `Submit` sheds load [5000] |
 /// | `INGEST_RETRY_AFTER` | retry delay suggested when shedding [5s] |
@@ -26,6 +31,8 @@ use crate::store::postgres::is_postgres_url;
 /// | `INGEST_MAX_IMAGE_BYTES` | largest image accepted [10485760] |
 /// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
 /// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
+/// | `INGEST_WATCH_MAX_LIFETIME` | longest life of one `Watch`/`Scan` stream [10m] |
+/// | `INGEST_WATCHER_BUFFER` | events a watcher may fall behind before it reads the log instead [256] |
 /// | `INGEST_SWEEP_INTERVAL` | how often the sweeper looks for unfinished jobs missing from the queue [30s] |
 /// | `INGEST_SWEEP_GRACE` | age below which a job is never swept (it may be between insert and enqueue) [60s] |
 #[derive(Clone, Debug)]
@@ -37,12 +44,14 @@ pub struct Config {
     pub notification_url: String,
     pub database_url: String,
     /// Redis for the event log and the queue; `None` keeps them in memory.
-    pub redis_url: Option<String>,
+    pub redis: Option<ecoscan_redis::Settings>,
+    pub feed_shards: u32,
     pub redis_prefix: String,
     /// S3 for images; `None` uses `object_dir`.
     pub s3: Option<S3Config>,
     pub object_dir: PathBuf,
-    pub workers: usize,
+    /// Jobs this process runs at once.
+    pub max_in_flight: usize,
     pub lease: Duration,
     pub max_backlog: u64,
     pub retry_after: Duration,
@@ -51,6 +60,7 @@ pub struct Config {
     pub max_image_bytes: usize,
     pub event_ttl: Duration,
     pub event_max_len: usize,
+    pub hub: HubConfig,
     pub sweep_interval: Duration,
     pub sweep_grace: Duration,
 }
@@ -64,11 +74,12 @@ impl Default for Config {
             reward_url: "http://127.0.0.1:50055".into(),
             notification_url: "http://127.0.0.1:50057".into(),
             database_url: "sqlite://./data/ingest.db?mode=rwc".into(),
-            redis_url: None,
+            redis: None,
+            feed_shards: DEFAULT_FEED_SHARDS,
             redis_prefix: String::new(),
             s3: None,
             object_dir: PathBuf::from("./data/objects"),
-            workers: 256,
+            max_in_flight: 5000,
             lease: Duration::from_secs(30),
             max_backlog: 5000,
             retry_after: Duration::from_secs(5),
@@ -77,6 +88,7 @@ impl Default for Config {
             max_image_bytes: 10 * 1024 * 1024,
             event_ttl: Duration::from_secs(3600),
             event_max_len: 2048,
+            hub: HubConfig::default(),
             sweep_interval: Duration::from_secs(30),
             sweep_grace: Duration::from_secs(60),
         }
@@ -86,6 +98,7 @@ impl Default for Config {
 impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         let d = Self::default();
+        let max_backlog = env_or("INGEST_MAX_BACKLOG", d.max_backlog)?;
         Ok(Self {
             vision_url: env_opt("VISION_URL").unwrap_or(d.vision_url),
             rule_url: env_opt("RULE_URL").unwrap_or(d.rule_url),
@@ -95,19 +108,27 @@ impl Config {
             database_url: env_opt("INGEST_DATABASE_URL")
                 .or_else(|| env_opt("DATABASE_URL"))
                 .unwrap_or(d.database_url),
-            redis_url: env_opt("REDIS_URL"),
+            redis: ecoscan_redis::Settings::from_env()?,
+            feed_shards: env_or("INGEST_FEED_SHARDS", d.feed_shards)?.max(1),
             redis_prefix: env_opt("INGEST_REDIS_PREFIX").unwrap_or_default(),
             s3: S3Config::from_env("")?,
             object_dir: env_opt("INGEST_OBJECT_DIR").map_or(d.object_dir, PathBuf::from),
-            workers: env_or("INGEST_WORKERS", d.workers)?.max(1),
             lease: env_duration("INGEST_LEASE", d.lease)?,
-            max_backlog: env_or("INGEST_MAX_BACKLOG", d.max_backlog)?,
+            max_backlog,
+            // A job waiting on a model is a cheap task: by default a process may run every job
+            // the backlog admits.
+            max_in_flight: env_or("INGEST_MAX_IN_FLIGHT", max_backlog as usize)?.max(1),
             retry_after: env_duration("INGEST_RETRY_AFTER", d.retry_after)?,
             stage_timeout: env_duration("INGEST_STAGE_TIMEOUT", d.stage_timeout)?,
             stage_retries: env_or("INGEST_STAGE_RETRIES", d.stage_retries)?,
             max_image_bytes: env_or("INGEST_MAX_IMAGE_BYTES", d.max_image_bytes)?,
             event_ttl: env_duration("INGEST_EVENT_TTL", d.event_ttl)?,
             event_max_len: env_or("INGEST_EVENT_MAX_LEN", d.event_max_len)?.max(1),
+            hub: HubConfig {
+                watcher_buffer: env_or("INGEST_WATCHER_BUFFER", d.hub.watcher_buffer)?.max(1),
+                max_lifetime: env_duration("INGEST_WATCH_MAX_LIFETIME", d.hub.max_lifetime)?,
+                ..d.hub
+            },
             sweep_interval: env_duration("INGEST_SWEEP_INTERVAL", d.sweep_interval)?,
             sweep_grace: env_duration("INGEST_SWEEP_GRACE", d.sweep_grace)?,
         })
@@ -127,9 +148,10 @@ impl Config {
         {
             self.database_url = url;
         }
-        if let Some(url) = env_opt("REDIS_URL") {
-            self.redis_url = Some(url);
+        if let Some(redis) = ecoscan_redis::Settings::from_env()? {
+            self.redis = Some(redis);
         }
+        self.feed_shards = env_or("INGEST_FEED_SHARDS", self.feed_shards)?.max(1);
         if let Some(prefix) = env_opt("INGEST_REDIS_PREFIX") {
             self.redis_prefix = prefix;
         }

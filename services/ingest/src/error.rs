@@ -28,7 +28,7 @@ pub enum StoreError {
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
     #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(#[from] ecoscan_redis::redis::RedisError),
     #[error("objects: {0}")]
     Object(#[from] ecoscan_objects::ObjectError),
     #[error("corrupt record: {0}")]

@@ -1,47 +1,107 @@
-//! The process's event hub: one reader of the event log's feed, fanning every event out in memory
-//! to the watchers of its job. Backend connections stay constant whatever the number of watchers.
+//! The process's event hub, and the watch protocol every `Watch` and `Scan` stream follows.
+//!
+//! One reader takes the event log's feed — every event appended to any job, at a cost that
+//! does not depend on how many jobs or watchers there are — and fans each event out in memory
+//! to the watchers of its job. Watchers of jobs nobody watches cost nothing: their events are
+//! skipped without being decoded.
+//!
+//! A watcher subscribes first, then reads the job's log after the position it resumes from,
+//! then forwards live events, skipping any it already sent. Whenever it may have missed one — a
+//! gap in `seq`, its own buffer overflowing, the feed announcing a resync, or a quiet spell — it
+//! catches up from the job's log, which is the record. A watch always ends: with the job's final
+//! event, at once when it resumes at or past the end of a finished job (from the row when the
+//! log has expired), or when its lifetime runs out (the caller reconnects with the last id).
 
 use std::{
     collections::HashMap,
+    pin::Pin,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use ecoscan_proto::v1::ScanEvent;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tracing::Instrument;
 
-use crate::{error::StoreError, store::EventLog};
+use crate::{
+    Stores,
+    error::{Error, StoreError},
+    event::{is_final, terminal_event_from_row},
+    store::{EventId, FeedItem, Job},
+};
 
-/// Fan-out of live events to watchers, keyed by job.
+/// Tuning of the hub and its watchers.
+#[derive(Clone, Debug)]
+pub struct HubConfig {
+    /// Messages a watcher may fall behind the hub before it catches up from the log instead.
+    pub watcher_buffer: usize,
+    /// A watcher that has heard nothing for this long reads the log anyway: a last guard
+    /// against any loss the feed could not announce.
+    pub idle_check: Duration,
+    /// Longest life of one watch stream; the caller reconnects with the last event id.
+    pub max_lifetime: Duration,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        Self {
+            watcher_buffer: 256,
+            idle_check: Duration::from_secs(30),
+            max_lifetime: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// What the hub hands a watcher.
+#[derive(Clone, Debug)]
+pub enum HubItem {
+    /// Shared by every watcher of the job: one copy, however many watch.
+    Event(Arc<ScanEvent>),
+    /// Something may have been missed: read the log.
+    Resync,
+}
+
+/// Fan-out of live events to watchers, keyed by job. Clones share the hub.
 #[derive(Clone)]
 pub struct Hub {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    /// Told which jobs are watched, so it reads only those (through its fixed connections).
-    log: Arc<dyn EventLog>,
-    jobs: Mutex<HashMap<String, broadcast::Sender<ScanEvent>>>,
+    stores: Stores,
+    config: HubConfig,
+    jobs: Mutex<HashMap<String, broadcast::Sender<HubItem>>>,
     watchers: AtomicU64,
+    shutdown: CancellationToken,
 }
 
 /// A watcher's subscription; unregisters itself when dropped.
 pub struct Subscription {
-    pub rx: broadcast::Receiver<ScanEvent>,
+    rx: broadcast::Receiver<HubItem>,
     hub: Hub,
     job_id: String,
-    /// Whether the log was told about this watcher (and so must be told when it leaves).
-    watching: bool,
+}
+
+impl Subscription {
+    /// The next item; a watcher that fell behind gets [`HubItem::Resync`]. `None` when the hub
+    /// stopped.
+    pub async fn recv(&mut self) -> Option<HubItem> {
+        match self.rx.recv().await {
+            Ok(item) => Some(item),
+            Err(broadcast::error::RecvError::Lagged(_)) => Some(HubItem::Resync),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        if self.watching {
-            self.hub.inner.log.unwatch(&self.job_id);
-        }
         self.hub.inner.watchers.fetch_sub(1, Ordering::Relaxed);
         let mut jobs = self.hub.inner.jobs.lock().expect("hub lock poisoned");
         // The receiver is dropped after this body runs, so the last watcher still counts as one.
@@ -55,56 +115,79 @@ impl Drop for Subscription {
 }
 
 impl Hub {
-    /// Starts the hub's single reader over `log`'s feed; it stops with `shutdown`.
-    pub fn start(log: Arc<dyn EventLog>, shutdown: CancellationToken) -> Self {
-        let mut feed = log.feed();
+    /// Opens the log's feed and starts the hub's one reader; it stops with `shutdown`.
+    pub async fn start(
+        stores: Stores,
+        config: HubConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Self, StoreError> {
+        let feed = stores.events.feed().await?;
         let hub = Self {
             inner: Arc::new(Inner {
-                log,
+                stores,
+                config,
                 jobs: Mutex::default(),
                 watchers: AtomicU64::new(0),
+                shutdown,
             }),
         };
-        let reader = hub.clone();
-        tokio::spawn(async move {
-            loop {
-                let event = tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    ev = feed.recv() => ev,
-                };
-                match event {
-                    Ok(ev) => reader.publish(ev),
-                    // Watchers notice the gap in `seq` and catch up from the log.
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "event hub lagged behind the log");
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break,
+        tokio::spawn(hub.clone().read(feed));
+        Ok(hub)
+    }
+
+    /// The reader: every feed item to the watchers it concerns. A feed that stops (its store
+    /// went away) is opened again; watchers catch up meanwhile.
+    async fn read(self, mut feed: Box<dyn crate::store::Feed>) {
+        let inner = self.inner.clone();
+        let watched = move |job: &str| {
+            inner
+                .jobs
+                .lock()
+                .expect("hub lock poisoned")
+                .contains_key(job)
+        };
+        loop {
+            let item = tokio::select! {
+                () = self.inner.shutdown.cancelled() => return,
+                item = feed.recv(&watched) => item,
+            };
+            match item {
+                Some(FeedItem::Event(ev)) => self.publish(*ev),
+                Some(FeedItem::Resync) => self.resync_all(),
+                None => {
+                    tracing::warn!("event feed stopped; opening it again");
+                    self.resync_all();
+                    feed = loop {
+                        tokio::select! {
+                            () = self.inner.shutdown.cancelled() => return,
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                        match self.inner.stores.events.feed().await {
+                            Ok(f) => break f,
+                            Err(e) => tracing::warn!(error = %e, "cannot open the event feed yet"),
+                        }
+                    };
                 }
             }
-        });
-        hub
+        }
     }
 
     /// Registers interest in `job_id`. Subscribe before reading the log's backlog, so that no
     /// event can fall between the two: once this returns, every event appended to the job
-    /// reaches the subscription.
-    pub async fn subscribe(&self, job_id: &str) -> Result<Subscription, StoreError> {
+    /// reaches the subscription (or a resync does).
+    pub fn subscribe(&self, job_id: &str) -> Subscription {
         let rx = {
             let mut jobs = self.inner.jobs.lock().expect("hub lock poisoned");
             jobs.entry(job_id.to_owned())
-                .or_insert_with(|| broadcast::channel(256).0)
+                .or_insert_with(|| broadcast::channel(self.inner.config.watcher_buffer.max(1)).0)
                 .subscribe()
         };
         self.inner.watchers.fetch_add(1, Ordering::Relaxed);
-        let mut sub = Subscription {
+        Subscription {
             rx,
             hub: self.clone(),
             job_id: job_id.to_owned(),
-            watching: false,
-        };
-        self.inner.log.watch(job_id).await?;
-        sub.watching = true;
-        Ok(sub)
+        }
     }
 
     /// Watchers currently registered.
@@ -115,7 +198,207 @@ impl Hub {
     fn publish(&self, event: ScanEvent) {
         let jobs = self.inner.jobs.lock().expect("hub lock poisoned");
         if let Some(tx) = jobs.get(&event.job_id) {
-            let _ = tx.send(event);
+            let _ = tx.send(HubItem::Event(Arc::new(event)));
         }
+    }
+
+    fn resync_all(&self) {
+        let jobs = self.inner.jobs.lock().expect("hub lock poisoned");
+        for tx in jobs.values() {
+            let _ = tx.send(HubItem::Resync);
+        }
+    }
+
+    /// Streams `job`'s events after `after` until its final event, for at most `lifetime`
+    /// (capped at the configured maximum); see the module docs for the protocol.
+    pub fn watch(
+        &self,
+        job: Job,
+        after: Option<EventId>,
+        lifetime: Option<Duration>,
+    ) -> Pin<Box<dyn Stream<Item = Result<ScanEvent, Status>> + Send>> {
+        let (tx, rx) = mpsc::channel(8);
+        let watcher = Watcher {
+            hub: self.clone(),
+            sub: self.subscribe(&job.id),
+            job,
+            last: after,
+            last_seq: None,
+            tx,
+        };
+        let lifetime = lifetime.map_or(self.inner.config.max_lifetime, |l| {
+            l.min(self.inner.config.max_lifetime)
+        });
+        let span = tracing::info_span!("watch", job.id = %watcher.job.id);
+        tokio::spawn(
+            async move {
+                let tx = watcher.tx.clone();
+                let ended = tokio::time::timeout(lifetime, watcher.run()).await;
+                let status = match ended {
+                    Ok(Ok(())) => return,
+                    Ok(Err(status)) => status,
+                    Err(_) => Status::deadline_exceeded(format!(
+                        "the stream reached its lifetime of {} s; reconnect with the last event id",
+                        lifetime.as_secs()
+                    )),
+                };
+                let _ = tx.send(Err(status)).await;
+            }
+            .instrument(span),
+        );
+        Box::pin(ReceiverStream::new(rx))
+    }
+}
+
+/// One watch stream's state.
+struct Watcher {
+    hub: Hub,
+    sub: Subscription,
+    job: Job,
+    /// The last event sent (or the position resumed from).
+    last: Option<EventId>,
+    last_seq: Option<u64>,
+    tx: mpsc::Sender<Result<ScanEvent, Status>>,
+}
+
+/// Whether the watch goes on after sending.
+enum Sent {
+    More,
+    Ended,
+}
+
+impl Watcher {
+    fn stores(&self) -> &Stores {
+        &self.hub.inner.stores
+    }
+
+    async fn run(mut self) -> Result<(), Status> {
+        if let Some(after) = self.last
+            && let Sent::Ended = self.resume_at(after).await?
+        {
+            return Ok(());
+        }
+        let backlog = self.read_log().await?;
+        let log_was_empty = backlog.is_empty() && self.last.is_none();
+        if let Sent::Ended = self.send_all(backlog).await {
+            return Ok(());
+        }
+        if log_was_empty && let Sent::Ended = self.end_if_finished().await? {
+            return Ok(());
+        }
+        let idle = self.hub.inner.config.idle_check;
+        loop {
+            let item = tokio::select! {
+                () = self.hub.inner.shutdown.cancelled() => {
+                    return Err(Status::unavailable(
+                        "ingest is shutting down; reconnect with the last event id",
+                    ));
+                }
+                () = self.tx.closed() => return Ok(()),
+                r = tokio::time::timeout(idle, self.sub.recv()) => r,
+            };
+            let events = match item {
+                Ok(Some(HubItem::Event(ev))) if self.last_seq.is_none_or(|s| ev.seq == s + 1) => {
+                    vec![Arc::unwrap_or_clone(ev)]
+                }
+                // A gap, a resync, or a quiet spell: the log says what was missed.
+                Ok(Some(HubItem::Event(_) | HubItem::Resync)) => self.read_log().await?,
+                Err(_quiet) => {
+                    let events = self.read_log().await?;
+                    if events.is_empty()
+                        && let Sent::Ended = self.end_if_finished().await?
+                    {
+                        return Ok(());
+                    }
+                    events
+                }
+                Ok(None) => {
+                    return Err(Status::unavailable(
+                        "event hub closed; reconnect with the last event id",
+                    ));
+                }
+            };
+            if let Sent::Ended = self.send_all(events).await {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn read_log(&self) -> Result<Vec<ScanEvent>, Status> {
+        Ok(self
+            .stores()
+            .events
+            .read_after(&self.job.id, self.last)
+            .await
+            .map_err(Error::from)?)
+    }
+
+    /// A resume after `after`: at or past the end of a finished job's log, the watch ends at
+    /// once with the job's end state; past the end of a running job's log, it goes on from the
+    /// log's end (the caller has seen everything there is).
+    async fn resume_at(&mut self, after: EventId) -> Result<Sent, Status> {
+        let last = self
+            .stores()
+            .events
+            .last_id(&self.job.id)
+            .await
+            .map_err(Error::from)?;
+        match last {
+            Some(last) if after >= last => {
+                if let Sent::Ended = self.end_if_finished().await? {
+                    return Ok(Sent::Ended);
+                }
+                self.last = Some(last);
+            }
+            // A log that expired (or never reached this store): the row knows the outcome.
+            None => return self.end_if_finished().await,
+            Some(_) => {}
+        }
+        Ok(Sent::More)
+    }
+
+    /// Ends the watch with the job's final event, rebuilt from its row, if the job has
+    /// finished; the event keeps the id of the final event in the log when it is still there.
+    async fn end_if_finished(&mut self) -> Result<Sent, Status> {
+        let row = self
+            .stores()
+            .jobs
+            .get(&self.job.id)
+            .await
+            .map_err(Error::from)?;
+        let Some(row) = row.filter(Job::is_terminal) else {
+            return Ok(Sent::More);
+        };
+        let mut ev = terminal_event_from_row(&row);
+        if let Some(last) = self
+            .stores()
+            .events
+            .last_id(&self.job.id)
+            .await
+            .map_err(Error::from)?
+        {
+            ev.event_id = last.to_string();
+        }
+        let _ = self.tx.send(Ok(ev)).await;
+        Ok(Sent::Ended)
+    }
+
+    /// Sends the events after the last one sent, in order; ends after a final event.
+    async fn send_all(&mut self, events: Vec<ScanEvent>) -> Sent {
+        for ev in events {
+            let Ok(id) = ev.event_id.parse::<EventId>() else {
+                continue;
+            };
+            if self.last.is_some_and(|l| id <= l) {
+                continue;
+            }
+            self.last = Some(id);
+            self.last_seq = Some(ev.seq);
+            let end = is_final(&ev);
+            if self.tx.send(Ok(ev)).await.is_err() || end {
+                return Sent::Ended;
+            }
+        }
+        Sent::More
     }
 }

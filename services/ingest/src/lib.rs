@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod error;
+pub mod event;
 pub mod hub;
 pub mod image;
 pub mod metrics;
@@ -26,8 +27,8 @@ pub use error::Error;
 
 use crate::store::{
     EventLog, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue, ObjectStore, PgJobStore,
-    Queue, RedisConn, RedisEventLog, RedisQueue, S3ObjectStore, SqliteJobStore,
-    postgres::is_postgres_url, redis::consumer_name,
+    Queue, RedisEventLog, RedisQueue, S3ObjectStore, SqliteJobStore, postgres::is_postgres_url,
+    redis::consumer_name,
 };
 
 /// Every store ingest uses.
@@ -68,16 +69,25 @@ impl Stores {
                     .with_context(|| format!("failed to open {}", config.database_url))?,
             )
         };
-        let (events, queue): (Arc<dyn EventLog>, Arc<dyn Queue>) = match &config.redis_url {
-            Some(url) => {
-                tracing::info!("event log and dispatch queue in redis");
+        let (events, queue): (Arc<dyn EventLog>, Arc<dyn Queue>) = match &config.redis {
+            Some(settings) => {
+                tracing::info!(
+                    cluster = settings.cluster,
+                    "event log and dispatch queue in redis"
+                );
                 let consumer = consumer_name();
-                let redis = RedisConn::connect(url, &format!("ecoscan-ingest:{consumer}"))
-                    .await
-                    .context("failed to connect to redis (REDIS_URL)")?;
+                let redis =
+                    ecoscan_redis::Redis::connect(settings, &format!("ecoscan-ingest:{consumer}"))
+                        .await
+                        .context("failed to connect to redis (REDIS_URL)")?;
                 let prefix = &config.redis_prefix;
                 (
-                    Arc::new(RedisEventLog::open(&redis, prefix, config.event_max_len).await?),
+                    Arc::new(RedisEventLog::with_shards(
+                        &redis,
+                        prefix,
+                        config.event_max_len,
+                        config.feed_shards,
+                    )),
                     Arc::new(RedisQueue::open(&redis, prefix, &consumer).await?),
                 )
             }
@@ -141,7 +151,9 @@ pub async fn serve_with(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let hub = hub::Hub::start(stores.events.clone(), shutdown.clone());
+    let hub = hub::Hub::start(stores.clone(), config.hub.clone(), shutdown.clone())
+        .await
+        .context("failed to start the event hub")?;
     let stages = pipeline::StageClients::connect(&config)?;
     let mut metrics = ecoscan_common::metrics::Metrics::new("ingest");
     let ingest_metrics =

@@ -3,7 +3,7 @@
 //! row, then tell the owner and acknowledge. A job whose worker died is claimed again when its
 //! lease runs out and resumes at its first unfinished stage; stages are idempotent per job.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
 
 use backon::{ExponentialBuilder, Retryable};
 use ecoscan_common::{
@@ -29,8 +29,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::{
     Config, Stores,
     error::StoreError,
+    event::{event, progress_range, stage_name, terminal_event_from_row},
     metrics::IngestMetrics,
-    store::{Job, Lease, jobs::Checkpoint},
+    store::{Job, Lease, Queue, jobs::Checkpoint},
 };
 
 /// Answer text is coalesced so a job emits at most ~20 delta events per second.
@@ -61,19 +62,92 @@ impl StageClients {
     }
 }
 
-/// The running workers.
+/// The running pipeline: a dispatcher claiming jobs and one task per job in flight.
 pub struct Workers {
-    set: JoinSet<()>,
+    dispatcher: Option<tokio::task::JoinHandle<()>>,
+    jobs: Arc<tokio::sync::Mutex<JoinSet<()>>>,
+    /// Stops the lease keeper.
+    keeper_stop: CancellationToken,
 }
 
 impl Workers {
-    /// Waits until every worker has stopped (after shutdown, once their current job is done).
+    /// Waits until the dispatcher has stopped and every job in flight has finished (after
+    /// shutdown, once their current stage is done).
     pub async fn wait(mut self) {
-        while self.set.join_next().await.is_some() {}
+        if let Some(dispatcher) = self.dispatcher.take() {
+            let _ = dispatcher.await;
+        }
+        let mut jobs = self.jobs.lock().await;
+        while jobs.join_next().await.is_some() {}
     }
 }
 
-/// Starts `config.workers` workers; they stop taking jobs when `shutdown` is cancelled.
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.keeper_stop.cancel();
+    }
+}
+
+/// Jobs claimed per round trip at most.
+const CLAIM_BATCH: usize = 64;
+/// How often the dispatcher forgets claimers of processes that are gone.
+const FORGET_EVERY: Duration = Duration::from_secs(60);
+
+/// Leases held by this process's jobs, renewed together.
+#[derive(Default)]
+struct Leases {
+    held: std::sync::Mutex<HashMap<String, (Lease, CancellationToken)>>,
+}
+
+impl Leases {
+    fn hold(&self, lease: &Lease) -> CancellationToken {
+        let lost = CancellationToken::new();
+        self.held
+            .lock()
+            .expect("leases lock poisoned")
+            .insert(lease.id.clone(), (lease.clone(), lost.clone()));
+        lost
+    }
+
+    fn release(&self, lease: &Lease) {
+        self.held
+            .lock()
+            .expect("leases lock poisoned")
+            .remove(&lease.id);
+    }
+
+    /// Renews every held lease in one round trip; a job whose lease was lost is told to stop.
+    async fn renew(&self, queue: &dyn Queue, hold: Duration) {
+        let held: Vec<(Lease, CancellationToken)> = self
+            .held
+            .lock()
+            .expect("leases lock poisoned")
+            .values()
+            .cloned()
+            .collect();
+        for chunk in held.chunks(500) {
+            let leases: Vec<Lease> = chunk.iter().map(|(l, _)| l.clone()).collect();
+            match queue.extend_many(&leases, hold).await {
+                Ok(kept) => {
+                    for ((lease, lost), kept) in chunk.iter().zip(kept) {
+                        if !kept {
+                            tracing::warn!(job.id = %lease.entry.job_id, "lease lost");
+                            lost.cancel();
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, leases = leases.len(), "failed to extend leases")
+                }
+            }
+        }
+    }
+}
+
+/// Starts the dispatcher: it claims jobs while fewer than `config.max_in_flight` run in this
+/// process and runs each as a task of its own (a job waiting on a model is a cheap task, so
+/// the bound is the backlog and the model provider's concurrency, not a pool of workers). It
+/// stops claiming when `shutdown` is cancelled.
 pub fn spawn_workers(
     config: &Config,
     stores: Stores,
@@ -87,28 +161,90 @@ pub fn spawn_workers(
         stages,
         metrics,
     });
-    let mut set = JoinSet::new();
-    for _ in 0..config.workers {
-        let ctx = ctx.clone();
-        let shutdown = shutdown.clone();
-        set.spawn(async move {
-            while !shutdown.is_cancelled() {
-                let claimed = tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    c = ctx.stores.queue.claim(ctx.config.lease, Duration::from_secs(1)) => c,
-                };
-                match claimed {
-                    Ok(Some(lease)) => ctx.process(lease).await,
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "failed to claim a job; backing off");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
+    let leases = Arc::new(Leases::default());
+    let jobs = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
+    // Keep every held lease alive; if this process dies, the leases run out and other
+    // processes resume the jobs.
+    // Runs past shutdown, as long as jobs in flight need their leases: until `Workers` has
+    // waited for them (or is dropped).
+    let keeper_stop = CancellationToken::new();
+    {
+        let (ctx, leases, stop) = (ctx.clone(), leases.clone(), keeper_stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ctx.config.lease / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = tick.tick() => leases.renew(ctx.stores.queue.as_ref(), ctx.config.lease).await,
                 }
             }
         });
     }
-    Workers { set }
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight.max(1)));
+    let dispatcher = {
+        let jobs = jobs.clone();
+        tokio::spawn(async move {
+            let mut last_forget = tokio::time::Instant::now();
+            while !shutdown.is_cancelled() {
+                // Room for at least one job, then as many as are free, up to a batch.
+                let first = tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    p = in_flight.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                };
+                let mut permits = vec![first];
+                while permits.len() < CLAIM_BATCH {
+                    match in_flight.clone().try_acquire_owned() {
+                        Ok(p) => permits.push(p),
+                        Err(_) => break,
+                    }
+                }
+                let claimed = tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    c = ctx.stores.queue.claim_many(ctx.config.lease, Duration::from_secs(1), permits.len()) => c,
+                };
+                match claimed {
+                    Ok(claimed) => {
+                        let mut set = jobs.lock().await;
+                        // Reap finished tasks so the set holds only what runs.
+                        while set.try_join_next().is_some() {}
+                        for lease in claimed {
+                            let permit = permits.pop().expect("claimed at most one per permit");
+                            let lost = leases.hold(&lease);
+                            let (ctx, leases) = (ctx.clone(), leases.clone());
+                            set.spawn(async move {
+                                ctx.process(&lease, lost).await;
+                                leases.release(&lease);
+                                drop(permit);
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "failed to claim jobs; backing off");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+                if last_forget.elapsed() >= FORGET_EVERY {
+                    last_forget = tokio::time::Instant::now();
+                    // A claimer idle for many leases holds nothing and is gone.
+                    if let Err(e) = ctx
+                        .stores
+                        .queue
+                        .forget_idle_claimers(ctx.config.lease * 10)
+                        .await
+                    {
+                        tracing::warn!(error = %e, "failed to forget idle claimers");
+                    }
+                }
+            }
+        })
+    };
+    Workers {
+        dispatcher: Some(dispatcher),
+        jobs,
+        keeper_stop,
+    }
 }
 
 struct Ctx {
@@ -124,86 +260,8 @@ struct StageFailure {
     status: Status,
 }
 
-/// Builds an event; the log assigns `event_id` and `seq`.
-pub fn event(
-    job_id: &str,
-    stage: Stage,
-    status: EventStatus,
-    progress: f32,
-    message: &str,
-    payload: Option<Payload>,
-) -> ScanEvent {
-    ScanEvent {
-        event_id: String::new(),
-        job_id: job_id.to_owned(),
-        seq: 0,
-        stage: stage as i32,
-        status: status as i32,
-        // Three decimals are plenty, and keep the JSON free of float noise (0.39499998).
-        progress: (progress * 1000.0).round() / 1000.0,
-        message: message.to_owned(),
-        ts: Some(ecoscan_proto::now()),
-        trace_id: ecoscan_common::telemetry::current_trace_id(),
-        payload,
-    }
-}
-
-/// The final event of a finished job, rebuilt from its row. A success carries no payload: the
-/// result is the job's, and the gateway knows where it publishes results.
-pub fn terminal_event_from_row(job: &Job) -> ScanEvent {
-    if job.status == JobStatus::Succeeded {
-        event(
-            &job.id,
-            Stage::Done,
-            EventStatus::Completed,
-            1.0,
-            "scan complete",
-            None,
-        )
-    } else {
-        let error = job.error.clone().unwrap_or_else(|| ErrorInfo {
-            code: "UNKNOWN".into(),
-            http_status: 500,
-            message: "the scan failed".into(),
-            retryable: false,
-        });
-        event(
-            &job.id,
-            Stage::Done,
-            EventStatus::Failed,
-            1.0,
-            &error.message.clone(),
-            Some(Payload::Error(error)),
-        )
-    }
-}
-
-/// Where each stage sits in the job's overall progress.
-fn progress_range(stage: Stage) -> (f32, f32) {
-    match stage {
-        Stage::Vision => (0.05, 0.35),
-        Stage::Rule => (0.35, 0.5),
-        Stage::Answer => (0.5, 0.85),
-        Stage::Reward => (0.85, 0.95),
-        Stage::Done => (1.0, 1.0),
-        Stage::Queued | Stage::Unspecified => (0.0, 0.0),
-    }
-}
-
-fn stage_name(stage: Stage) -> &'static str {
-    match stage {
-        Stage::Vision => "vision",
-        Stage::Rule => "rule",
-        Stage::Answer => "answer",
-        Stage::Reward => "reward",
-        Stage::Done => "done",
-        Stage::Queued => "queued",
-        Stage::Unspecified => "unspecified",
-    }
-}
-
 impl Ctx {
-    async fn process(&self, lease: Lease) {
+    async fn process(&self, lease: &Lease, lost: CancellationToken) {
         let job_id = lease.entry.job_id.clone();
         if lease.entry.deliveries == 0 {
             // A redelivery's enqueue time is the first one: it would count the lease timeout.
@@ -223,39 +281,16 @@ impl Ctx {
             &lease.entry.carrier,
         ));
 
-        // Keep the lease while the job runs; if this process dies, the lease runs out and
-        // another worker resumes the job. A lease found lost means another worker may own the
-        // job now (this one stalled past its lease, or Redis lost the queue and the sweeper put
-        // the job back): stop, so that two workers never keep running one job.
-        let lost = CancellationToken::new();
-        let heartbeat = {
-            let queue = self.stores.queue.clone();
-            let lease = lease.clone();
-            let lost = lost.clone();
-            let every = self.config.lease / 3;
-            let hold = self.config.lease;
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    match queue.extend(&lease, hold).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            lost.cancel();
-                            break;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "failed to extend lease"),
-                    }
-                }
-            })
-        };
+        // A lease found lost means another worker may own the job now (this one stalled past
+        // its lease, or Redis lost the queue and the sweeper put the job back): stop, so that
+        // two workers never keep running one job.
         let outcome = tokio::select! {
             outcome = self.run(&job_id, lease.entry.deliveries == 0).instrument(span) => Some(outcome),
             () = lost.cancelled() => None,
         };
-        heartbeat.abort();
         match outcome {
             Some(Ok(())) => {
-                if let Err(e) = self.stores.queue.ack(&lease).await {
+                if let Err(e) = self.stores.queue.ack(lease).await {
                     tracing::warn!(job.id = %job_id, error = %e, "failed to acknowledge job; it will run again and find its checkpoints");
                 }
             }

@@ -4,25 +4,22 @@ use std::{pin::Pin, sync::Arc};
 
 use bytes::Bytes;
 use ecoscan_common::CancellationToken;
-use ecoscan_common::identity::caller;
+use ecoscan_common::{identity::caller, server::call_timeout};
 use ecoscan_proto::v1::{
-    EventStatus, GetResultRequest, GetResultResponse, ScanEvent, ScanRequest, ScanResponse,
-    ScanResult, Stage, SubmitRequest, SubmitResponse, WatchRequest, WatchResponse,
-    scan_service_server::ScanService,
+    EventStatus, GetResultRequest, GetResultResponse, ScanRequest, ScanResponse, ScanResult, Stage,
+    SubmitRequest, SubmitResponse, WatchRequest, WatchResponse, scan_service_server::ScanService,
 };
 use sha2::{Digest, Sha256};
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
-use tracing::Instrument;
 
 use crate::{
     Config, Stores,
     error::Error,
+    event::event,
     hub::Hub,
     image,
     metrics::IngestMetrics,
-    pipeline::{event, terminal_event_from_row},
     store::{EventId, Job, NewJob, QueueEntry},
 };
 
@@ -211,114 +208,6 @@ impl Inner {
             _ => Err(Error::JobNotFound(id)),
         }
     }
-
-    /// Streams a job's events after `after` until its final event: subscribe to the hub first,
-    /// then read the backlog from the log, then forward live events, skipping any already sent.
-    fn watch(self: &Arc<Self>, job: Job, after: Option<EventId>) -> EventStream<ScanEvent> {
-        let (tx, rx) = mpsc::channel(32);
-        let this = self.clone();
-        let span = tracing::info_span!("watch", job.id = %job.id);
-        tokio::spawn(
-            async move {
-                if let Err(status) = this.forward(&job, after, &tx).await {
-                    let _ = tx.send(Err(status)).await;
-                }
-            }
-            .instrument(span),
-        );
-        Box::pin(ReceiverStream::new(rx))
-    }
-
-    async fn forward(
-        &self,
-        job: &Job,
-        after: Option<EventId>,
-        tx: &mpsc::Sender<Result<ScanEvent, Status>>,
-    ) -> Result<(), Status> {
-        let mut sub = self.hub.subscribe(&job.id).await.map_err(Error::from)?;
-        let mut last = after;
-        let mut last_seq: Option<u64> = None;
-
-        // Drops events at or before the last one sent, remembering the newest.
-        let send_all =
-            |events: Vec<ScanEvent>, last: &mut Option<EventId>, last_seq: &mut Option<u64>| {
-                let mut out = Vec::new();
-                for ev in events {
-                    let Ok(id) = ev.event_id.parse::<EventId>() else {
-                        continue;
-                    };
-                    if last.is_some_and(|l| id <= l) {
-                        continue;
-                    }
-                    *last = Some(id);
-                    *last_seq = Some(ev.seq);
-                    out.push(ev);
-                }
-                out
-            };
-
-        let backlog = self
-            .stores
-            .events
-            .read_after(&job.id, after)
-            .await
-            .map_err(Error::from)?;
-        let log_empty = backlog.is_empty() && after.is_none();
-        for ev in send_all(backlog, &mut last, &mut last_seq) {
-            let end = ev.stage == Stage::Done as i32;
-            tracing::debug!(event.id = %ev.event_id, "event sent");
-            if tx.send(Ok(ev)).await.is_err() || end {
-                return Ok(());
-            }
-        }
-        if log_empty {
-            // The log of a finished job may have expired; the row still has the outcome.
-            if let Some(row) = self.stores.jobs.get(&job.id).await.map_err(Error::from)?
-                && row.is_terminal()
-                && self
-                    .stores
-                    .events
-                    .read_after(&job.id, None)
-                    .await
-                    .map_err(Error::from)?
-                    .is_empty()
-            {
-                let _ = tx.send(Ok(terminal_event_from_row(&row))).await;
-                return Ok(());
-            }
-        }
-
-        loop {
-            let received = tokio::select! {
-                () = self.shutdown.cancelled() => {
-                    return Err(Status::unavailable("ingest is shutting down; reconnect with the last event id"));
-                }
-                () = tx.closed() => return Ok(()),
-                r = sub.rx.recv() => r,
-            };
-            let events = match received {
-                Ok(ev) if last_seq.is_none_or(|s| ev.seq == s + 1) => vec![ev],
-                // A gap (or a lag of our own receiver): catch up from the log.
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self
-                    .stores
-                    .events
-                    .read_after(&job.id, last)
-                    .await
-                    .map_err(Error::from)?,
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(Status::unavailable(
-                        "event hub closed; reconnect with the last event id",
-                    ));
-                }
-            };
-            for ev in send_all(events, &mut last, &mut last_seq) {
-                let end = ev.stage == Stage::Done as i32;
-                if tx.send(Ok(ev)).await.is_err() || end {
-                    return Ok(());
-                }
-            }
-        }
-    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -374,9 +263,10 @@ impl ScanService for ScanApi {
         request: Request<ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
         let user = user_of(&request)?;
+        let lifetime = call_timeout(request.metadata());
         let (job, _) = self.inner.submit(user, request.into_inner().into()).await?;
         tracing::Span::current().record("job.id", job.id.as_str());
-        let events = self.inner.watch(job, None);
+        let events = self.inner.hub.watch(job, None, lifetime);
         Ok(Response::new(Box::pin(events.map(|item| {
             item.map(|event| ScanResponse { event: Some(event) })
         }))))
@@ -390,6 +280,7 @@ impl ScanService for ScanApi {
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let user = user_of(&request)?;
+        let lifetime = call_timeout(request.metadata());
         let req = request.into_inner();
         let after = if req.after_event_id.is_empty() {
             None
@@ -401,7 +292,7 @@ impl ScanService for ScanApi {
             )
         };
         let job = self.inner.job_for(&req.job_id, &user).await?;
-        let events = self.inner.watch(job, after);
+        let events = self.inner.hub.watch(job, after, lifetime);
         Ok(Response::new(Box::pin(events.map(|item| {
             item.map(|event| WatchResponse { event: Some(event) })
         }))))

@@ -1,336 +1,27 @@
 //! The pipeline against in-test stage services on a real socket: resuming at the first stage
 //! without a checkpoint, failing a job cleanly, and shedding load.
 
+mod support;
+
 use std::{
     collections::{HashMap, HashSet},
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::Arc,
     time::Duration,
 };
 
 use bytes::Bytes;
-use ecoscan_common::{client::request_as, identity::caller, testing::spawn};
+use ecoscan_common::client::request_as;
 use ecoscan_ingest::{
-    Config, Stores,
+    Stores,
     error::StoreError,
     store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
 };
 use ecoscan_proto::v1::{
-    Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyRequest,
-    ClassifyResponse, DisposalRules, EvaluateRequest, EvaluateResponse, EventStatus,
-    GenerateRequest, GenerateResponse, GetResultRequest, JobStatus, ListCategoriesRequest,
-    ListCategoriesResponse, ListOwnedRequest, ListOwnedResponse, ListRequest, ListResponse,
-    LookupRequest, LookupResponse, Notification, NotifyRequest, NotifyResponse, RewardDecision,
-    ScanEvent, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest, SubscribeRequest,
-    SubscribeResponse, WatchRequest, answer_service_server, classify_response, generate_response,
-    lookup_response, notification_service_server, reward_service_server, rule_service_server,
-    scan_service_client::ScanServiceClient, vision_service_server,
+    DisposalRules, EventStatus, GetResultRequest, JobStatus, Stage, SubmitRequest, WatchRequest,
 };
-use tokio_stream::{Stream, StreamExt};
-use tonic::{Code, Request, Response, Status};
-
-const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
-
-type BoxStream<T> = std::pin::Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
-fn stream_of<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
-    Box::pin(tokio_stream::iter(items.into_iter().map(Ok)))
-}
-
-/// Stage services that count their calls; vision can be told to fail.
-#[derive(Clone, Default)]
-struct Stages {
-    calls: Arc<HashMap<&'static str, AtomicUsize>>,
-    vision_fails_with: Option<Code>,
-    /// How long answer thinks before it writes.
-    answer_delay: Duration,
-}
-
-impl Stages {
-    fn new(vision_fails_with: Option<Code>) -> Self {
-        let calls = ["vision", "rule", "answer", "reward", "notify"]
-            .into_iter()
-            .map(|k| (k, AtomicUsize::new(0)))
-            .collect();
-        Self {
-            calls: Arc::new(calls),
-            vision_fails_with,
-            answer_delay: Duration::ZERO,
-        }
-    }
-
-    fn hit(&self, name: &str) {
-        self.calls[name].fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn count(&self, name: &str) -> usize {
-        self.calls[name].load(Ordering::SeqCst)
-    }
-}
-
-/// The acting user of a call, from its `x-user-id` metadata, as the real services read it.
-fn acting_user<T>(req: &Request<T>) -> Result<String, Status> {
-    caller(req.metadata()).map_err(|e| Status::invalid_argument(e.to_string()))
-}
-
-fn classification() -> Classification {
-    Classification {
-        major_category: "재활용폐기물".into(),
-        middle_category: "무색페트병".into(),
-        minor_category: "음료PET병".into(),
-        item_name: "페트병".into(),
-        confidence: 0.9,
-        provider: "test".into(),
-        ..Default::default()
-    }
-}
-
-#[tonic::async_trait]
-impl vision_service_server::VisionService for Stages {
-    type ClassifyStream = BoxStream<ClassifyResponse>;
-    async fn classify(
-        &self,
-        req: Request<ClassifyRequest>,
-    ) -> Result<Response<Self::ClassifyStream>, Status> {
-        self.hit("vision");
-        assert_eq!(req.get_ref().image, PNG, "vision receives the stored image");
-        if let Some(code) = self.vision_fails_with {
-            return Err(Status::new(code, "the photo shows no object"));
-        }
-        Ok(Response::new(stream_of(vec![ClassifyResponse {
-            event: Some(classify_response::Event::Classification(classification())),
-        }])))
-    }
-}
-
-#[tonic::async_trait]
-impl rule_service_server::RuleService for Stages {
-    type LookupStream = BoxStream<LookupResponse>;
-    async fn lookup(
-        &self,
-        _: Request<LookupRequest>,
-    ) -> Result<Response<Self::LookupStream>, Status> {
-        self.hit("rule");
-        Ok(Response::new(stream_of(vec![LookupResponse {
-            event: Some(lookup_response::Event::Rules(DisposalRules {
-                recyclable: true,
-                ..Default::default()
-            })),
-        }])))
-    }
-    async fn list_categories(
-        &self,
-        _: Request<ListCategoriesRequest>,
-    ) -> Result<Response<ListCategoriesResponse>, Status> {
-        Ok(Response::new(ListCategoriesResponse::default()))
-    }
-}
-
-#[tonic::async_trait]
-impl answer_service_server::AnswerService for Stages {
-    type GenerateStream = BoxStream<GenerateResponse>;
-    async fn generate(
-        &self,
-        req: Request<GenerateRequest>,
-    ) -> Result<Response<Self::GenerateStream>, Status> {
-        self.hit("answer");
-        assert!(req.get_ref().classification.is_some() && req.get_ref().rules.is_some());
-        tokio::time::sleep(self.answer_delay).await;
-        let delta = |d: &str| GenerateResponse {
-            event: Some(generate_response::Event::Delta(d.into())),
-        };
-        Ok(Response::new(stream_of(vec![
-            delta("Remove the label, "),
-            delta("rinse, "),
-            delta("crush."),
-            GenerateResponse {
-                event: Some(generate_response::Event::Answer(Answer {
-                    text: "Remove the label, rinse, crush.".into(),
-                    ..Default::default()
-                })),
-            },
-        ])))
-    }
-}
-
-#[tonic::async_trait]
-impl reward_service_server::RewardService for Stages {
-    async fn evaluate(
-        &self,
-        req: Request<EvaluateRequest>,
-    ) -> Result<Response<EvaluateResponse>, Status> {
-        // Ingest evaluates for the job's owner, in the metadata.
-        acting_user(&req)?;
-        self.hit("reward");
-        Ok(Response::new(EvaluateResponse {
-            decision: Some(RewardDecision {
-                eligible: true,
-                newly_granted: true,
-                character: Some(Character {
-                    code: "char-petty".into(),
-                    ..Default::default()
-                }),
-                reason: "granted".into(),
-            }),
-        }))
-    }
-    async fn list_owned(
-        &self,
-        req: Request<ListOwnedRequest>,
-    ) -> Result<Response<ListOwnedResponse>, Status> {
-        acting_user(&req)?;
-        Ok(Response::new(ListOwnedResponse::default()))
-    }
-}
-
-#[tonic::async_trait]
-impl notification_service_server::NotificationService for Stages {
-    async fn notify(
-        &self,
-        req: Request<NotifyRequest>,
-    ) -> Result<Response<NotifyResponse>, Status> {
-        // Ingest notifies the job's owner, in the metadata.
-        let user_id = acting_user(&req)?;
-        self.hit("notify");
-        assert_eq!(req.get_ref().kind, "scan_completed");
-        Ok(Response::new(NotifyResponse {
-            notification: Some(Notification {
-                user_id,
-                ..Default::default()
-            }),
-        }))
-    }
-    async fn schedule(
-        &self,
-        _: Request<ScheduleRequest>,
-    ) -> Result<Response<ScheduleResponse>, Status> {
-        Err(Status::unimplemented("not used by ingest"))
-    }
-    async fn cancel(&self, _: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
-        Err(Status::unimplemented("not used by ingest"))
-    }
-    type SubscribeStream = BoxStream<SubscribeResponse>;
-    async fn subscribe(
-        &self,
-        _: Request<SubscribeRequest>,
-    ) -> Result<Response<Self::SubscribeStream>, Status> {
-        Err(Status::unimplemented("not used by ingest"))
-    }
-    async fn list(&self, _: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-        Err(Status::unimplemented("not used by ingest"))
-    }
-}
-
-struct Env {
-    stages: Stages,
-    stores: Stores,
-    ingest: ScanServiceClient<ecoscan_common::client::TracedChannel>,
-    dir: tempfile::TempDir,
-    _servers: Vec<ecoscan_common::testing::Spawned>,
-}
-
-async fn start(vision_fails_with: Option<Code>, tweak: impl FnOnce(&mut Config)) -> Env {
-    start_with(Stages::new(vision_fails_with), tweak, |s| s).await
-}
-
-/// [`start`] with given stage services, and stores `wrap` may replace.
-async fn start_with(
-    stages: Stages,
-    tweak: impl FnOnce(&mut Config),
-    wrap: impl FnOnce(Stores) -> Stores,
-) -> Env {
-    let s = stages.clone();
-    let upstream = spawn(move |l, sd| async move {
-        let routes =
-            tonic::service::Routes::new(vision_service_server::VisionServiceServer::new(s.clone()))
-                .add_service(rule_service_server::RuleServiceServer::new(s.clone()))
-                .add_service(answer_service_server::AnswerServiceServer::new(s.clone()))
-                .add_service(reward_service_server::RewardServiceServer::new(s.clone()))
-                .add_service(notification_service_server::NotificationServiceServer::new(
-                    s,
-                ));
-        ecoscan_common::server::serve(routes, &[], l, sd).await
-    })
-    .await;
-
-    let dir = tempfile::tempdir().unwrap();
-    let up = upstream.uri();
-    let mut config = Config {
-        vision_url: up.clone(),
-        rule_url: up.clone(),
-        answer_url: up.clone(),
-        reward_url: up.clone(),
-        notification_url: up,
-        database_url: format!(
-            "sqlite://{}?mode=rwc",
-            dir.path().join("ingest.db").display()
-        ),
-        object_dir: dir.path().join("objects"),
-        workers: 4,
-        stage_retries: 1,
-        ..Config::default()
-    };
-    tweak(&mut config);
-    // The stores the configuration selects: embedded unless a test points it at servers.
-    let stores = wrap(Stores::from_config(&config).await.unwrap());
-    let st = stores.clone();
-    let ingest = spawn(move |l, sd| ecoscan_ingest::serve_with(config, st, l, sd)).await;
-    let client = ScanServiceClient::new(ecoscan_common::client::channel(&ingest.uri()).unwrap());
-    Env {
-        stages,
-        stores,
-        ingest: client,
-        dir,
-        _servers: vec![upstream, ingest],
-    }
-}
-
-/// Submits the test PNG as `u1` and returns the job id.
-async fn submit_png(env: &Env) -> String {
-    env.ingest
-        .clone()
-        .submit(request_as(
-            SubmitRequest {
-                image: PNG.to_vec(),
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-            "u1",
-        ))
-        .await
-        .expect("submit accepts the test image")
-        .into_inner()
-        .job_id
-}
-
-async fn watch_all(env: &Env, job_id: &str) -> Vec<ScanEvent> {
-    let mut stream = env
-        .ingest
-        .clone()
-        .watch(request_as(
-            WatchRequest {
-                job_id: job_id.into(),
-                ..Default::default()
-            },
-            Duration::from_secs(60),
-            "u1",
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    let read = async {
-        while let Some(ev) = stream.next().await {
-            events.push(ev.unwrap().event.expect("every message carries an event"));
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), read)
-        .await
-        .expect("the job finishes within 60 s");
-    events
-}
+use support::*;
+use tokio_stream::StreamExt;
+use tonic::Code;
 
 #[tokio::test]
 async fn a_resumed_job_runs_only_the_stages_without_a_checkpoint() {
@@ -527,14 +218,22 @@ impl Queue for LosesFirstLease {
     async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError> {
         self.0.enqueue(entry).await
     }
-    async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError> {
-        self.0.claim(lease, wait).await
+    async fn claim_many(
+        &self,
+        lease: Duration,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.0.claim_many(lease, wait, max).await
     }
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError> {
-        if lease.entry.deliveries == 0 {
-            return Ok(false);
+    async fn extend_many(&self, leases: &[Lease], by: Duration) -> Result<Vec<bool>, StoreError> {
+        let mut kept = self.0.extend_many(leases, by).await?;
+        for (lease, kept) in leases.iter().zip(kept.iter_mut()) {
+            if lease.entry.deliveries == 0 {
+                *kept = false;
+            }
         }
-        self.0.extend(lease, by).await
+        Ok(kept)
     }
     async fn ack(&self, lease: &Lease) -> Result<(), StoreError> {
         self.0.ack(lease).await
@@ -647,7 +346,7 @@ async fn a_scan_completes_on_redis_postgres_and_s3() {
         start(None, move |c| {
             let sep = if db_url.contains('?') { '&' } else { '?' };
             c.database_url = format!("{db_url}{sep}options=-c%20search_path%3D{schema}");
-            c.redis_url = Some(redis_url);
+            c.redis = Some(ecoscan_redis::Settings::single(redis_url));
             c.redis_prefix = prefix;
             c.s3 = Some(s3);
         })

@@ -65,7 +65,8 @@ const MAX_IDLE: Duration = Duration::from_secs(60);
 ///   `sqlite://./data/notification.db?mode=rwc`, the parent directory of a file is created; a
 ///   `postgres://` URL selects PostgreSQL, whose migrations are applied at start).
 /// - `REDIS_URL`: schedule on Redis and deliver to subscribers of every replica through Redis
-///   Pub/Sub (unset: an in-memory scheduler and in-process delivery, one replica only).
+///   Pub/Sub (unset: an in-memory scheduler and in-process delivery, one replica only). With
+///   `REDIS_CLUSTER=true` it names one or more seed nodes of a Redis Cluster.
 /// - `NOTIFICATION_REDIS_PREFIX`: prefix of every Redis key and channel (default empty), for
 ///   deployments or tests sharing one Redis.
 /// - `NOTIFICATION_POLL_INTERVAL`: with Redis, the longest the delivery loop waits before looking
@@ -79,8 +80,9 @@ pub struct Config {
     pub database_url: String,
     pub subscriber_buffer: usize,
     pub delivery_lease: Duration,
-    /// Redis for scheduling and cross-replica delivery; `None` keeps both in this process.
-    pub redis_url: Option<String>,
+    /// Redis (one server or a Cluster) for scheduling and cross-replica delivery; `None` keeps
+    /// both in this process.
+    pub redis: Option<ecoscan_redis::Settings>,
     pub redis_prefix: String,
     pub poll_interval: Duration,
 }
@@ -91,7 +93,7 @@ impl Default for Config {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             subscriber_buffer: 64,
             delivery_lease: Duration::from_secs(30),
-            redis_url: None,
+            redis: None,
             redis_prefix: String::new(),
             poll_interval: Duration::from_millis(100),
         }
@@ -109,7 +111,7 @@ impl Config {
             },
             subscriber_buffer: env_or("NOTIFICATION_SUBSCRIBER_BUFFER", d.subscriber_buffer)?,
             delivery_lease: env_duration("NOTIFICATION_DELIVERY_LEASE", d.delivery_lease)?,
-            redis_url: env_opt("REDIS_URL"),
+            redis: ecoscan_redis::Settings::from_env()?,
             redis_prefix: env_opt("NOTIFICATION_REDIS_PREFIX").unwrap_or_default(),
             poll_interval: env_duration("NOTIFICATION_POLL_INTERVAL", d.poll_interval)?,
         };
@@ -137,20 +139,20 @@ impl Config {
     /// a `postgres://` URL (the inbox), `REDIS_URL` and `NOTIFICATION_REDIS_PREFIX` (schedule and
     /// cross-replica delivery). `ecoscan up` builds its own embedded configuration and passes it
     /// through here.
-    pub fn with_stores_from_env(mut self) -> Self {
+    pub fn with_stores_from_env(mut self) -> anyhow::Result<Self> {
         if let Some(url) = env_opt("NOTIFICATION_DATABASE_URL")
             .or_else(|| env_opt("DATABASE_URL"))
             .filter(|u| store::is_postgres(u))
         {
             self.database_url = url;
         }
-        if let Some(url) = env_opt("REDIS_URL") {
-            self.redis_url = Some(url);
+        if let Some(redis) = ecoscan_redis::Settings::from_env()? {
+            self.redis = Some(redis);
         }
         if let Some(prefix) = env_opt("NOTIFICATION_REDIS_PREFIX") {
             self.redis_prefix = prefix;
         }
-        self
+        Ok(self)
     }
 }
 
@@ -180,10 +182,10 @@ pub async fn serve(
     );
     let hub = Hub::new(config.subscriber_buffer);
     let stop_relay = CancellationToken::new();
-    let (scheduler, fanout, relay) = match &config.redis_url {
-        Some(url) => {
+    let (scheduler, fanout, relay) = match &config.redis {
+        Some(settings) => {
             let (scheduler, fanout, relay) = redis_store::open(
-                url,
+                settings,
                 &config.redis_prefix,
                 config.poll_interval,
                 hub.clone(),

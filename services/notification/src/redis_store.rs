@@ -7,21 +7,27 @@
 //!   claim, none gets a member another holds under a live lease, and a claim that is never
 //!   acknowledged comes back (at-least-once; the SQL row guards against delivering twice). The
 //!   `{notif}` hash tag keeps both keys in one Redis Cluster slot.
-//! - [`RedisFanout`]: a delivered notification is published once on `<prefix>notif:delivered`;
-//!   each process holds ONE subscription to that channel and hands what arrives to its in-memory
-//!   [`Hub`], so a subscriber on any replica receives it and the number of Redis connections does
-//!   not grow with the number of subscribers. Pub/Sub is at-most-once: a subscriber connected
-//!   while the subscription is down misses live messages, never the inbox.
+//! - [`RedisFanout`]: a delivered notification is published once on
+//!   `<prefix>{notif}:delivered` (sharded Pub/Sub on a Redis Cluster); each process holds ONE
+//!   subscription to that channel and hands what arrives to its in-memory [`Hub`], so a
+//!   subscriber on any replica receives it and the number of Redis connections does not grow
+//!   with the number of subscribers. Pub/Sub is at-most-once: a subscriber connected while the
+//!   subscription is down misses live messages, never the inbox.
+//!
+//! Every key and the channel carry the `{notif}` hash tag: one Cluster slot, so every script
+//! and pipeline here is legal on a Cluster too.
 
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context;
 use ecoscan_common::CancellationToken;
 use ecoscan_proto::v1::Notification;
+use ecoscan_redis::{
+    Conn, Delivery, Redis, Settings, publish_command,
+    redis::{self, AsyncCommands, Script},
+};
 use prost::Message;
-use redis::{AsyncCommands, Client, Script, aio::ConnectionManager};
 use tokio::{sync::Notify, task::JoinHandle};
-use tokio_stream::StreamExt;
 
 use crate::{hub::Hub, scheduler::Scheduler};
 
@@ -70,22 +76,11 @@ return ids
 /// Members per ZADD when many are added at once.
 const ADD_CHUNK: usize = 1000;
 
-/// Opens a client for `url`, failing with the URL in the message.
-fn client(url: &str) -> anyhow::Result<Client> {
-    Client::open(url).with_context(|| format!("invalid redis url {url:?}"))
-}
-
-/// Connects a multiplexed, self-reconnecting connection and checks that Redis answers.
-async fn manager(url: &str) -> anyhow::Result<ConnectionManager> {
-    let mut conn = client(url)?
-        .get_connection_manager()
+/// Connects to one Redis server at `url` (tests and tools; services use [`open`]).
+async fn connect_single(url: &str) -> anyhow::Result<Redis> {
+    Redis::connect(&Settings::single(url), "ecoscan-notification")
         .await
-        .with_context(|| format!("failed to connect to redis at {url}"))?;
-    let _: String = redis::cmd("PING")
-        .query_async(&mut conn)
-        .await
-        .context("redis did not answer PING")?;
-    Ok(conn)
+        .with_context(|| format!("failed to connect to redis at {url}"))
 }
 
 /// Members of a sorted set with their scores, as `ZRANGE … WITHSCORES` returns them.
@@ -100,7 +95,7 @@ fn score(us: i64) -> f64 {
 
 /// [`Scheduler`] on two Redis sorted sets; see the module docs.
 pub struct RedisScheduler {
-    conn: ConnectionManager,
+    conn: Conn,
     due_key: String,
     inflight_key: String,
     claim: Script,
@@ -115,12 +110,13 @@ impl RedisScheduler {
     /// deployments sharing one Redis use it to stay apart). A waiting delivery loop looks at
     /// Redis at least every `poll`.
     pub async fn connect(url: &str, prefix: &str, poll: Duration) -> anyhow::Result<Self> {
-        Ok(Self::with_connection(manager(url).await?, prefix, poll))
+        Ok(Self::new(&connect_single(url).await?, prefix, poll))
     }
 
-    fn with_connection(conn: ConnectionManager, prefix: &str, poll: Duration) -> Self {
+    /// The scheduler on `redis`'s shared connection.
+    pub fn new(redis: &Redis, prefix: &str, poll: Duration) -> Self {
         Self {
-            conn,
+            conn: redis.conn(),
             due_key: format!("{prefix}{{notif}}:due"),
             inflight_key: format!("{prefix}{{notif}}:inflight"),
             claim: Script::new(CLAIM_SCRIPT),
@@ -259,128 +255,110 @@ impl Scheduler for RedisScheduler {
     }
 }
 
-/// The scheduler and the fan-out of one process, sharing one multiplexed connection; with the
-/// subscription that makes two Redis connections per process, however many subscribers it has.
+/// The scheduler and the fan-out of one process on `settings`' Redis (one server or a
+/// Cluster), sharing one multiplexed connection; with the subscription that makes two Redis
+/// connections per process, however many subscribers it has.
 pub async fn open(
-    url: &str,
+    settings: &Settings,
     prefix: &str,
     poll: Duration,
     hub: Arc<Hub>,
     stop: CancellationToken,
 ) -> anyhow::Result<(RedisScheduler, RedisFanout, JoinHandle<()>)> {
-    let conn = manager(url).await?;
-    let scheduler = RedisScheduler::with_connection(conn.clone(), prefix, poll);
-    let (fanout, relay) = RedisFanout::start_with(conn, url, prefix, hub, stop).await?;
+    let redis = Redis::connect(settings, "ecoscan-notification")
+        .await
+        .context("failed to connect to redis (REDIS_URL)")?;
+    let scheduler = RedisScheduler::new(&redis, prefix, poll);
+    let (fanout, relay) = RedisFanout::start_with(&redis, prefix, hub, stop).await?;
     Ok((scheduler, fanout, relay))
 }
 
 /// Publishes delivered notifications to every replica; see the module docs.
 pub struct RedisFanout {
-    conn: ConnectionManager,
+    conn: Conn,
     channel: String,
+    publish: &'static str,
 }
 
-/// Bounds of the wait between attempts to re-establish the subscription.
-const RESUBSCRIBE_MIN: Duration = Duration::from_millis(100);
-const RESUBSCRIBE_MAX: Duration = Duration::from_secs(5);
-
 impl RedisFanout {
-    /// Connects to `url`, subscribes this process to `<prefix>notif:delivered`, and hands every
-    /// notification that arrives there to `hub` until `stop` is cancelled (re-subscribing after
-    /// a lost connection). Returns once the subscription is active, so a notification published
-    /// after it returns reaches this process's subscribers.
+    /// Connects to the Redis server at `url`, subscribes this process to
+    /// `<prefix>{notif}:delivered`, and hands every notification that arrives there to `hub`
+    /// until `stop` is cancelled. Returns once the subscription is active, so a notification
+    /// published after it returns reaches this process's subscribers.
     pub async fn start(
         url: &str,
         prefix: &str,
         hub: Arc<Hub>,
         stop: CancellationToken,
     ) -> anyhow::Result<(Self, JoinHandle<()>)> {
-        Self::start_with(manager(url).await?, url, prefix, hub, stop).await
+        Self::start_with(&connect_single(url).await?, prefix, hub, stop).await
     }
 
     async fn start_with(
-        conn: ConnectionManager,
-        url: &str,
+        redis: &Redis,
         prefix: &str,
         hub: Arc<Hub>,
         stop: CancellationToken,
     ) -> anyhow::Result<(Self, JoinHandle<()>)> {
-        let channel = format!("{prefix}notif:delivered");
-        let client = client(url)?;
-        let first = subscribe(&client, &channel)
+        let channel = format!("{prefix}{{notif}}:delivered");
+        let subscriber = redis
+            .subscribe(vec![channel.clone()])
             .await
-            .with_context(|| format!("failed to subscribe to {channel} at {url}"))?;
-        let task = tokio::spawn(relay(client, channel.clone(), first, hub, stop));
-        Ok((Self { conn, channel }, task))
+            .with_context(|| format!("failed to subscribe to {channel}"))?;
+        let task = tokio::spawn(relay(subscriber, channel.clone(), hub, stop));
+        Ok((
+            Self {
+                conn: redis.conn(),
+                channel,
+                publish: publish_command(redis.is_cluster()),
+            },
+            task,
+        ))
     }
 
     /// Sends `n` to the subscribers of every replica; returns how many processes received it.
     pub async fn publish(&self, n: &Notification) -> anyhow::Result<usize> {
-        let receivers: usize = self
-            .conn
-            .clone()
-            .publish(&self.channel, n.encode_to_vec())
+        let receivers: usize = redis::cmd(self.publish)
+            .arg(&self.channel)
+            .arg(n.encode_to_vec())
+            .query_async(&mut self.conn.clone())
             .await
             .context("failed to publish the notification to redis")?;
         Ok(receivers)
     }
 }
 
-async fn subscribe(client: &Client, channel: &str) -> anyhow::Result<redis::aio::PubSub> {
-    let mut pubsub = client.get_async_pubsub().await?;
-    pubsub.subscribe(channel).await?;
-    Ok(pubsub)
-}
-
-/// The process's one subscription: forwards each message to the hub, re-subscribing with
-/// back-off whenever the connection is lost.
+/// The process's one subscription: forwards each message to the hub. The subscription renews
+/// itself after a lost connection; what was published meanwhile stays in the inbox.
 async fn relay(
-    client: Client,
+    mut subscriber: ecoscan_redis::Subscriber,
     channel: String,
-    first: redis::aio::PubSub,
     hub: Arc<Hub>,
     stop: CancellationToken,
 ) {
-    let mut pubsub = Some(first);
-    let mut backoff = RESUBSCRIBE_MIN;
-    while !stop.is_cancelled() {
-        let current = match pubsub.take() {
-            Some(p) => p,
-            None => match subscribe(&client, &channel).await {
-                Ok(p) => {
-                    tracing::info!(%channel, "redis subscription re-established");
-                    backoff = RESUBSCRIBE_MIN;
-                    p
-                }
-                Err(e) => {
-                    tracing::warn!(%channel, error = ?e, "failed to subscribe to redis, retrying");
-                    tokio::select! {
-                        () = stop.cancelled() => break,
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(RESUBSCRIBE_MAX);
-                    continue;
-                }
-            },
+    loop {
+        let delivery = tokio::select! {
+            () = stop.cancelled() => return,
+            d = subscriber.recv() => d,
         };
-        let mut messages = current.into_on_message();
-        loop {
-            let msg = tokio::select! {
-                () = stop.cancelled() => return,
-                msg = messages.next() => msg,
-            };
-            let Some(msg) = msg else {
-                tracing::warn!(%channel, "redis subscription lost");
-                break;
-            };
-            match Notification::decode(msg.get_payload_bytes()) {
-                Ok(n) => {
-                    let subscribers = hub.publish(&n);
-                    tracing::debug!(id = %n.id, subscribers, "notification relayed from redis");
+        match delivery {
+            Some(Delivery::Message { payload, .. }) => {
+                match Notification::decode(payload.as_slice()) {
+                    Ok(n) => {
+                        let subscribers = hub.publish(&n);
+                        tracing::debug!(id = %n.id, subscribers, "notification relayed from redis");
+                    }
+                    Err(e) => {
+                        tracing::warn!(%channel, error = %e, "undecodable message on the channel")
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(%channel, error = %e, "undecodable message on the channel")
-                }
+            }
+            Some(Delivery::Resync) => {
+                tracing::debug!(%channel, "redis subscription (re)established");
+            }
+            None => {
+                tracing::warn!(%channel, "redis subscription ended");
+                return;
             }
         }
     }

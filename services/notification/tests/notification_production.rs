@@ -30,6 +30,8 @@ type Client = NotificationServiceClient<Channel>;
 struct Backends {
     pg: PgSchema,
     redis: RedisPrefix,
+    /// A private Redis Cluster to run on instead of the shared server.
+    cluster: Option<ecoscan_redis::testing::PrivateCluster>,
 }
 
 impl Backends {
@@ -37,13 +39,25 @@ impl Backends {
         Self {
             pg: PgSchema::create().await,
             redis: RedisPrefix::create().await,
+            cluster: None,
+        }
+    }
+
+    async fn on_a_cluster() -> Self {
+        Self {
+            cluster: Some(ecoscan_redis::testing::PrivateCluster::start().await),
+            ..Self::create().await
         }
     }
 
     fn config(&self) -> Config {
+        let redis = match &self.cluster {
+            Some(c) => c.settings(),
+            None => ecoscan_redis::Settings::single(&self.redis.url),
+        };
         Config {
             database_url: self.pg.url.clone(),
-            redis_url: Some(self.redis.url.clone()),
+            redis: Some(redis),
             redis_prefix: self.redis.prefix.clone(),
             poll_interval: Duration::from_millis(50),
             ..Config::default()
@@ -109,7 +123,15 @@ async fn next(stream: &mut Streaming<SubscribeResponse>) -> Notification {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_on_one_replica_receives_what_another_replica_delivers() {
-    let backends = Backends::create().await;
+    replicas_share_delivery(Backends::create().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_delivery_on_a_redis_cluster() {
+    replicas_share_delivery(Backends::on_a_cluster().await).await;
+}
+
+async fn replicas_share_delivery(backends: Backends) {
     let (a, mut client_a) = backends.replica().await;
     let (b, mut client_b) = backends.replica().await;
     let mut on_b = subscribe(&mut client_b, "alice").await;

@@ -155,6 +155,23 @@ macro_rules! conformance {
                 }
             )*
         }
+        mod redis_cluster {
+            use std::{sync::Arc, time::Duration};
+            use ecoscan_notification::redis_store::RedisScheduler;
+            use ecoscan_redis::{Redis, testing::PrivateCluster};
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let cluster = PrivateCluster::start().await;
+                    let poll = Duration::from_millis(100);
+                    let a = Redis::connect(&cluster.settings(), "a").await.unwrap();
+                    let b = Redis::connect(&cluster.settings(), "b").await.unwrap();
+                    let a = RedisScheduler::new(&a, "", poll);
+                    let b = RedisScheduler::new(&b, "", poll);
+                    super::$case(Arc::new(a), Arc::new(b)).await;
+                }
+            )*
+        }
     };
 }
 

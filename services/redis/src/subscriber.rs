@@ -130,7 +130,10 @@ impl SubConn {
                 .to_vec();
             let client = crate::cluster_client(infos, RESPONSE_TIMEOUT, Some(push))?;
             let mut conn = client.get_async_connection().await?;
-            conn.ssubscribe(channels).await?;
+            // One command per channel: channels of different slots may not share an SSUBSCRIBE.
+            for channel in channels {
+                conn.ssubscribe(channel).await?;
+            }
             Ok(Self::Cluster(conn))
         }
     }

@@ -61,19 +61,26 @@ pub struct SuiteConfig {
     pub data_dir: PathBuf,
     /// The model provider for vision and answer (`LLM_*` variables; `mock` by default).
     pub llm: LlmConfig,
-    /// Pipeline workers in ingest.
-    pub ingest_workers: usize,
+    /// Jobs ingest runs at once (`INGEST_MAX_IN_FLIGHT`); `None`: ingest's default, the
+    /// backlog limit.
+    pub ingest_max_in_flight: Option<usize>,
 }
 
 impl SuiteConfig {
-    /// Defaults plus the `LLM_*` and `INGEST_WORKERS` variables.
+    /// Defaults plus the `LLM_*` and `INGEST_MAX_IN_FLIGHT` variables.
     pub fn from_env(data_dir: &Path, host: IpAddr, ports: Ports) -> anyhow::Result<Self> {
         Ok(Self {
             host,
             ports,
             data_dir: data_dir.to_path_buf(),
             llm: LlmConfig::from_env()?,
-            ingest_workers: ecoscan_common::config::env_or("INGEST_WORKERS", 256)?,
+            ingest_max_in_flight: ecoscan_common::config::env_opt("INGEST_MAX_IN_FLIGHT")
+                .map(|v| {
+                    v.trim()
+                        .parse()
+                        .with_context(|| format!("invalid INGEST_MAX_IN_FLIGHT {v:?}"))
+                })
+                .transpose()?,
         })
     }
 
@@ -84,7 +91,7 @@ impl SuiteConfig {
             ports: Ports::EPHEMERAL,
             data_dir: data_dir.to_path_buf(),
             llm: LlmConfig::default(),
-            ingest_workers: 32,
+            ingest_max_in_flight: None,
         }
     }
 }
@@ -151,7 +158,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         ports,
         data_dir,
         llm,
-        ingest_workers,
+        ingest_max_in_flight,
     } = config;
     tokio::fs::create_dir_all(&data_dir)
         .await
@@ -221,7 +228,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         database_url: sqlite("notification"),
         ..Default::default()
     }
-    .with_stores_from_env();
+    .with_stores_from_env()?;
     let sd = shutdown.clone();
     tasks.spawn(async move {
         (
@@ -263,12 +270,15 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         notification_url: url(addrs.notification),
         database_url: sqlite("ingest"),
         object_dir: data_dir.join("objects"),
-        workers: ingest_workers,
         ..Default::default()
     }
     // REDIS_URL, a postgres:// INGEST_DATABASE_URL/DATABASE_URL and the S3_* variables move
     // ingest onto the production stores, store by store; unset, it stays embedded.
     .with_stores_from_env()?;
+    let ingest_config = ecoscan_ingest::Config {
+        max_in_flight: ingest_max_in_flight.unwrap_or(ingest_config.max_in_flight),
+        ..ingest_config
+    };
     let sd = shutdown.clone();
     tasks.spawn(async move {
         (

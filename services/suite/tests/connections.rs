@@ -62,7 +62,11 @@ async fn redis_connections_stay_constant_with_a_thousand_watchers() {
     // Only ingest talks to this Redis: every client but ours is one of its connections.
     let cluster = Cluster::builder()
         .service_env(Service::Ingest, "REDIS_URL", redis.url())
-        .service_env(Service::Ingest, "INGEST_WORKERS", (JOBS + 28).to_string())
+        .service_env(
+            Service::Ingest,
+            "INGEST_MAX_IN_FLIGHT",
+            (JOBS + 28).to_string(),
+        )
         // Jobs run for ~14 s (two model calls each): every watcher is open while they run
         // even on a busy machine (1000 watchers subscribe in ~1 s alone, ~8 s under 3x load).
         .env("LLM_MOCK_LATENCY", "7s")

@@ -65,7 +65,7 @@ fn cluster(stores: &TestStores) -> support::processes::ClusterBuilder {
         .configure(Cluster::builder())
         .env("LLM_MOCK_LATENCY", "300ms")
         .env("INGEST_LEASE", "2s")
-        .env("INGEST_WORKERS", "16")
+        .env("INGEST_MAX_IN_FLIGHT", "16")
         .env("INGEST_SWEEP_INTERVAL", "1s")
         .env("INGEST_SWEEP_GRACE", "2s")
 }

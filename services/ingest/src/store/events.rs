@@ -50,7 +50,29 @@ impl FromStr for EventId {
     }
 }
 
-/// Append-only event log per job.
+/// What a log's feed delivers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeedItem {
+    /// An event just appended.
+    Event(Box<ScanEvent>),
+    /// Events may have been missed before this point (the feed fell behind, or its
+    /// connection was renewed): watchers catch up from the per-job log.
+    Resync,
+}
+
+/// Which jobs' events a feed reader wants.
+pub type Wanted<'w> = dyn for<'a> Fn(&'a str) -> bool + Sync + 'w;
+
+/// Every event appended to any job's log, live, for the process's hub. Reading it costs the
+/// same however many jobs and watchers there are.
+#[async_trait]
+pub trait Feed: Send {
+    /// The next item; events of jobs for which `wanted` is false are skipped (cheaply: they
+    /// are not decoded). `None` once the feed has stopped for good.
+    async fn recv(&mut self, wanted: &Wanted<'_>) -> Option<FeedItem>;
+}
+
+/// Append-only event log per job, and the live feed of what is appended.
 #[async_trait]
 pub trait EventLog: Send + Sync + 'static {
     /// Appends `event` to its job's log, assigning `event_id` and `seq`; returns the stored event.
@@ -66,17 +88,13 @@ pub trait EventLog: Send + Sync + 'static {
         job_id: &str,
         after: Option<EventId>,
     ) -> Result<Vec<ScanEvent>, StoreError>;
-    /// Every event appended from now on to a watched job, for the process's hub (its one
-    /// reader). A log may also deliver events of jobs nobody watches (the memory log does).
-    fn feed(&self) -> broadcast::Receiver<ScanEvent>;
-    /// Adds a watcher of `job_id`: once this returns, every event appended to the job is
-    /// delivered on the feed (possibly some older ones too; watchers skip them by id). Counted:
-    /// each `watch` is undone by one `unwatch`.
-    async fn watch(&self, job_id: &str) -> Result<(), StoreError>;
-    /// Removes one watcher of `job_id` (the hub calls it when a subscription ends).
-    fn unwatch(&self, job_id: &str);
+    /// The id of the job's last event, if its log has any.
+    async fn last_id(&self, job_id: &str) -> Result<Option<EventId>, StoreError>;
     /// Lets the job's log expire `ttl` from now (called when the job has finished).
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError>;
+    /// Starts reading every event appended from now on, of every job (the process's hub
+    /// holds one).
+    async fn feed(&self) -> Result<Box<dyn Feed>, StoreError>;
 }
 
 /// In-memory log for the embedded suite: a bounded ring per job, dropped some time after the job
@@ -86,6 +104,9 @@ pub struct MemoryEventLog {
     feed: broadcast::Sender<ScanEvent>,
     max_len: usize,
 }
+
+/// Events the in-memory feed holds for a reader that fell behind; past it the reader resyncs.
+pub const DEFAULT_FEED_CAPACITY: usize = 4096;
 
 struct JobLog {
     events: std::collections::VecDeque<ScanEvent>,
@@ -99,7 +120,13 @@ struct JobLog {
 impl MemoryEventLog {
     /// A log keeping at most `max_len` events per job (the oldest are dropped, like `XADD MAXLEN`).
     pub fn new(max_len: usize) -> Self {
-        let (feed, _) = broadcast::channel(4096);
+        Self::with_feed_capacity(max_len, DEFAULT_FEED_CAPACITY)
+    }
+
+    /// [`Self::new`] with a feed holding `capacity` events for a reader that falls behind (a
+    /// tiny one makes the hub resync often, which tests use).
+    pub fn with_feed_capacity(max_len: usize, capacity: usize) -> Self {
+        let (feed, _) = broadcast::channel(capacity.max(1));
         Self {
             inner: Mutex::new(HashMap::new()),
             feed,
@@ -191,16 +218,17 @@ impl EventLog for MemoryEventLog {
             .collect())
     }
 
-    fn feed(&self) -> broadcast::Receiver<ScanEvent> {
-        self.feed.subscribe()
+    async fn last_id(&self, job_id: &str) -> Result<Option<EventId>, StoreError> {
+        let map = self.inner.lock().expect("event log lock poisoned");
+        Ok(map
+            .get(job_id)
+            .and_then(|log| log.events.back())
+            .and_then(|e| e.event_id.parse().ok()))
     }
 
-    // Every append is broadcast in-process already: nothing to start or stop per job.
-    async fn watch(&self, _job_id: &str) -> Result<(), StoreError> {
-        Ok(())
+    async fn feed(&self) -> Result<Box<dyn Feed>, StoreError> {
+        Ok(Box::new(MemoryFeed(self.feed.subscribe())))
     }
-
-    fn unwatch(&self, _job_id: &str) {}
 
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError> {
         let mut map = self.inner.lock().expect("event log lock poisoned");
@@ -209,5 +237,28 @@ impl EventLog for MemoryEventLog {
         }
         Self::sweep(&mut map);
         Ok(())
+    }
+}
+
+/// The in-memory log's feed: the broadcast of every append.
+struct MemoryFeed(broadcast::Receiver<ScanEvent>);
+
+#[async_trait]
+impl Feed for MemoryFeed {
+    async fn recv(&mut self, wanted: &Wanted<'_>) -> Option<FeedItem> {
+        loop {
+            match self.0.recv().await {
+                Ok(ev) if wanted(&ev.job_id) => return Some(FeedItem::Event(Box::new(ev))),
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(
+                        missed,
+                        "event feed fell behind; watchers catch up from the log"
+                    );
+                    return Some(FeedItem::Resync);
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
     }
 }

@@ -8,9 +8,9 @@ pub mod postgres;
 pub mod queue;
 pub mod redis;
 
-pub use events::{EventId, EventLog, MemoryEventLog};
+pub use events::{EventId, EventLog, Feed, FeedItem, MemoryEventLog};
 pub use jobs::{Job, JobStore, NewJob, SqliteJobStore};
 pub use objects::{LocalObjectStore, ObjectStore, ObjectStoreConfig, S3Config, S3ObjectStore};
 pub use postgres::PgJobStore;
 pub use queue::{Lease, MemoryQueue, Queue, QueueEntry};
-pub use redis::{RedisConn, RedisEventLog, RedisQueue};
+pub use redis::{RedisEventLog, RedisQueue};

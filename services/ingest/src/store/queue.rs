@@ -34,19 +34,44 @@ pub struct Lease {
 #[async_trait]
 pub trait Queue: Send + Sync + 'static {
     async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError>;
-    /// Claims the next entry for `lease`, waiting up to `wait` for one to arrive. Entries whose
-    /// lease ran out are claimed again before new ones. Every claimer of one queue is expected
-    /// to use the same lease (the Redis queue reclaims entries idle longer than the claimer's
-    /// lease, the memory queue those past the deadline of their own).
-    async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError>;
-    /// Pushes the lease's deadline `lease` from now. False when the lease was lost.
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError>;
+    /// Claims up to `max` entries for `lease`, waiting up to `wait` for the first to arrive
+    /// (an empty result when none came). Entries whose lease ran out are claimed again before
+    /// new ones. Every claimer of one queue is expected to use the same lease (the Redis queue
+    /// reclaims entries idle longer than the claimer's lease, the memory queue those past the
+    /// deadline of their own).
+    async fn claim_many(
+        &self,
+        lease: Duration,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Lease>, StoreError>;
+    /// [`Queue::claim_many`] of one entry.
+    async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError> {
+        Ok(self.claim_many(lease, wait, 1).await?.pop())
+    }
+    /// Pushes each lease's deadline `by` from now, in one round trip; for each, false when
+    /// the lease was lost (another claimer holds the entry now, or it is gone).
+    async fn extend_many(&self, leases: &[Lease], by: Duration) -> Result<Vec<bool>, StoreError>;
+    /// [`Queue::extend_many`] of one lease.
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError> {
+        Ok(self
+            .extend_many(std::slice::from_ref(lease), by)
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
+    }
     /// Removes the entry for good.
     async fn ack(&self, lease: &Lease) -> Result<(), StoreError>;
     /// Entries waiting plus entries claimed and not yet acknowledged.
     async fn backlog(&self) -> Result<u64, StoreError>;
     /// Which of `job_ids` have an entry in the queue, waiting or claimed (for the sweeper).
     async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError>;
+    /// Forgets claimers (other processes) that hold nothing and have not claimed for `idle`:
+    /// processes that are gone. Returns how many. Queues without named claimers have none.
+    async fn forget_idle_claimers(&self, _idle: Duration) -> Result<usize, StoreError> {
+        Ok(0)
+    }
 }
 
 /// In-memory queue for the embedded suite.
@@ -108,17 +133,25 @@ impl Queue for MemoryQueue {
         Ok(())
     }
 
-    async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError> {
+    async fn claim_many(
+        &self,
+        lease: Duration,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
         let until = Instant::now() + wait;
         loop {
             // Register interest before looking, so an enqueue in between is not missed.
             let notified = self.ready.notified();
-            if let Some(l) = self.try_claim(lease) {
-                return Ok(Some(l));
+            let claimed: Vec<Lease> = std::iter::from_fn(|| self.try_claim(lease))
+                .take(max)
+                .collect();
+            if !claimed.is_empty() {
+                return Ok(claimed);
             }
             let now = Instant::now();
             if now >= until {
-                return Ok(None);
+                return Ok(Vec::new());
             }
             // Wake for a new entry, an expiring lease, or the end of the wait.
             let wake = self.next_deadline().map_or(until, |d| d.min(until));
@@ -129,15 +162,19 @@ impl Queue for MemoryQueue {
         }
     }
 
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError> {
+    async fn extend_many(&self, leases: &[Lease], by: Duration) -> Result<Vec<bool>, StoreError> {
         let mut st = self.state.lock().expect("queue lock poisoned");
-        Ok(match st.claimed.get_mut(&lease.id) {
-            Some((_, deadline)) => {
-                *deadline = Instant::now() + by;
-                true
-            }
-            None => false,
-        })
+        let deadline = Instant::now() + by;
+        Ok(leases
+            .iter()
+            .map(|lease| match st.claimed.get_mut(&lease.id) {
+                Some((_, d)) => {
+                    *d = deadline;
+                    true
+                }
+                None => false,
+            })
+            .collect())
     }
 
     async fn ack(&self, lease: &Lease) -> Result<(), StoreError> {

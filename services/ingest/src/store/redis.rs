@@ -1,123 +1,58 @@
-//! Redis stores (production): the event log per job and the dispatch queue, both on Redis
-//! Streams.
+//! Redis stores (production): the event log per job with its live feed, and the dispatch
+//! queue. They work alike on one Redis and on a Redis Cluster (`ecoscan-redis` picks the
+//! client), because every command and script touches keys of one hash slot only.
 //!
-//! Connections per process stay constant: one multiplexed [`ConnectionManager`] shared by every
-//! command that answers at once, one dedicated connection for the event log's blocking reader
-//! (every watched job's stream read by one `XREAD BLOCK`), and one for the queue's blocking
-//! `XREADGROUP` (claimers take turns on it). Blocking commands never run on the shared
-//! connection, where they would stall every command queued behind them.
+//! **Event log.** Jobs are spread over a fixed number of feed shards (`shard = hash(job) mod
+//! N`). A job's keys and its shard's feed channel share one hash tag, `{s<shard>}`:
 //!
-//! Keys (after the configurable prefix): `scan:{<job>}:events`, `scan:{<job>}:seq` and
-//! `scan:{<job>}:finished` per job (hash tags keep a job's keys in one Cluster slot),
-//! `scan:dispatch` for the queue, and `scan:hub:<process>:wakeup` for waking this process's
-//! reader. The multiplexed `XREAD` names
-//! several jobs' keys, so it needs a single Redis (or one reader per Cluster node, not built).
+//! | key | what |
+//! |---|---|
+//! | `scan:{s<n>}:<job>:events` | the job's events (a stream; `XADD MAXLEN ~`), the replay log for `Last-Event-ID` |
+//! | `scan:{s<n>}:<job>:seq` | the job's sequence counter |
+//! | `scan:{s<n>}:<job>:finished` | set with the job's final event, so there is only one |
+//! | `scan:{s<n>}:feed` | the shard's Pub/Sub channel (sharded Pub/Sub on a Cluster) |
+//!
+//! Appending an event is **one script call** (`EVALSHA`: `INCR` + `XADD` + `PUBLISH`, or
+//! `SPUBLISH` on a Cluster), atomic because all its keys share a slot. Every process's hub
+//! subscribes to all N shard channels on one connection and filters in memory, so the Redis
+//! cost of an event is flat in the number of jobs and watchers. Pub/Sub drops what a
+//! disconnected subscriber misses; the feed then says [`FeedItem::Resync`] and watchers catch
+//! up from the per-job streams.
+//!
+//! **Dispatch queue.** One stream `scan:dispatch` with the consumer group `ingest`; entries are
+//! claimed with `XREADGROUP` (a claim is a pending entry), leases are kept alive by resetting
+//! the entries' idle time, an entry idle longer than the lease is reclaimed (`XPENDING IDLE` +
+//! `XCLAIM`, atomic on the idle time), acknowledged entries are deleted, and consumers of
+//! processes that are gone are removed from the group.
+//!
+//! Connections per process: the shared one, one for the queue's blocking reads, one for the
+//! feed subscription — three, whatever the load.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashSet, time::Duration};
 
 use async_trait::async_trait;
 use ecoscan_proto::v1::ScanEvent;
-use prost::Message;
-use redis::{
-    AsyncConnectionConfig, Client, RedisError, Script,
-    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
-    streams::{
-        StreamClaimReply, StreamId, StreamPendingCountReply, StreamRangeReply, StreamReadReply,
+use ecoscan_redis::{
+    Conn, Delivery, Redis, Subscriber, publish_command,
+    redis::{
+        self, RedisError, Script,
+        streams::{
+            StreamClaimReply, StreamId, StreamPendingCountReply, StreamRangeReply, StreamReadReply,
+        },
     },
 };
-use tokio::sync::broadcast;
-use tokio_util::sync::CancellationToken;
+use prost::Message;
 
 use super::{
-    events::{EventId, EventLog},
+    events::{EventId, EventLog, Feed, FeedItem, Wanted},
     jobs::ms,
     queue::{Lease, Queue, QueueEntry},
 };
 use crate::error::StoreError;
 
-/// How long a command on the shared connection may take before it counts as failed.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Upper bound of one blocking read, so the reader notices a changed watch set or shutdown.
-const MAX_BLOCK: Duration = Duration::from_millis(1000);
-
-/// A process's connection to Redis, shared by its Redis stores. Every connection it opens is
-/// named (`CLIENT SETNAME`), so `CLIENT LIST` shows what belongs to whom.
-#[derive(Clone)]
-pub struct RedisConn {
-    client: Client,
-    manager: ConnectionManager,
-    name: String,
-}
-
-impl RedisConn {
-    /// Connects to `url`; `name` (no spaces) labels this process's connections.
-    pub async fn connect(url: &str, name: &str) -> Result<Self, StoreError> {
-        let client = Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_number_of_retries(3);
-        let mut manager = client.get_connection_manager_with_config(config).await?;
-        set_name(&mut manager, name).await?;
-        Ok(Self {
-            client,
-            manager,
-            name: name.to_owned(),
-        })
-    }
-
-    /// The label of this process's connections.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Names the shared connection again. It reconnects by itself after Redis restarts or
-    /// the network drops, and a new connection has no name; whoever notices such a break calls
-    /// this, so every connection of the process stays identifiable in `CLIENT LIST`.
-    async fn rename_shared(&self) {
-        // The first command after a break may still meet the dead connection (and make the
-        // manager reconnect); the next one reaches the new one.
-        for attempt in 1..=3u64 {
-            match set_name(&mut self.manager.clone(), &self.name).await {
-                Ok(()) => return,
-                Err(e) if attempt == 3 => {
-                    tracing::warn!(error = %e, "cannot name the shared redis connection")
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(50 * attempt)).await,
-            }
-        }
-    }
-
-    /// A connection of its own for blocking commands: no response timeout (the command's BLOCK
-    /// bounds it).
-    async fn dedicated(&self) -> Result<MultiplexedConnection, StoreError> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(None);
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        set_name(&mut conn, &self.name).await?;
-        Ok(conn)
-    }
-}
-
-async fn set_name<C: redis::aio::ConnectionLike>(
-    conn: &mut C,
-    name: &str,
-) -> Result<(), StoreError> {
-    redis::cmd("CLIENT")
-        .arg("SETNAME")
-        .arg(name)
-        .query_async::<()>(conn)
-        .await?;
-    Ok(())
-}
+/// Feed shards unless configured (`INGEST_FEED_SHARDS`): enough to spread jobs over the
+/// masters of a Cluster; every hub subscribes to all of them on one connection.
+pub const DEFAULT_FEED_SHARDS: u32 = 64;
 
 fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
     entry
@@ -128,106 +63,109 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 // ---------------------------------------------------------------------------------------------
 // Event log
 
-/// Appends an event and numbers it in one step: the sequence counter and the stream share the
-/// job's hash tag.
+/// Appends an event, numbers it and publishes it on the job's feed shard, in one step.
+/// KEYS: events, seq, feed channel. ARGV: max len, event body, publish command, job id.
 const APPEND: &str = r"
 local seq = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'seq', seq, 'ev', ARGV[2])
+redis.call(ARGV[3], KEYS[3], ARGV[4] .. '\n' .. id .. '\n' .. seq .. '\n' .. ARGV[2])
 return {id, seq}
 ";
 
-/// [`APPEND`] for a job's final event: only the first one is appended (`KEYS[3]` marks the
+/// [`APPEND`] for a job's final event: only the first one is appended (`KEYS[4]` marks the
 /// job finished), so concurrent or repeated finishes leave one `done` in the log.
 const APPEND_FINAL: &str = r"
-if not redis.call('SET', KEYS[3], '1', 'NX') then return false end
+if not redis.call('SET', KEYS[4], '1', 'NX') then return false end
 local seq = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'seq', seq, 'ev', ARGV[2])
+redis.call(ARGV[3], KEYS[3], ARGV[4] .. '\n' .. id .. '\n' .. seq .. '\n' .. ARGV[2])
 return {id, seq}
 ";
 
-/// Event log on Redis Streams: `XADD MAXLEN ~`, ids are the stream ids, a TTL once the job has
-/// ended, and one blocking reader per process over every watched job.
+/// Which feed shard a job belongs to: FNV-1a of its id, so every process agrees.
+pub fn shard_of(job_id: &str, shards: u32) -> u32 {
+    let hash = job_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (hash % u64::from(shards.max(1))) as u32
+}
+
+/// Event log on Redis Streams with a sharded Pub/Sub feed; see the module docs.
 pub struct RedisEventLog {
-    conn: ConnectionManager,
+    redis: Redis,
+    conn: Conn,
     prefix: String,
     max_len: usize,
+    shards: u32,
     append: Script,
     append_final: Script,
-    watched: Arc<Watched>,
-    feed: broadcast::Sender<ScanEvent>,
-    stop: CancellationToken,
-}
-
-/// The jobs this process's hub watches, and where the reader is in each.
-struct Watched {
-    jobs: Mutex<HashMap<String, Watch>>,
-    wakeup_key: String,
-}
-
-struct Watch {
-    /// Watchers of the job (`watch` minus `unwatch`).
-    count: usize,
-    /// The last stream id delivered (or the position to read after).
-    cursor: EventId,
-    /// Bumped when `watch` moves the cursor back, so the reader does not move it forward again
-    /// past events it never read.
-    generation: u64,
 }
 
 impl RedisEventLog {
     /// The log under `prefix` (`""` in production; tests use their own), keeping about
-    /// `max_len` events per job. Starts the process's reader (stopped when the log is dropped).
-    pub async fn open(redis: &RedisConn, prefix: &str, max_len: usize) -> Result<Self, StoreError> {
-        let reader_conn = redis.dedicated().await?;
-        let (feed, _) = broadcast::channel(4096);
-        let watched = Arc::new(Watched {
-            jobs: Mutex::new(HashMap::new()),
-            wakeup_key: format!("{prefix}scan:hub:{}:wakeup", uuid::Uuid::new_v4()),
-        });
-        let stop = CancellationToken::new();
-        let log = Self {
-            conn: redis.manager.clone(),
+    /// `max_len` events per job, over [`DEFAULT_FEED_SHARDS`] feed shards.
+    pub fn open(redis: &Redis, prefix: &str, max_len: usize) -> Self {
+        Self::with_shards(redis, prefix, max_len, DEFAULT_FEED_SHARDS)
+    }
+
+    /// [`Self::open`] with `shards` feed shards. Every process of one deployment must use the
+    /// same number: it decides where a job's keys live.
+    pub fn with_shards(redis: &Redis, prefix: &str, max_len: usize, shards: u32) -> Self {
+        Self {
+            redis: redis.clone(),
+            conn: redis.conn(),
             prefix: prefix.to_owned(),
             max_len: max_len.max(1),
+            shards: shards.max(1),
             append: Script::new(APPEND),
             append_final: Script::new(APPEND_FINAL),
-            watched: watched.clone(),
-            feed: feed.clone(),
-            stop: stop.clone(),
-        };
-        let reader = Reader {
-            redis: redis.clone(),
-            conn: reader_conn,
-            prefix: prefix.to_owned(),
-            watched,
-            feed,
-            stop,
-        };
-        tokio::spawn(reader.run());
-        Ok(log)
+        }
     }
 
-    fn events_key(&self, job_id: &str) -> String {
-        events_key(&self.prefix, job_id)
+    fn tag(&self, job_id: &str) -> u32 {
+        shard_of(job_id, self.shards)
     }
-}
 
-fn events_key(prefix: &str, job_id: &str) -> String {
-    format!("{prefix}scan:{{{job_id}}}:events")
-}
+    fn key(&self, job_id: &str, what: &str) -> String {
+        format!(
+            "{}scan:{{s{}}}:{job_id}:{what}",
+            self.prefix,
+            self.tag(job_id)
+        )
+    }
 
-fn seq_key(prefix: &str, job_id: &str) -> String {
-    format!("{prefix}scan:{{{job_id}}}:seq")
-}
+    fn channel(&self, shard: u32) -> String {
+        format!("{}scan:{{s{shard}}}:feed", self.prefix)
+    }
 
-/// Set once the job's final event is in its log.
-fn finished_key(prefix: &str, job_id: &str) -> String {
-    format!("{prefix}scan:{{{job_id}}}:finished")
-}
-
-impl Drop for RedisEventLog {
-    fn drop(&mut self) {
-        self.stop.cancel();
+    async fn invoke(
+        &self,
+        script: &Script,
+        mut event: ScanEvent,
+        is_final: bool,
+    ) -> Result<Option<ScanEvent>, StoreError> {
+        let job_id = event.job_id.clone();
+        // The id and seq live in the stream entry itself; keep the body small.
+        event.event_id.clear();
+        event.seq = 0;
+        let mut call = script.key(self.key(&job_id, "events"));
+        call.key(self.key(&job_id, "seq"))
+            .key(self.channel(self.tag(&job_id)));
+        if is_final {
+            call.key(self.key(&job_id, "finished"));
+        }
+        let appended: Option<(String, u64)> = call
+            .arg(self.max_len)
+            .arg(event.encode_to_vec())
+            .arg(publish_command(self.redis.is_cluster()))
+            .arg(&job_id)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(appended.map(|(id, seq)| {
+            event.event_id = id;
+            event.seq = seq;
+            event
+        }))
     }
 }
 
@@ -257,22 +195,10 @@ impl EventLog for RedisEventLog {
         fields(otel.name = "XADD scan events", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %event.job_id),
         err
     )]
-    async fn append(&self, mut event: ScanEvent) -> Result<ScanEvent, StoreError> {
-        let job_id = event.job_id.clone();
-        // The id and seq live in the stream entry itself; keep the body small.
-        event.event_id.clear();
-        event.seq = 0;
-        let (id, seq): (String, u64) = self
-            .append
-            .key(self.events_key(&job_id))
-            .key(seq_key(&self.prefix, &job_id))
-            .arg(self.max_len)
-            .arg(event.encode_to_vec())
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        event.event_id = id;
-        event.seq = seq;
-        Ok(event)
+    async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError> {
+        self.invoke(&self.append, event, false)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("the append script appended nothing".into()))
     }
 
     #[tracing::instrument(
@@ -281,24 +207,8 @@ impl EventLog for RedisEventLog {
         fields(otel.name = "XADD scan events (final)", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %event.job_id),
         err
     )]
-    async fn append_final(&self, mut event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
-        let job_id = event.job_id.clone();
-        event.event_id.clear();
-        event.seq = 0;
-        let appended: Option<(String, u64)> = self
-            .append_final
-            .key(self.events_key(&job_id))
-            .key(seq_key(&self.prefix, &job_id))
-            .key(finished_key(&self.prefix, &job_id))
-            .arg(self.max_len)
-            .arg(event.encode_to_vec())
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(appended.map(|(id, seq)| {
-            event.event_id = id;
-            event.seq = seq;
-            event
-        }))
+    async fn append_final(&self, event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
+        self.invoke(&self.append_final, event, true).await
     }
 
     #[tracing::instrument(
@@ -314,7 +224,7 @@ impl EventLog for RedisEventLog {
     ) -> Result<Vec<ScanEvent>, StoreError> {
         let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
         let reply: StreamRangeReply = redis::cmd("XRANGE")
-            .arg(self.events_key(job_id))
+            .arg(self.key(job_id, "events"))
             .arg(start)
             .arg("+")
             .query_async(&mut self.conn.clone())
@@ -322,209 +232,86 @@ impl EventLog for RedisEventLog {
         reply.ids.iter().map(|e| decode_event(job_id, e)).collect()
     }
 
-    fn feed(&self) -> broadcast::Receiver<ScanEvent> {
-        self.feed.subscribe()
-    }
-
-    async fn watch(&self, job_id: &str) -> Result<(), StoreError> {
-        // Read from the stream's current end: anything appended after this returns is newer.
+    async fn last_id(&self, job_id: &str) -> Result<Option<EventId>, StoreError> {
         let last: StreamRangeReply = redis::cmd("XREVRANGE")
-            .arg(self.events_key(job_id))
+            .arg(self.key(job_id, "events"))
             .arg("+")
             .arg("-")
             .arg("COUNT")
             .arg(1)
             .query_async(&mut self.conn.clone())
             .await?;
-        let cursor = match last.ids.first() {
-            Some(e) => parse_id(&e.id)?,
-            None => EventId { ms: 0, n: 0 },
-        };
-        let wake = {
-            let mut jobs = self.watched.jobs.lock().expect("watch set lock poisoned");
-            match jobs.get_mut(job_id) {
-                Some(w) => {
-                    w.count += 1;
-                    if cursor < w.cursor {
-                        w.cursor = cursor;
-                        w.generation += 1;
-                        true
-                    } else {
-                        false
-                    }
-                }
-                None => {
-                    jobs.insert(
-                        job_id.to_owned(),
-                        Watch {
-                            count: 1,
-                            cursor,
-                            generation: 0,
-                        },
-                    );
-                    true
-                }
-            }
-        };
-        if wake {
-            // Wake the reader out of its current XREAD so it reads the new key now, not at the
-            // end of its block.
-            redis::pipe()
-                .cmd("XADD")
-                .arg(&self.watched.wakeup_key)
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(16)
-                .arg("*")
-                .arg("w")
-                .arg(1)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(&self.watched.wakeup_key)
-                .arg(3_600_000)
-                .ignore()
-                .query_async::<()>(&mut self.conn.clone())
-                .await?;
-        }
-        Ok(())
-    }
-
-    fn unwatch(&self, job_id: &str) {
-        let mut jobs = self.watched.jobs.lock().expect("watch set lock poisoned");
-        if let Some(w) = jobs.get_mut(job_id) {
-            w.count = w.count.saturating_sub(1);
-            if w.count == 0 {
-                jobs.remove(job_id);
-            }
-        }
+        last.ids.first().map(|e| parse_id(&e.id)).transpose()
     }
 
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError> {
         let ttl_ms = ttl.as_millis().min(i64::MAX as u128) as i64;
-        redis::pipe()
-            .cmd("PEXPIRE")
-            .arg(self.events_key(job_id))
-            .arg(ttl_ms)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(seq_key(&self.prefix, job_id))
-            .arg(ttl_ms)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(finished_key(&self.prefix, job_id))
-            .arg(ttl_ms)
-            .ignore()
-            .query_async::<()>(&mut self.conn.clone())
-            .await?;
+        let mut pipe = redis::pipe();
+        for what in ["events", "seq", "finished"] {
+            pipe.cmd("PEXPIRE")
+                .arg(self.key(job_id, what))
+                .arg(ttl_ms)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
         Ok(())
+    }
+
+    async fn feed(&self) -> Result<Box<dyn Feed>, StoreError> {
+        let channels = (0..self.shards).map(|n| self.channel(n)).collect();
+        let subscriber =
+            self.redis.subscribe(channels).await.map_err(|e| {
+                StoreError::Unavailable(format!("cannot subscribe to the feed: {e}"))
+            })?;
+        Ok(Box::new(RedisFeed(subscriber)))
     }
 }
 
-/// The process's one reader of every watched job's stream.
-struct Reader {
-    redis: RedisConn,
-    conn: MultiplexedConnection,
-    prefix: String,
-    watched: Arc<Watched>,
-    feed: broadcast::Sender<ScanEvent>,
-    stop: CancellationToken,
+/// The hub's subscription to every feed shard.
+struct RedisFeed(Subscriber);
+
+/// A feed message: `<job>\n<id>\n<seq>\n<event body>`.
+fn parse_feed_message(
+    payload: &[u8],
+    wanted: &Wanted<'_>,
+) -> Result<Option<ScanEvent>, StoreError> {
+    let mut parts = payload.splitn(4, |b| *b == b'\n');
+    let (Some(job), Some(id), Some(seq), Some(body)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(StoreError::Corrupt(
+            "feed message without its header".into(),
+        ));
+    };
+    let job = std::str::from_utf8(job)
+        .map_err(|_| StoreError::Corrupt("feed message with a non-UTF-8 job id".into()))?;
+    if !wanted(job) {
+        return Ok(None);
+    }
+    let mut event = ScanEvent::decode(body)
+        .map_err(|e| StoreError::Corrupt(format!("feed message of job {job}: {e}")))?;
+    event.job_id = job.to_owned();
+    event.event_id = String::from_utf8_lossy(id).into_owned();
+    event.seq = std::str::from_utf8(seq)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| StoreError::Corrupt(format!("feed message of job {job}: bad seq")))?;
+    Ok(Some(event))
 }
 
-impl Reader {
-    async fn run(mut self) {
-        let mut wakeup_cursor = "0-0".to_owned();
-        let mut failures = 0u32;
-        while !self.stop.is_cancelled() {
-            match self.read_once(&mut wakeup_cursor).await {
-                Ok(()) => failures = 0,
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(error = %e, failures, "event log reader failed; reconnecting");
-                    let backoff = Duration::from_millis(100 * u64::from(failures.min(20)));
-                    tokio::select! {
-                        () = self.stop.cancelled() => break,
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                    match self.redis.dedicated().await {
-                        Ok(conn) => {
-                            self.conn = conn;
-                            // Whatever broke this connection broke the shared one too.
-                            self.redis.rename_shared().await;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "event log reader cannot reconnect"),
-                    }
-                }
+#[async_trait]
+impl Feed for RedisFeed {
+    async fn recv(&mut self, wanted: &Wanted<'_>) -> Option<FeedItem> {
+        loop {
+            match self.0.recv().await? {
+                Delivery::Resync => return Some(FeedItem::Resync),
+                Delivery::Message { payload, .. } => match parse_feed_message(&payload, wanted) {
+                    Ok(Some(event)) => return Some(FeedItem::Event(Box::new(event))),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "skipping an undecodable feed message"),
+                },
             }
         }
-        // Best effort: the key also expires on its own.
-        let _ = redis::cmd("DEL")
-            .arg(&self.watched.wakeup_key)
-            .query_async::<()>(&mut self.redis.manager.clone())
-            .await;
-    }
-
-    async fn read_once(&mut self, wakeup_cursor: &mut String) -> Result<(), StoreError> {
-        // key -> (job, cursor, generation) of this round.
-        let snapshot: HashMap<String, (String, EventId, u64)> = {
-            let jobs = self.watched.jobs.lock().expect("watch set lock poisoned");
-            jobs.iter()
-                .map(|(job, w)| {
-                    (
-                        events_key(&self.prefix, job),
-                        (job.clone(), w.cursor, w.generation),
-                    )
-                })
-                .collect()
-        };
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT")
-            .arg(512)
-            .arg("BLOCK")
-            .arg(MAX_BLOCK.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&self.watched.wakeup_key);
-        for key in snapshot.keys() {
-            cmd.arg(key);
-        }
-        cmd.arg(wakeup_cursor.as_str());
-        for (_, cursor, _) in snapshot.values() {
-            cmd.arg(cursor.to_string());
-        }
-        let reply: Option<StreamReadReply> = tokio::select! {
-            () = self.stop.cancelled() => return Ok(()),
-            r = cmd.query_async(&mut self.conn) => r?,
-        };
-        let Some(reply) = reply else {
-            return Ok(());
-        };
-        for stream in reply.keys {
-            let Some(last) = stream.ids.last() else {
-                continue;
-            };
-            if stream.key == self.watched.wakeup_key {
-                *wakeup_cursor = last.id.clone();
-                continue;
-            }
-            let Some((job, _, generation)) = snapshot.get(&stream.key) else {
-                continue;
-            };
-            let last_id = parse_id(&last.id)?;
-            for entry in &stream.ids {
-                match decode_event(job, entry) {
-                    // No receiver simply means no one is watching right now.
-                    Ok(ev) => drop(self.feed.send(ev)),
-                    Err(e) => tracing::warn!(error = %e, "skipping an undecodable event"),
-                }
-            }
-            let mut jobs = self.watched.jobs.lock().expect("watch set lock poisoned");
-            if let Some(w) = jobs.get_mut(job)
-                && w.generation == *generation
-                && w.cursor < last_id
-            {
-                w.cursor = last_id;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -532,25 +319,47 @@ impl Reader {
 // Dispatch queue
 
 const GROUP: &str = "ingest";
+/// Longest single blocking read; the claim loop then looks for expired leases again.
+const MAX_BLOCK: Duration = Duration::from_millis(250);
 
-/// Extends a lease: resets the entry's idle time with `XCLAIM … JUSTID` (which leaves the
-/// delivery count alone), only while the same consumer holds the same delivery of it.
-const EXTEND: &str = r"
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #p == 0 then return 0 end
-if p[1][2] ~= ARGV[2] or tonumber(p[1][4]) ~= tonumber(ARGV[4]) then return 0 end
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
-return 1
+/// Extends leases: for each (id, delivery count) pair in ARGV after the group and consumer,
+/// resets the entry's idle time with `XCLAIM … JUSTID` (which leaves the delivery count
+/// alone), only while the same consumer holds the same delivery of it. Returns 1 or 0 each.
+const EXTEND_MANY: &str = r"
+local out = {}
+for i = 3, #ARGV, 2 do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #p == 1 and p[1][2] == ARGV[2] and tonumber(p[1][4]) == tonumber(ARGV[i + 1]) then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
 ";
 
-/// The dispatch queue on a Redis Streams consumer group: entries are claimed with
-/// `XREADGROUP`, a claim is a pending entry, an entry idle longer than the lease is reclaimed
-/// (`XPENDING IDLE` + `XCLAIM`, atomic on the idle time), acknowledged entries are deleted.
+/// Removes the group's consumers (but ARGV[2], the caller) that hold nothing and have been
+/// idle for ARGV[3] ms: processes that are gone. Atomic, so a consumer cannot claim an entry
+/// between the check and its removal (removing a consumer drops its pending entries).
+const FORGET_IDLE: &str = r"
+local removed = 0
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+  if f['name'] ~= ARGV[2] and tonumber(f['pending']) == 0 and tonumber(f['idle']) >= tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    removed = removed + 1
+  end
+end
+return removed
+";
+
+/// The dispatch queue on a Redis Streams consumer group; see the module docs.
 pub struct RedisQueue {
-    redis: RedisConn,
-    conn: ConnectionManager,
-    /// The one connection claimers block on, taking turns.
-    blocking: tokio::sync::Mutex<MultiplexedConnection>,
+    conn: Conn,
+    /// The connection blocking reads wait on, taken in turn.
+    blocking: tokio::sync::Mutex<Conn>,
     key: String,
     consumer: String,
     extend: Script,
@@ -579,14 +388,17 @@ fn is_unblocked(e: &RedisError) -> bool {
 impl RedisQueue {
     /// The queue under `prefix` (`""` in production); `consumer` names this process in the
     /// consumer group. Creates the stream and the group when missing.
-    pub async fn open(redis: &RedisConn, prefix: &str, consumer: &str) -> Result<Self, StoreError> {
+    pub async fn open(redis: &Redis, prefix: &str, consumer: &str) -> Result<Self, StoreError> {
+        let blocking = redis
+            .blocking(MAX_BLOCK)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("cannot open a redis connection: {e}")))?;
         let queue = Self {
-            redis: redis.clone(),
-            conn: redis.manager.clone(),
-            blocking: tokio::sync::Mutex::new(redis.dedicated().await?),
+            conn: redis.conn(),
+            blocking: tokio::sync::Mutex::new(blocking),
             key: format!("{prefix}scan:dispatch"),
             consumer: consumer.to_owned(),
-            extend: Script::new(EXTEND),
+            extend: Script::new(EXTEND_MANY),
         };
         queue.ensure_group().await?;
         Ok(queue)
@@ -609,7 +421,7 @@ impl RedisQueue {
         }
     }
 
-    fn entry_of(&self, e: &StreamId, delivered: usize) -> Result<Lease, StoreError> {
+    fn lease_of(&self, e: &StreamId, delivered: usize) -> Result<Lease, StoreError> {
         let carrier = e
             .get::<String>("carrier")
             .and_then(|c| serde_json::from_str(&c).ok())
@@ -626,61 +438,62 @@ impl RedisQueue {
         })
     }
 
-    /// Takes over the oldest entry idle longer than `lease`, if any.
-    async fn reclaim(&self, lease: Duration) -> Result<Option<Lease>, StoreError> {
+    /// Takes over up to `max` entries idle longer than `lease`, oldest first.
+    async fn reclaim(&self, lease: Duration, max: usize) -> Result<Vec<Lease>, StoreError> {
         let idle = lease.as_millis() as u64;
-        // A few tries: another process may take the same entry first.
-        for _ in 0..3 {
-            let pending: StreamPendingCountReply = match redis::cmd("XPENDING")
-                .arg(&self.key)
-                .arg(GROUP)
-                .arg("IDLE")
-                .arg(idle)
-                .arg("-")
-                .arg("+")
-                .arg(1)
-                .query_async(&mut self.conn.clone())
-                .await
-            {
-                Ok(p) => p,
-                // Redis lost the group (a restart without persistence): nothing to reclaim.
-                Err(e) if is_nogroup(&e) => {
-                    self.ensure_group().await?;
-                    return Ok(None);
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let Some(p) = pending.ids.first() else {
-                return Ok(None);
-            };
-            // Atomic on the idle time: if someone claimed it meanwhile, it is no longer idle.
-            let claimed: StreamClaimReply = redis::cmd("XCLAIM")
-                .arg(&self.key)
-                .arg(GROUP)
-                .arg(&self.consumer)
-                .arg(idle)
-                .arg(&p.id)
-                .query_async(&mut self.conn.clone())
-                .await?;
-            if let Some(e) = claimed.ids.first() {
-                return self.entry_of(e, p.times_delivered + 1).map(Some);
+        let pending: StreamPendingCountReply = match redis::cmd("XPENDING")
+            .arg(&self.key)
+            .arg(GROUP)
+            .arg("IDLE")
+            .arg(idle)
+            .arg("-")
+            .arg("+")
+            .arg(max)
+            .query_async(&mut self.conn.clone())
+            .await
+        {
+            Ok(p) => p,
+            // Redis lost the group (a restart without persistence): nothing to reclaim.
+            Err(e) if is_nogroup(&e) => {
+                self.ensure_group().await?;
+                return Ok(Vec::new());
             }
+            Err(e) => return Err(e.into()),
+        };
+        if pending.ids.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(None)
+        // Atomic on the idle time: an entry someone claimed meanwhile is no longer idle and
+        // is left out of the reply.
+        let mut cmd = redis::cmd("XCLAIM");
+        cmd.arg(&self.key).arg(GROUP).arg(&self.consumer).arg(idle);
+        for p in &pending.ids {
+            cmd.arg(&p.id);
+        }
+        let claimed: StreamClaimReply = cmd.query_async(&mut self.conn.clone()).await?;
+        claimed
+            .ids
+            .iter()
+            .filter_map(|e| {
+                let delivered = pending.ids.iter().find(|p| p.id == e.id)?.times_delivered;
+                Some(self.lease_of(e, delivered + 1))
+            })
+            .collect()
     }
 
-    /// Reads one new entry, blocking up to `block` (not at all when `None`).
-    async fn read_new<C: redis::aio::ConnectionLike>(
+    /// Reads up to `max` new entries, blocking up to `block` (not at all when `None`).
+    async fn read_new(
         &self,
-        conn: &mut C,
+        conn: &mut Conn,
         block: Option<Duration>,
-    ) -> Result<Option<Lease>, StoreError> {
+        max: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(GROUP)
             .arg(&self.consumer)
             .arg("COUNT")
-            .arg(1);
+            .arg(max);
         if let Some(b) = block {
             cmd.arg("BLOCK").arg((b.as_millis() as u64).max(1));
         }
@@ -689,17 +502,16 @@ impl RedisQueue {
             Ok(r) => r,
             Err(e) if is_nogroup(&e) || is_unblocked(&e) => {
                 self.ensure_group().await?;
-                return Ok(None);
+                return Ok(Vec::new());
             }
             Err(e) => return Err(e.into()),
         };
-        match reply.and_then(|r| r.keys.into_iter().next()) {
-            Some(stream) => match stream.ids.first() {
-                Some(e) => self.entry_of(e, 1).map(Some),
-                None => Ok(None),
-            },
-            None => Ok(None),
-        }
+        reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|stream| stream.ids)
+            .map(|e| self.lease_of(&e, 1))
+            .collect()
     }
 }
 
@@ -727,68 +539,56 @@ impl Queue for RedisQueue {
         Ok(())
     }
 
-    async fn claim(&self, lease: Duration, wait: Duration) -> Result<Option<Lease>, StoreError> {
+    async fn claim_many(
+        &self,
+        lease: Duration,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let max = max.max(1);
         let deadline = tokio::time::Instant::now() + wait;
         // What is ready now needs no blocking: the shared connection answers at once.
-        if let Some(l) = self.reclaim(lease).await? {
-            return Ok(Some(l));
-        }
-        if let Some(l) = self.read_new(&mut self.conn.clone(), None).await? {
-            return Ok(Some(l));
+        let mut claimed = self.reclaim(lease, max).await?;
+        if claimed.len() < max {
+            let more = self
+                .read_new(&mut self.conn.clone(), None, max - claimed.len())
+                .await?;
+            claimed.extend(more);
         }
         loop {
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(None);
+            if !claimed.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(claimed);
             }
             let Ok(mut conn) = tokio::time::timeout_at(deadline, self.blocking.lock()).await else {
-                return Ok(None);
+                return Ok(claimed);
             };
             // Short blocks, so entries whose lease ran out meanwhile are reclaimed in time.
-            let block = (deadline - tokio::time::Instant::now()).min(Duration::from_millis(250));
-            let got = match self.read_new(&mut *conn, Some(block)).await {
-                Ok(got) => got,
-                Err(e) => {
-                    // The connection may be dead (Redis restarted): the next claimer gets a
-                    // fresh one.
-                    match self.redis.dedicated().await {
-                        Ok(fresh) => *conn = fresh,
-                        Err(re) => {
-                            tracing::warn!(error = %re, "cannot reconnect the queue's blocking connection")
-                        }
-                    }
-                    return Err(e);
-                }
-            };
+            let block = (deadline - tokio::time::Instant::now()).min(MAX_BLOCK);
+            claimed = self.read_new(&mut conn, Some(block), max).await?;
             drop(conn);
-            if got.is_some() {
-                return Ok(got);
-            }
-            if let Some(l) = self.reclaim(lease).await? {
-                return Ok(Some(l));
+            if claimed.is_empty() {
+                claimed = self.reclaim(lease, max).await?;
             }
         }
     }
 
-    async fn extend(&self, lease: &Lease, _by: Duration) -> Result<bool, StoreError> {
-        // Reclaiming goes by idle time, so resetting it extends the lease by a full lease.
-        let (stream_id, delivered) = parse_lease_id(&lease.id)?;
-        let extended: i64 = match self
-            .extend
-            .key(&self.key)
-            .arg(GROUP)
-            .arg(&self.consumer)
-            .arg(stream_id)
-            .arg(delivered)
-            .invoke_async(&mut self.conn.clone())
-            .await
-        {
-            Ok(v) => v,
-            // The group is gone (Redis restarted): so is the lease.
-            Err(e) if is_nogroup(&e) => 0,
-            Err(e) => return Err(e.into()),
-        };
-        Ok(extended == 1)
+    async fn extend_many(&self, leases: &[Lease], _by: Duration) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Reclaiming goes by idle time, so resetting it extends a lease by a full lease.
+        let mut call = self.extend.key(&self.key);
+        call.arg(GROUP).arg(&self.consumer);
+        for lease in leases {
+            let (stream_id, delivered) = parse_lease_id(&lease.id)?;
+            call.arg(stream_id).arg(delivered);
+        }
+        match call.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await {
+            Ok(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
+            // The group is gone (Redis restarted): so are the leases.
+            Err(e) if is_nogroup(&e) => Ok(vec![false; leases.len()]),
+            Err(e) => Err(e.into()),
+        }
     }
 
     #[tracing::instrument(
@@ -860,6 +660,28 @@ impl Queue for RedisQueue {
             }
         }
     }
+
+    async fn forget_idle_claimers(&self, idle: Duration) -> Result<usize, StoreError> {
+        let forgotten: i64 = match Script::new(FORGET_IDLE)
+            .key(&self.key)
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg(idle.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+        {
+            Ok(n) => n,
+            Err(e) if is_nogroup(&e) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        if forgotten > 0 {
+            tracing::info!(
+                forgotten,
+                "removed idle consumers of processes that are gone"
+            );
+        }
+        Ok(usize::try_from(forgotten).unwrap_or(0))
+    }
 }
 
 /// This process's consumer name in the dispatch group: host plus a random suffix, so a
@@ -885,4 +707,46 @@ pub fn consumer_name() -> String {
         "{host}-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_spread_over_every_shard_and_stay_on_theirs() {
+        let mut seen = HashSet::new();
+        for i in 0..2_000 {
+            let job = format!("0193a0b0-0000-7000-8000-{i:012}");
+            let shard = shard_of(&job, 64);
+            assert_eq!(shard, shard_of(&job, 64), "stable");
+            assert!(shard < 64);
+            seen.insert(shard);
+        }
+        assert_eq!(seen.len(), 64, "every shard gets jobs");
+    }
+
+    #[test]
+    fn feed_messages_decode_only_for_wanted_jobs() {
+        let ev = ScanEvent {
+            message: "hi".into(),
+            ..ScanEvent::default()
+        };
+        let mut payload = b"job-1\n1700000000000-0\n7\n".to_vec();
+        payload.extend(ev.encode_to_vec());
+        let got = parse_feed_message(&payload, &|j| j == "job-1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                got.job_id.as_str(),
+                got.event_id.as_str(),
+                got.seq,
+                got.message.as_str()
+            ),
+            ("job-1", "1700000000000-0", 7, "hi")
+        );
+        assert!(parse_feed_message(&payload, &|_| false).unwrap().is_none());
+        assert!(parse_feed_message(b"job-1\nno-header", &|_| true).is_err());
+    }
 }

@@ -223,7 +223,7 @@ impl Cluster {
                     "INGEST_OBJECT_DIR",
                     dir.join("objects").display().to_string(),
                 ),
-                ("INGEST_WORKERS", "8".to_owned()),
+                ("INGEST_MAX_IN_FLIGHT", "8".to_owned()),
                 ("VISION_URL", url(Service::Vision)),
                 ("RULE_URL", url(Service::Rule)),
                 ("ANSWER_URL", url(Service::Answer)),

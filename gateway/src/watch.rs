@@ -1,0 +1,385 @@
+//! One upstream `Watch` per job, shared by every SSE client of that job on this gateway.
+//!
+//! The first client of a job starts a [`JobFeed`]: one `ScanService.Watch` stream to ingest,
+//! whose events go into a bounded replay ring and out to every subscriber through one broadcast
+//! channel (events are reference-counted, so a hundred clients of a job hold one copy). Later
+//! clients, and clients resuming with `Last-Event-ID` inside the ring, join without another call
+//! to ingest. A client that falls too far behind is dropped — it reconnects with its last id —
+//! rather than slowing the others down. The upstream stream reconnects by itself (from the last
+//! event it got) when it ends for a retryable reason, such as its lifetime or an ingest replica
+//! going away; it stops when the job's final event has arrived or the last client has left.
+//!
+//! Feeds are keyed by (user, job): ingest checks ownership when the feed starts, and a client
+//! of another user never shares a feed it could not open itself.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex, Weak},
+    time::Duration,
+};
+
+use ecoscan_common::client::{TracedChannel, request_as};
+use ecoscan_proto::v1::{ScanEvent, WatchRequest, scan_service_client::ScanServiceClient};
+use futures::{Stream, StreamExt};
+use tokio::sync::{broadcast, watch};
+use tonic::{Code, Status};
+use tracing::Instrument;
+
+/// Events a feed keeps for late joiners and resumes (a whole job's log, usually).
+const RING_EVENTS: usize = 1024;
+/// Messages a subscriber may fall behind before it is dropped.
+const SUBSCRIBER_LAG: usize = 512;
+/// Upper bound of the wait between reconnects of an upstream stream.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Reconnects without a single event in between before the feed gives up with the last error.
+const MAX_FRUITLESS_RECONNECTS: u32 = 8;
+
+/// What subscribers receive.
+#[derive(Clone, Debug)]
+pub(crate) enum FeedItem {
+    Event(Arc<ScanEvent>),
+    /// The upstream failed for good (e.g. the job is not the caller's): the stream ends with it.
+    Failed(Status),
+}
+
+/// How far a feed has come, for subscribers waiting on its first answer.
+#[derive(Clone, Debug, PartialEq)]
+enum Started {
+    Waiting,
+    /// At least one event arrived (or the upstream stream is established and quiet).
+    Streaming,
+    Failed(Code, String),
+}
+
+/// The state a feed's subscribers read.
+struct Shared {
+    ring: Mutex<Ring>,
+    live: broadcast::Sender<FeedItem>,
+    started: watch::Sender<Started>,
+}
+
+/// The feed's recent events: everything after `start_after` (the whole log when `None`).
+#[derive(Default)]
+struct Ring {
+    /// The id the ring's events follow: the resume point the feed started from, then the id
+    /// of the last event trimmed from the front.
+    start_after: Option<String>,
+    events: VecDeque<Arc<ScanEvent>>,
+    /// The job's final event has arrived: nothing more will.
+    done: bool,
+    /// The upstream failed for good after these events: a joining client ends with it.
+    failed: Option<Status>,
+}
+
+/// A job's shared upstream stream; dropped (and its upstream stopped) with its last subscriber.
+pub(crate) struct JobFeed {
+    shared: Arc<Shared>,
+    pump: tokio::task::AbortHandle,
+}
+
+impl Drop for JobFeed {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
+}
+
+/// (user, job): whose watch of which job a feed is.
+type FeedKey = (String, String);
+
+/// Every shared feed of this gateway.
+#[derive(Clone)]
+pub(crate) struct Watches {
+    scan: ScanServiceClient<TracedChannel>,
+    feeds: Arc<Mutex<HashMap<FeedKey, Weak<JobFeed>>>>,
+    /// Deadline of one upstream `Watch` call (it reconnects after it).
+    stream_deadline: Duration,
+    /// How long a subscriber waits for the feed's first answer before streaming anyway.
+    first_wait: Duration,
+}
+
+/// A subscription: the replay, then live events.
+pub(crate) struct Subscription {
+    _feed: Arc<JobFeed>,
+    replay: VecDeque<Arc<ScanEvent>>,
+    /// How the replay ends when the feed has failed already.
+    failed: Option<Status>,
+    live: Option<broadcast::Receiver<FeedItem>>,
+}
+
+/// Why a subscription could not be served from a shared feed.
+pub(crate) enum Refused {
+    /// The feed failed before its first event (unknown job, another user's, bad id …).
+    Upstream(Status),
+    /// The resume point is outside the replay window: the caller needs a watch of its own.
+    OutsideWindow,
+}
+
+impl Watches {
+    pub(crate) fn new(
+        scan: ScanServiceClient<TracedChannel>,
+        stream_deadline: Duration,
+        first_wait: Duration,
+    ) -> Self {
+        Self {
+            scan,
+            feeds: Arc::default(),
+            stream_deadline,
+            first_wait,
+        }
+    }
+
+    /// Shared feeds alive now.
+    pub(crate) fn feeds(&self) -> usize {
+        self.feeds
+            .lock()
+            .expect("feeds lock poisoned")
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
+    }
+
+    /// Subscribes `user` to `job_id`'s events after `after` (all of them when `None`).
+    pub(crate) async fn subscribe(
+        &self,
+        user: &str,
+        job_id: &str,
+        after: Option<&str>,
+    ) -> Result<Subscription, Refused> {
+        let feed = self.feed(user, job_id, after);
+        // Wait (briefly) for the feed's first answer, so that a failure to start is an HTTP
+        // error (404 for an unknown job) rather than an SSE stream.
+        let mut started = feed.shared.started.subscribe();
+        let _ = tokio::time::timeout(
+            self.first_wait,
+            started.wait_for(|s| *s != Started::Waiting),
+        )
+        .await;
+        if let Started::Failed(code, message) = started.borrow().clone() {
+            self.forget(user, job_id, &feed);
+            return Err(Refused::Upstream(Status::new(code, message)));
+        }
+        let ring = feed.shared.ring.lock().expect("ring lock poisoned");
+        let replay: VecDeque<Arc<ScanEvent>> = match after {
+            // The ring follows exactly this point: all of it.
+            _ if ring.start_after.as_deref() == after => ring.events.clone(),
+            None => return Err(Refused::OutsideWindow),
+            Some(after) => match ring.events.iter().position(|e| e.event_id == after) {
+                // Resumed at the final event: the job's end, again, so the client stops.
+                Some(i) if i + 1 == ring.events.len() && ring.done => {
+                    ring.events.iter().skip(i).cloned().collect()
+                }
+                Some(i) => ring.events.iter().skip(i + 1).cloned().collect(),
+                None => return Err(Refused::OutsideWindow),
+            },
+        };
+        // Subscribed while the ring is locked: no event falls between the replay and live.
+        let failed = ring.failed.clone();
+        let live = (!ring.done && failed.is_none()).then(|| feed.shared.live.subscribe());
+        drop(ring);
+        Ok(Subscription {
+            _feed: feed,
+            replay,
+            failed,
+            live,
+        })
+    }
+
+    /// The job's feed, started (after `after`, where its first client resumes) when there is
+    /// none: single flight, one per user and job.
+    fn feed(&self, user: &str, job_id: &str, after: Option<&str>) -> Arc<JobFeed> {
+        let key = (user.to_owned(), job_id.to_owned());
+        let mut feeds = self.feeds.lock().expect("feeds lock poisoned");
+        if let Some(feed) = feeds.get(&key).and_then(Weak::upgrade) {
+            return feed;
+        }
+        // Forget feeds whose clients have all gone, now and then, so the map stays small.
+        if feeds.len() > 64 && feeds.len().is_power_of_two() {
+            feeds.retain(|_, w| w.strong_count() > 0);
+        }
+        let shared = Arc::new(Shared {
+            ring: Mutex::new(Ring {
+                start_after: after.map(str::to_owned),
+                ..Ring::default()
+            }),
+            live: broadcast::channel(SUBSCRIBER_LAG).0,
+            started: watch::channel(Started::Waiting).0,
+        });
+        let pump = tokio::spawn(
+            pump(
+                self.scan.clone(),
+                user.to_owned(),
+                job_id.to_owned(),
+                after.map(str::to_owned),
+                shared.clone(),
+                self.stream_deadline,
+            )
+            .instrument(tracing::info_span!("job feed", job.id = %job_id)),
+        );
+        let feed = Arc::new(JobFeed {
+            shared,
+            pump: pump.abort_handle(),
+        });
+        feeds.insert(key, Arc::downgrade(&feed));
+        feed
+    }
+
+    fn forget(&self, user: &str, job_id: &str, feed: &Arc<JobFeed>) {
+        let mut feeds = self.feeds.lock().expect("feeds lock poisoned");
+        let key = (user.to_owned(), job_id.to_owned());
+        if feeds
+            .get(&key)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(feed)))
+        {
+            feeds.remove(&key);
+        }
+    }
+}
+
+impl Subscription {
+    /// The events, in order, ending after the job's final event; `Err` when the upstream
+    /// failed for good. A subscriber that fell too far behind simply ends (it reconnects).
+    pub(crate) fn into_stream(self) -> impl Stream<Item = Result<Arc<ScanEvent>, Status>> + Send {
+        let Self {
+            _feed,
+            replay,
+            failed,
+            live,
+        } = self;
+        let live = live.map(|rx| {
+            let rx = tokio_stream::wrappers::BroadcastStream::new(rx);
+            tokio_stream::StreamExt::map_while(rx, |item| match item {
+                Ok(FeedItem::Event(ev)) => Some(Ok(ev)),
+                Ok(FeedItem::Failed(status)) => Some(Err(status)),
+                Err(_lagged) => {
+                    tracing::debug!("sse client fell behind its job's feed; dropping it");
+                    None
+                }
+            })
+        });
+        // Keep the feed alive as long as the stream is.
+        let keep = futures::stream::once(async move {
+            drop(_feed);
+        })
+        .filter_map(|()| async { None });
+        futures::stream::iter(replay.into_iter().map(Ok))
+            .chain(futures::stream::iter(failed.map(Err)))
+            .chain(futures::stream::iter(live).flatten())
+            .chain(keep)
+    }
+}
+
+/// The feed's upstream: `Watch` from the last event received, again after every retryable end,
+/// until the job's final event.
+async fn pump(
+    mut scan: ScanServiceClient<TracedChannel>,
+    user: String,
+    job_id: String,
+    mut last: Option<String>,
+    shared: Arc<Shared>,
+    deadline: Duration,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let mut fruitless = 0;
+    loop {
+        let request = WatchRequest {
+            job_id: job_id.clone(),
+            after_event_id: last.clone().unwrap_or_default(),
+        };
+        let ended = match scan.watch(request_as(request, deadline, &user)).await {
+            Ok(response) => {
+                shared.started.send_if_modified(|s| {
+                    let was = *s == Started::Waiting;
+                    if was {
+                        *s = Started::Streaming;
+                    }
+                    was
+                });
+                let mut stream = response.into_inner();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(r)) => {
+                            let Some(ev) = r.event else { continue };
+                            // A reconnect resumes after the last event; anything not newer is
+                            // a repeat.
+                            if last.as_deref().is_some_and(|l| !newer(&ev.event_id, l)) {
+                                continue;
+                            }
+                            backoff = Duration::from_millis(100);
+                            fruitless = 0;
+                            last = Some(ev.event_id.clone());
+                            if publish(&shared, ev) {
+                                return;
+                            }
+                        }
+                        Ok(None) => break Status::unavailable("ingest ended the stream"),
+                        Err(status) => break status,
+                    }
+                }
+            }
+            Err(status) => status,
+        };
+        fruitless += 1;
+        if !retryable(&ended) || fruitless > MAX_FRUITLESS_RECONNECTS {
+            tracing::info!(code = ?ended.code(), error = %ended.message(), "job feed failed");
+            let mut ring = shared.ring.lock().expect("ring lock poisoned");
+            if ring.events.is_empty() {
+                // Nothing was streamed: the clients' requests fail with an HTTP status.
+                shared
+                    .started
+                    .send_replace(Started::Failed(ended.code(), ended.message().to_owned()));
+            }
+            ring.failed = Some(ended.clone());
+            let _ = shared.live.send(FeedItem::Failed(ended));
+            return;
+        }
+        tracing::debug!(code = ?ended.code(), error = %ended.message(), "job feed reconnecting");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Adds `ev` to the ring and sends it live; true when it was the job's final event.
+fn publish(shared: &Shared, ev: ScanEvent) -> bool {
+    let is_final = crate::sse::kind(&ev).is_terminal();
+    let ev = Arc::new(ev);
+    {
+        let mut ring = shared.ring.lock().expect("ring lock poisoned");
+        ring.events.push_back(ev.clone());
+        while ring.events.len() > RING_EVENTS {
+            if let Some(old) = ring.events.pop_front() {
+                ring.start_after = Some(old.event_id.clone());
+            }
+        }
+        ring.done = is_final;
+        // Sent under the lock, so a subscriber joining now gets it either from the ring or live.
+        let _ = shared.live.send(FeedItem::Event(ev));
+    }
+    is_final
+}
+
+/// Whether an ended upstream stream is worth opening again: it ended because of the
+/// transport or the server's own limits (its lifetime, a replica shutting down or dying: a
+/// broken connection surfaces as `UNKNOWN` or `CANCELLED`), not because of the request or a
+/// failure ingest reported (`INTERNAL` goes to the clients as an error event).
+fn retryable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::Unknown
+            | Code::Cancelled
+    )
+}
+
+/// Whether event id `a` comes after `b` (`<ms>-<n>`, compared as numbers).
+fn newer(a: &str, b: &str) -> bool {
+    let parse = |id: &str| -> Option<(u64, u64)> {
+        let (ms, n) = id.split_once('-')?;
+        Some((ms.parse().ok()?, n.parse().ok()?))
+    };
+    match (parse(a), parse(b)) {
+        (Some(a), Some(b)) => a > b,
+        _ => a != b,
+    }
+}

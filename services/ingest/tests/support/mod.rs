@@ -1,0 +1,335 @@
+#![allow(dead_code, unused_imports)] // Each test binary uses its own part of these helpers.
+
+//! The ingest test harness: in-test stage services on a real socket that count their calls,
+//! ingest started on them, and helpers to submit and watch a scan.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use ecoscan_common::{client::request_as, identity::caller, testing::spawn};
+use ecoscan_ingest::{
+    Config, Stores,
+    error::StoreError,
+    store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
+};
+use ecoscan_proto::v1::{
+    Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyRequest,
+    ClassifyResponse, DisposalRules, EvaluateRequest, EvaluateResponse, EventStatus,
+    GenerateRequest, GenerateResponse, GetResultRequest, JobStatus, ListCategoriesRequest,
+    ListCategoriesResponse, ListOwnedRequest, ListOwnedResponse, ListRequest, ListResponse,
+    LookupRequest, LookupResponse, Notification, NotifyRequest, NotifyResponse, RewardDecision,
+    ScanEvent, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest, SubscribeRequest,
+    SubscribeResponse, WatchRequest, answer_service_server, classify_response, generate_response,
+    lookup_response, notification_service_server, reward_service_server, rule_service_server,
+    scan_service_client::ScanServiceClient, vision_service_server,
+};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Code, Request, Response, Status};
+
+pub const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+
+pub type BoxStream<T> = std::pin::Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+pub fn stream_of<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
+    Box::pin(tokio_stream::iter(items.into_iter().map(Ok)))
+}
+
+/// Stage services that count their calls; vision can be told to fail.
+#[derive(Clone, Default)]
+pub struct Stages {
+    pub calls: Arc<HashMap<&'static str, AtomicUsize>>,
+    pub vision_fails_with: Option<Code>,
+    /// How long answer thinks before it writes.
+    pub answer_delay: Duration,
+}
+
+impl Stages {
+    pub fn new(vision_fails_with: Option<Code>) -> Self {
+        let calls = ["vision", "rule", "answer", "reward", "notify"]
+            .into_iter()
+            .map(|k| (k, AtomicUsize::new(0)))
+            .collect();
+        Self {
+            calls: Arc::new(calls),
+            vision_fails_with,
+            answer_delay: Duration::ZERO,
+        }
+    }
+
+    fn hit(&self, name: &str) {
+        self.calls[name].fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn count(&self, name: &str) -> usize {
+        self.calls[name].load(Ordering::SeqCst)
+    }
+}
+
+/// The acting user of a call, from its `x-user-id` metadata, as the real services read it.
+pub fn acting_user<T>(req: &Request<T>) -> Result<String, Status> {
+    caller(req.metadata()).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+pub fn classification() -> Classification {
+    Classification {
+        major_category: "재활용폐기물".into(),
+        middle_category: "무색페트병".into(),
+        minor_category: "음료PET병".into(),
+        item_name: "페트병".into(),
+        confidence: 0.9,
+        provider: "test".into(),
+        ..Default::default()
+    }
+}
+
+#[tonic::async_trait]
+impl vision_service_server::VisionService for Stages {
+    type ClassifyStream = BoxStream<ClassifyResponse>;
+    async fn classify(
+        &self,
+        req: Request<ClassifyRequest>,
+    ) -> Result<Response<Self::ClassifyStream>, Status> {
+        self.hit("vision");
+        assert_eq!(req.get_ref().image, PNG, "vision receives the stored image");
+        if let Some(code) = self.vision_fails_with {
+            return Err(Status::new(code, "the photo shows no object"));
+        }
+        Ok(Response::new(stream_of(vec![ClassifyResponse {
+            event: Some(classify_response::Event::Classification(classification())),
+        }])))
+    }
+}
+
+#[tonic::async_trait]
+impl rule_service_server::RuleService for Stages {
+    type LookupStream = BoxStream<LookupResponse>;
+    async fn lookup(
+        &self,
+        _: Request<LookupRequest>,
+    ) -> Result<Response<Self::LookupStream>, Status> {
+        self.hit("rule");
+        Ok(Response::new(stream_of(vec![LookupResponse {
+            event: Some(lookup_response::Event::Rules(DisposalRules {
+                recyclable: true,
+                ..Default::default()
+            })),
+        }])))
+    }
+    async fn list_categories(
+        &self,
+        _: Request<ListCategoriesRequest>,
+    ) -> Result<Response<ListCategoriesResponse>, Status> {
+        Ok(Response::new(ListCategoriesResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl answer_service_server::AnswerService for Stages {
+    type GenerateStream = BoxStream<GenerateResponse>;
+    async fn generate(
+        &self,
+        req: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        self.hit("answer");
+        assert!(req.get_ref().classification.is_some() && req.get_ref().rules.is_some());
+        tokio::time::sleep(self.answer_delay).await;
+        let delta = |d: &str| GenerateResponse {
+            event: Some(generate_response::Event::Delta(d.into())),
+        };
+        Ok(Response::new(stream_of(vec![
+            delta("Remove the label, "),
+            delta("rinse, "),
+            delta("crush."),
+            GenerateResponse {
+                event: Some(generate_response::Event::Answer(Answer {
+                    text: "Remove the label, rinse, crush.".into(),
+                    ..Default::default()
+                })),
+            },
+        ])))
+    }
+}
+
+#[tonic::async_trait]
+impl reward_service_server::RewardService for Stages {
+    async fn evaluate(
+        &self,
+        req: Request<EvaluateRequest>,
+    ) -> Result<Response<EvaluateResponse>, Status> {
+        // Ingest evaluates for the job's owner, in the metadata.
+        acting_user(&req)?;
+        self.hit("reward");
+        Ok(Response::new(EvaluateResponse {
+            decision: Some(RewardDecision {
+                eligible: true,
+                newly_granted: true,
+                character: Some(Character {
+                    code: "char-petty".into(),
+                    ..Default::default()
+                }),
+                reason: "granted".into(),
+            }),
+        }))
+    }
+    async fn list_owned(
+        &self,
+        req: Request<ListOwnedRequest>,
+    ) -> Result<Response<ListOwnedResponse>, Status> {
+        acting_user(&req)?;
+        Ok(Response::new(ListOwnedResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl notification_service_server::NotificationService for Stages {
+    async fn notify(
+        &self,
+        req: Request<NotifyRequest>,
+    ) -> Result<Response<NotifyResponse>, Status> {
+        // Ingest notifies the job's owner, in the metadata.
+        let user_id = acting_user(&req)?;
+        self.hit("notify");
+        assert_eq!(req.get_ref().kind, "scan_completed");
+        Ok(Response::new(NotifyResponse {
+            notification: Some(Notification {
+                user_id,
+                ..Default::default()
+            }),
+        }))
+    }
+    async fn schedule(
+        &self,
+        _: Request<ScheduleRequest>,
+    ) -> Result<Response<ScheduleResponse>, Status> {
+        Err(Status::unimplemented("not used by ingest"))
+    }
+    async fn cancel(&self, _: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
+        Err(Status::unimplemented("not used by ingest"))
+    }
+    type SubscribeStream = BoxStream<SubscribeResponse>;
+    async fn subscribe(
+        &self,
+        _: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        Err(Status::unimplemented("not used by ingest"))
+    }
+    async fn list(&self, _: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        Err(Status::unimplemented("not used by ingest"))
+    }
+}
+
+pub struct Env {
+    pub stages: Stages,
+    pub stores: Stores,
+    pub ingest: ScanServiceClient<ecoscan_common::client::TracedChannel>,
+    pub dir: tempfile::TempDir,
+    pub _servers: Vec<ecoscan_common::testing::Spawned>,
+}
+
+pub async fn start(vision_fails_with: Option<Code>, tweak: impl FnOnce(&mut Config)) -> Env {
+    start_with(Stages::new(vision_fails_with), tweak, |s| s).await
+}
+
+/// [`start`] with given stage services, and stores `wrap` may replace.
+pub async fn start_with(
+    stages: Stages,
+    tweak: impl FnOnce(&mut Config),
+    wrap: impl FnOnce(Stores) -> Stores,
+) -> Env {
+    let s = stages.clone();
+    let upstream = spawn(move |l, sd| async move {
+        let routes =
+            tonic::service::Routes::new(vision_service_server::VisionServiceServer::new(s.clone()))
+                .add_service(rule_service_server::RuleServiceServer::new(s.clone()))
+                .add_service(answer_service_server::AnswerServiceServer::new(s.clone()))
+                .add_service(reward_service_server::RewardServiceServer::new(s.clone()))
+                .add_service(notification_service_server::NotificationServiceServer::new(
+                    s,
+                ));
+        ecoscan_common::server::serve(routes, &[], l, sd).await
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream.uri();
+    let mut config = Config {
+        vision_url: up.clone(),
+        rule_url: up.clone(),
+        answer_url: up.clone(),
+        reward_url: up.clone(),
+        notification_url: up,
+        database_url: format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("ingest.db").display()
+        ),
+        object_dir: dir.path().join("objects"),
+        max_in_flight: 4,
+        stage_retries: 1,
+        ..Config::default()
+    };
+    tweak(&mut config);
+    // The stores the configuration selects: embedded unless a test points it at servers.
+    let stores = wrap(Stores::from_config(&config).await.unwrap());
+    let st = stores.clone();
+    let ingest = spawn(move |l, sd| ecoscan_ingest::serve_with(config, st, l, sd)).await;
+    let client = ScanServiceClient::new(ecoscan_common::client::channel(&ingest.uri()).unwrap());
+    Env {
+        stages,
+        stores,
+        ingest: client,
+        dir,
+        _servers: vec![upstream, ingest],
+    }
+}
+
+/// Submits the test PNG as `u1` and returns the job id.
+pub async fn submit_png(env: &Env) -> String {
+    env.ingest
+        .clone()
+        .submit(request_as(
+            SubmitRequest {
+                image: PNG.to_vec(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .expect("submit accepts the test image")
+        .into_inner()
+        .job_id
+}
+
+pub async fn watch_all(env: &Env, job_id: &str) -> Vec<ScanEvent> {
+    let mut stream = env
+        .ingest
+        .clone()
+        .watch(request_as(
+            WatchRequest {
+                job_id: job_id.into(),
+                ..Default::default()
+            },
+            Duration::from_secs(60),
+            "u1",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    let read = async {
+        while let Some(ev) = stream.next().await {
+            events.push(ev.unwrap().event.expect("every message carries an event"));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("the job finishes within 60 s");
+    events
+}
