@@ -90,7 +90,8 @@ impl Drop for Workers {
 
 /// Jobs claimed per round trip at most.
 const CLAIM_BATCH: usize = 64;
-/// How often the dispatcher forgets claimers of processes that are gone.
+/// How often the dispatcher forgets claimers of processes that are gone (at most; every five
+/// leases when that is sooner).
 const FORGET_EVERY: Duration = Duration::from_secs(60);
 
 /// Leases held by this process's jobs, renewed together.
@@ -225,7 +226,7 @@ pub fn spawn_workers(
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
-                if last_forget.elapsed() >= FORGET_EVERY {
+                if last_forget.elapsed() >= FORGET_EVERY.min(ctx.config.lease * 5) {
                     last_forget = tokio::time::Instant::now();
                     // A claimer idle for many leases holds nothing and is gone.
                     if let Err(e) = ctx

@@ -1,7 +1,8 @@
 //! Backend connections stay constant whatever the number of watchers: 500 `Watch` streams
 //! straight to ingest and 500 SSE clients through the gateway, all open at once on running
 //! jobs, and ingest still holds the same few Redis connections (`CLIENT LIST` on a private
-//! Redis, so only this test's processes are counted). Every watcher gets its job's end.
+//! Redis, so only this test's processes are counted). The gateway shares one `Watch` per job
+//! among that job's SSE clients. Every watcher gets its job's end.
 
 mod common;
 mod support;
@@ -168,31 +169,49 @@ async fn redis_connections_stay_constant_with_a_thousand_watchers() {
         });
     }
 
-    // Every watcher subscribed: ingest's hub counts them (the gateway opens one Watch per SSE
-    // client), all while the jobs still run.
+    // Every watcher subscribed: ingest's hub counts them (the gateway opens one Watch per job
+    // and shares it among the job's SSE clients), all while the jobs still run.
+    let expected_watchers = GRPC_WATCHERS + JOBS;
     let metrics = format!("{}/metrics", cluster.uri(Service::Ingest));
     let opening = Instant::now();
     let until = Instant::now() + Duration::from_secs(30);
-    let (watchers, scrape) = loop {
-        let text = http
-            .get(&metrics)
-            .send()
-            .await
-            .expect("scrape ingest")
-            .text()
-            .await
-            .expect("metrics text");
+    let scrape = |url: String| {
+        let http = http.clone();
+        async move {
+            http.get(url)
+                .send()
+                .await
+                .expect("scrape")
+                .text()
+                .await
+                .expect("metrics text")
+        }
+    };
+    let (watchers, text, gateway_text) = loop {
+        let text = scrape(metrics.clone()).await;
+        let gateway_text = scrape(cluster.gateway_url("/metrics")).await;
         let watchers = gauge(&text, "ingest_hub_watchers").unwrap_or_default();
-        if watchers >= (GRPC_WATCHERS + SSE_CLIENTS) as f64 || Instant::now() > until {
-            break (watchers, text);
+        let sse_open = gauge(&gateway_text, "gateway_sse_connections").unwrap_or_default();
+        if (watchers >= expected_watchers as f64 && sse_open >= SSE_CLIENTS as f64)
+            || Instant::now() > until
+        {
+            break (watchers, text, gateway_text);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(
-        watchers,
-        (GRPC_WATCHERS + SSE_CLIENTS) as f64,
-        "all {} watchers were subscribed at once; ingest's metrics:\n{scrape}",
-        GRPC_WATCHERS + SSE_CLIENTS
+        watchers, expected_watchers as f64,
+        "all {expected_watchers} watchers were subscribed at once; ingest's metrics:\n{text}"
+    );
+    assert_eq!(
+        gauge(&gateway_text, "gateway_sse_connections"),
+        Some(SSE_CLIENTS as f64),
+        "{gateway_text}"
+    );
+    assert_eq!(
+        gauge(&gateway_text, "gateway_watch_feeds"),
+        Some(JOBS as f64),
+        "one upstream Watch per job for {SSE_CLIENTS} SSE clients: {gateway_text}"
     );
     let opened_in = opening.elapsed();
     let busy = clients(&mut observer).await;

@@ -20,6 +20,7 @@ use std::{
 
 use common::image_form;
 use ecoscan_common::client::request_as;
+use ecoscan_ingest::store::redis::{DEFAULT_FEED_SHARDS, shard_of};
 use ecoscan_proto::v1::{
     EventStatus, GetResultRequest, JobStatus, ListOwnedRequest, ScanEvent, ScanResult, Stage,
     reward_service_client::RewardServiceClient, scan_service_client::ScanServiceClient,
@@ -29,7 +30,7 @@ use prost::Message;
 use sqlx::{PgPool, Row};
 use support::{
     processes::{Cluster, Service},
-    stores::{PrivateRedis, TestStores, client_names},
+    stores::{PrivateCluster, PrivateRedis, TestStores, client_names},
 };
 use tokio::time::Instant;
 
@@ -349,11 +350,12 @@ async fn assert_rewards_granted_once(
 
 /// A job's whole event log, read from Redis.
 async fn event_log(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut ecoscan_redis::Conn,
     stores: &TestStores,
     job_id: &str,
 ) -> Vec<ScanEvent> {
-    let key = format!("{}scan:{{{job_id}}}:events", stores.prefix);
+    let shard = shard_of(job_id, DEFAULT_FEED_SHARDS);
+    let key = format!("{}scan:{{s{shard}}}:{job_id}:events", stores.prefix);
     let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
         .arg(&key)
         .arg("-")
@@ -459,7 +461,7 @@ async fn assert_one_model_call_per_stage_run(
 }
 
 /// ingest's connections to the test's Redis, by the name it gives them.
-async fn ingest_connections(redis: &mut redis::aio::MultiplexedConnection) -> usize {
+async fn ingest_connections<C: redis::aio::ConnectionLike>(redis: &mut C) -> usize {
     client_names(redis)
         .await
         .iter()
@@ -470,8 +472,19 @@ async fn ingest_connections(redis: &mut redis::aio::MultiplexedConnection) -> us
 /// SIGKILL of ingest mid-run, then a restart: every job completes exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_job_completes_exactly_once_when_ingest_is_killed_mid_run() {
+    ingest_killed_mid_run(TestStores::create(None).await).await;
+}
+
+/// The same on a private three-master Redis Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_job_completes_exactly_once_when_ingest_is_killed_mid_run_on_a_redis_cluster() {
+    let redis = PrivateCluster::start().await;
+    ingest_killed_mid_run(TestStores::create_on(redis.settings()).await).await;
+    drop(redis);
+}
+
+async fn ingest_killed_mid_run(stores: TestStores) {
     let started = std::time::Instant::now();
-    let stores = TestStores::create(None).await;
     let mut cluster = cluster(&stores).start().await;
     let pg = stores.pg().await;
 
@@ -574,7 +587,7 @@ async fn the_sweeper_finishes_every_job_when_redis_restarts_empty() {
         .await;
     let pg = stores.pg().await;
 
-    let mut observer = stores.redis().await;
+    let mut observer = stores.redis_node().await;
     let connections_before = ingest_connections(&mut observer).await;
     assert!(
         (1..=4).contains(&connections_before),
@@ -599,8 +612,13 @@ async fn the_sweeper_finishes_every_job_when_redis_restarts_empty() {
             .contains("re-enqueued an unfinished job"),
         "the sweeper re-enqueued the jobs Redis lost"
     );
-    // ingest reconnected, with as many connections as before, every one named again.
-    let mut observer = stores.redis().await;
+    // ingest reconnected, with as many connections as before, every one named again (names
+    // are set again every few seconds).
+    let mut observer = stores.redis_node().await;
+    let until = Instant::now() + Duration::from_secs(15);
+    while ingest_connections(&mut observer).await != connections_before && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(
         ingest_connections(&mut observer).await,
         connections_before,
@@ -609,8 +627,9 @@ async fn the_sweeper_finishes_every_job_when_redis_restarts_empty() {
     );
 
     // What the log kept after the restart never says a job ended twice.
+    let mut logs = stores.redis().await;
     for scan in &scans {
-        let log = event_log(&mut observer, &stores, &scan.job_id).await;
+        let log = event_log(&mut logs, &stores, &scan.job_id).await;
         let done = log.iter().filter(|e| e.stage == Stage::Done as i32).count();
         assert!(
             done <= 1,

@@ -80,6 +80,7 @@ impl ClusterBuilder {
         let mut cluster = Cluster {
             dir,
             procs: HashMap::new(),
+            replicas: HashMap::new(),
             addrs: HashMap::new(),
             builder: self,
         };
@@ -101,6 +102,8 @@ impl ClusterBuilder {
 pub struct Cluster {
     dir: tempfile::TempDir,
     procs: HashMap<Service, Child>,
+    /// Further processes of a service, by label (see [`Cluster::start_replica`]).
+    replicas: HashMap<String, (Child, SocketAddr)>,
     /// Each service's address, kept after it stops so a restart binds the same one.
     addrs: HashMap<Service, SocketAddr>,
     builder: ClusterBuilder,
@@ -185,7 +188,48 @@ impl Cluster {
     }
 
     fn log_path(&self, service: Service) -> PathBuf {
-        self.dir.path().join(format!("{}.log", service.name()))
+        self.label_log_path(service.name())
+    }
+
+    fn label_log_path(&self, label: &str) -> PathBuf {
+        self.dir.path().join(format!("{label}.log"))
+    }
+
+    /// Starts another process of `service` (a replica) labelled `label`, with the service's
+    /// usual environment plus `overrides`; returns its address.
+    pub async fn start_replica(
+        &mut self,
+        service: Service,
+        label: &str,
+        overrides: &[(&str, String)],
+    ) -> SocketAddr {
+        let (child, addr) = self
+            .spawn_process(service, label, "127.0.0.1:0", overrides)
+            .await;
+        self.replicas.insert(label.to_owned(), (child, addr));
+        addr
+    }
+
+    /// `http://ADDR` of the replica `label`.
+    pub fn replica_uri(&self, label: &str) -> String {
+        let (_, addr) = self
+            .replicas
+            .get(label)
+            .unwrap_or_else(|| panic!("no replica {label}"));
+        format!("http://{addr}")
+    }
+
+    /// What the replica `label` has logged so far.
+    pub fn replica_logs(&self, label: &str) -> String {
+        std::fs::read_to_string(self.label_log_path(label)).unwrap_or_default()
+    }
+
+    /// Kills the replica `label` with SIGKILL.
+    pub fn kill_replica(&mut self, label: &str) {
+        if let Some((mut child, _)) = self.replicas.remove(label) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     fn sqlite(&self, name: &str) -> String {
@@ -240,10 +284,26 @@ impl Cluster {
     }
 
     async fn spawn(&mut self, service: Service, listen: &str) {
+        let (child, addr) = self
+            .spawn_process(service, service.name(), listen, &[])
+            .await;
+        self.procs.insert(service, child);
+        self.addrs.insert(service, addr);
+    }
+
+    /// Starts one process of `service`, its files named after `label`, and waits until it
+    /// serves.
+    async fn spawn_process(
+        &self,
+        service: Service,
+        label: &str,
+        listen: &str,
+        overrides: &[(&str, String)],
+    ) -> (Child, SocketAddr) {
         let name = service.name();
-        let addr_file = self.dir.path().join(format!("{name}.addr"));
+        let addr_file = self.dir.path().join(format!("{label}.addr"));
         let _ = std::fs::remove_file(&addr_file);
-        let log_path = self.log_path(service);
+        let log_path = self.label_log_path(label);
         let log = File::options()
             .create(true)
             .append(true)
@@ -274,6 +334,7 @@ impl Cluster {
                     .filter(|(s, _, _)| *s == service)
                     .map(|(_, k, v)| (k, v)),
             )
+            .envs(overrides.iter().map(|(k, v)| (k, v)))
             .env(service.addr_var(), listen)
             .env(ecoscan::ADDR_FILE_VAR, &addr_file)
             .current_dir(self.dir.path())
@@ -293,15 +354,15 @@ impl Cluster {
             }
             if let Ok(Some(status)) = child.try_wait() {
                 panic!(
-                    "`ecoscan serve {name}` exited with {status} before listening; its log:\n{}",
-                    self.logs(service)
+                    "`ecoscan serve {name}` ({label}) exited with {status} before listening; its log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
                 );
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 panic!(
-                    "`ecoscan serve {name}` did not listen within {START_TIMEOUT:?}; its log:\n{}",
-                    self.logs(service)
+                    "`ecoscan serve {name}` ({label}) did not listen within {START_TIMEOUT:?}; its log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -323,26 +384,29 @@ impl Cluster {
             }
             if let Ok(Some(status)) = child.try_wait() {
                 panic!(
-                    "`ecoscan serve {name}` exited with {status} before serving; its log:\n{}",
-                    self.logs(service)
+                    "`ecoscan serve {name}` ({label}) exited with {status} before serving; its log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
                 );
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 panic!(
-                    "`ecoscan serve {name}` did not serve within {START_TIMEOUT:?}; its log:\n{}",
-                    self.logs(service)
+                    "`ecoscan serve {name}` ({label}) did not serve within {START_TIMEOUT:?}; its log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.procs.insert(service, child);
-        self.addrs.insert(service, addr);
+        (child, addr)
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        for (_, (mut child, _)) in self.replicas.drain() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         for (_, mut child) in self.procs.drain() {
             let _ = child.kill();
             let _ = child.wait();

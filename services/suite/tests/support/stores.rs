@@ -12,12 +12,7 @@
 
 #![allow(dead_code)]
 
-use std::{
-    net::TcpListener,
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Connection, PgPool, postgres::PgPoolOptions};
 
@@ -36,7 +31,9 @@ fn env_or(name: &str, default: &str) -> String {
 
 /// A Redis prefix, a PostgreSQL schema and an S3 bucket that belong to one test.
 pub struct TestStores {
-    /// The Redis every service of the test uses.
+    /// The Redis every service of the test uses: one server, or a private Cluster.
+    pub redis: ecoscan_redis::Settings,
+    /// Its (first) node's URL.
     pub redis_url: String,
     /// Prefix of every Redis key (ingest and notification).
     pub prefix: String,
@@ -53,8 +50,14 @@ impl TestStores {
     /// overrides `TEST_REDIS_URL` (a private server). Panics, saying how to start them, when
     /// PostgreSQL or S3 is unreachable: a skipped test would pass without testing anything.
     pub async fn create(redis_url: Option<String>) -> Self {
-        let id = uuid::Uuid::new_v4().simple().to_string();
         let redis_url = redis_url.unwrap_or_else(|| env_or("TEST_REDIS_URL", DEFAULT_REDIS_URL));
+        Self::create_on(ecoscan_redis::Settings::single(redis_url)).await
+    }
+
+    /// [`Self::create`] with the services on `redis` (e.g. a [`PrivateCluster`]'s settings).
+    pub async fn create_on(redis: ecoscan_redis::Settings) -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let redis_url = redis.urls[0].clone();
         let base = env_or("TEST_DATABASE_URL", DEFAULT_DATABASE_URL);
         let s3_endpoint = env_or("TEST_S3_ENDPOINT", DEFAULT_S3_ENDPOINT);
         let schema = format!("t_{id}");
@@ -73,9 +76,9 @@ impl TestStores {
             .expect("create the test schema");
         conn.close().await.ok();
 
-        let mut redis = redis_connection(&redis_url).await;
+        let mut node = redis_connection(&redis_url).await;
         redis::cmd("PING")
-            .query_async::<String>(&mut redis)
+            .query_async::<String>(&mut node)
             .await
             .unwrap_or_else(|e| panic!("Redis at {redis_url} does not answer PING: {e}"));
 
@@ -92,6 +95,7 @@ impl TestStores {
 
         let sep = if base.contains('?') { '&' } else { '?' };
         Self {
+            redis,
             redis_url,
             prefix: format!("t:{id}:"),
             database_url: format!("{base}{sep}options[search_path]={schema}"),
@@ -107,7 +111,8 @@ impl TestStores {
     /// bodies).
     pub fn configure(&self, builder: ClusterBuilder) -> ClusterBuilder {
         builder
-            .env("REDIS_URL", &self.redis_url)
+            .env("REDIS_URL", self.redis.urls.join(","))
+            .env("REDIS_CLUSTER", self.redis.cluster.to_string())
             .env("INGEST_REDIS_PREFIX", &self.prefix)
             .env("NOTIFICATION_REDIS_PREFIX", &self.prefix)
             .env("INGEST_DATABASE_URL", &self.database_url)
@@ -129,8 +134,16 @@ impl TestStores {
             .expect("connect to the test schema")
     }
 
-    /// A connection to the test's Redis.
-    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+    /// A connection to the test's Redis (one server or the Cluster).
+    pub async fn redis(&self) -> ecoscan_redis::Conn {
+        ecoscan_redis::Redis::connect(&self.redis, "test-observer")
+            .await
+            .unwrap_or_else(|e| panic!("Redis is not reachable ({:?}): {e}", self.redis.urls))
+            .conn()
+    }
+
+    /// A plain connection to the test's (single) Redis server, for `CLIENT LIST`.
+    pub async fn redis_node(&self) -> redis::aio::MultiplexedConnection {
         redis_connection(&self.redis_url).await
     }
 }
@@ -150,7 +163,8 @@ async fn redis_connection(url: &str) -> redis::aio::MultiplexedConnection {
 
 impl Drop for TestStores {
     fn drop(&mut self) {
-        let redis_url = self.redis_url.clone();
+        // A private Cluster goes with its processes; keys on a shared server are deleted.
+        let redis_url = (!self.redis.cluster).then(|| self.redis_url.clone());
         let prefix = self.prefix.clone();
         let base = self.base_database_url.clone();
         let schema = self.schema.clone();
@@ -169,7 +183,9 @@ impl Drop for TestStores {
                 .map_err(|e| e.to_string())?;
             rt.block_on(async {
                 let mut problems = Vec::new();
-                if let Err(e) = delete_redis_keys(&redis_url, &prefix).await {
+                if let Some(redis_url) = &redis_url
+                    && let Err(e) = delete_redis_keys(redis_url, &prefix).await
+                {
                     problems.push(format!("redis keys {prefix}*: {e}"));
                 }
                 let dropped = async {
@@ -212,7 +228,7 @@ impl Drop for TestStores {
 
 /// The name of every client connected to the server `conn` talks to (`""` when unnamed),
 /// except `conn` itself, by `CLIENT LIST`.
-pub async fn client_names(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+pub async fn client_names<C: redis::aio::ConnectionLike>(conn: &mut C) -> Vec<String> {
     let me: i64 = redis::cmd("CLIENT")
         .arg("ID")
         .query_async(conn)
@@ -263,129 +279,5 @@ async fn delete_redis_keys(url: &str, prefix: &str) -> redis::RedisResult<()> {
     }
 }
 
-/// A `redis-server` of the test's own on a free loopback port, without persistence: it can be
-/// killed and restarted empty, and its `CLIENT LIST` shows only the test's clients.
-pub struct PrivateRedis {
-    port: u16,
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl PrivateRedis {
-    /// Starts it; panics, saying what to install, when `redis-server` is not on `PATH`.
-    pub async fn start() -> Self {
-        // A free port: bind port 0, note the port, release it. Another process could take it
-        // before redis binds; then redis exits and we try another.
-        for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("bind a free port")
-                .port();
-            let mut redis = Self {
-                port,
-                child: None,
-                dir: tempfile::tempdir().expect("temp dir"),
-            };
-            if redis.spawn().await {
-                return redis;
-            }
-        }
-        panic!("could not start a private redis-server on a free port (5 tries)");
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("redis.log")
-    }
-
-    /// Starts the server on `self.port`; false when it exited (port taken).
-    async fn spawn(&mut self) -> bool {
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("open the redis log");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--daemonize", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone the log file"))
-            .stderr(log)
-            .spawn();
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server is not installed; this test runs a private Redis it can kill. \
-                 Install it (`apt-get install redis-server`, or run infra/services.sh)"
-            ),
-            Err(e) => panic!("failed to start redis-server: {e}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let client = redis::Client::open(self.url()).expect("valid URL");
-        loop {
-            if let Ok(Some(_)) = child.try_wait() {
-                return false;
-            }
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .is_ok()
-            {
-                self.child = Some(child);
-                return true;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "private redis-server did not answer within 10 s; its log:\n{}",
-                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// SIGKILL: the server and everything it held are gone.
-    pub fn kill(&mut self) {
-        self.stop();
-    }
-
-    /// Starts it again, empty, on the same port.
-    pub async fn start_again(&mut self) {
-        assert!(self.child.is_none(), "kill it first");
-        // The port was ours a moment ago; a restart that loses it is a test failure, not a retry.
-        assert!(
-            self.spawn().await,
-            "redis-server could not start again on port {}; its log:\n{}",
-            self.port,
-            std::fs::read_to_string(self.log_path()).unwrap_or_default()
-        );
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
+#[allow(unused_imports)] // Each test binary uses its own part of these.
+pub use ecoscan_redis::testing::{PrivateCluster, PrivateRedis};
