@@ -31,7 +31,7 @@ async fn submit(http: &reqwest::Client, url: &str, i: usize) -> String {
     let res = http
         .post(url)
         .header("x-user-id", USER)
-        .multipart(common::image_form(if i % 2 == 0 {
+        .multipart(common::image_form(if i.is_multiple_of(2) {
             "can"
         } else {
             "pet bottle"
