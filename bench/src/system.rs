@@ -127,9 +127,108 @@ pub fn stores() -> String {
     }
 }
 
+/// What Redis has spent, summed over every master of the Redis `REDIS_URL` names
+/// (`REDIS_CLUSTER=true`: found with `CLUSTER NODES`).
+#[derive(Debug, Default, Clone)]
+pub struct RedisSpent {
+    /// Calls and microseconds per command (`INFO commandstats`). A script's time includes the
+    /// commands it calls, which are counted again under their own names.
+    pub commands: std::collections::BTreeMap<String, (u64, u64)>,
+    /// CPU seconds of the servers' main threads (`INFO cpu`): everything Redis did, each
+    /// thing once.
+    pub cpu_secs: f64,
+}
+
+/// [`RedisSpent`] so far; `None` without `REDIS_URL` or when Redis does not answer.
+pub async fn redis_spent() -> Option<RedisSpent> {
+    let urls = std::env::var("REDIS_URL").ok().filter(|v| !v.is_empty())?;
+    let first = urls.split(',').next()?.trim().to_owned();
+    let cluster = std::env::var("REDIS_CLUSTER").is_ok_and(|v| v == "true" || v == "1");
+    let mut nodes = vec![first.clone()];
+    if cluster {
+        let mut conn = redis::Client::open(first.as_str())
+            .ok()?
+            .get_multiplexed_async_connection()
+            .await
+            .ok()?;
+        let text: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        nodes = text
+            .lines()
+            .filter(|l| l.split(' ').nth(2).is_some_and(|f| f.contains("master")))
+            .filter_map(|l| l.split(' ').nth(1)?.split('@').next().map(str::to_owned))
+            .map(|addr| format!("redis://{addr}"))
+            .collect();
+    }
+    let mut total = RedisSpent::default();
+    for node in nodes {
+        let mut conn = redis::Client::open(node.as_str())
+            .ok()?
+            .get_multiplexed_async_connection()
+            .await
+            .ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        for (cmd, calls, usec) in parse_commandstats(&info) {
+            let e = total.commands.entry(cmd).or_insert((0, 0));
+            e.0 += calls;
+            e.1 += usec;
+        }
+        let cpu: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        total.cpu_secs += ["used_cpu_sys_main_thread", "used_cpu_user_main_thread"]
+            .iter()
+            .filter_map(|k| {
+                cpu.lines().find_map(|l| {
+                    l.strip_prefix(k)?
+                        .strip_prefix(':')?
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                })
+            })
+            .sum::<f64>();
+    }
+    Some(total)
+}
+
+/// `cmdstat_xadd:calls=3,usec=12,…` lines as (command, calls, usec).
+fn parse_commandstats(info: &str) -> Vec<(String, u64, u64)> {
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |k: &str| {
+                rest.split(',')
+                    .find_map(|f| f.strip_prefix(k)?.strip_prefix('='))?
+                    .parse::<u64>()
+                    .ok()
+            };
+            Some((name.to_owned(), field("calls")?, field("usec")?))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commandstats_lines_parse() {
+        let info = "# Commandstats\r\ncmdstat_evalsha:calls=10,usec=250,usec_per_call=25.00,rejected_calls=0,failed_calls=0\r\ncmdstat_xlen:calls=2,usec=3,usec_per_call=1.5\r\n";
+        assert_eq!(
+            parse_commandstats(info),
+            vec![("evalsha".to_owned(), 10, 250), ("xlen".to_owned(), 2, 3)]
+        );
+    }
 
     #[test]
     fn status_fields_are_read_in_kib() {

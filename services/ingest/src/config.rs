@@ -31,6 +31,7 @@ use crate::{
 /// | `INGEST_MAX_IMAGE_BYTES` | largest image accepted [10485760] |
 /// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
 /// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
+/// | `INGEST_DELTA_INTERVAL` | answer text is coalesced into at most one delta event per this interval [50ms] |
 /// | `INGEST_WATCH_MAX_LIFETIME` | longest life of one `Watch`/`Scan` stream [10m] |
 /// | `INGEST_WATCHER_BUFFER` | events a watcher may fall behind before it reads the log instead [256] |
 /// | `INGEST_SWEEP_INTERVAL` | how often the sweeper looks for unfinished jobs missing from the queue [30s] |
@@ -60,6 +61,10 @@ pub struct Config {
     pub max_image_bytes: usize,
     pub event_ttl: Duration,
     pub event_max_len: usize,
+    /// Answer deltas are coalesced into at most one event per interval: each event costs a
+    /// log append and a publish, so fewer events cost Redis less, and a person reading cannot
+    /// tell 20 updates a second from more.
+    pub delta_interval: Duration,
     pub hub: HubConfig,
     pub sweep_interval: Duration,
     pub sweep_grace: Duration,
@@ -88,6 +93,7 @@ impl Default for Config {
             max_image_bytes: 10 * 1024 * 1024,
             event_ttl: Duration::from_secs(3600),
             event_max_len: 2048,
+            delta_interval: Duration::from_millis(50),
             hub: HubConfig::default(),
             sweep_interval: Duration::from_secs(30),
             sweep_grace: Duration::from_secs(60),
@@ -124,6 +130,7 @@ impl Config {
             max_image_bytes: env_or("INGEST_MAX_IMAGE_BYTES", d.max_image_bytes)?,
             event_ttl: env_duration("INGEST_EVENT_TTL", d.event_ttl)?,
             event_max_len: env_or("INGEST_EVENT_MAX_LEN", d.event_max_len)?.max(1),
+            delta_interval: env_duration("INGEST_DELTA_INTERVAL", d.delta_interval)?,
             hub: HubConfig {
                 watcher_buffer: env_or("INGEST_WATCHER_BUFFER", d.hub.watcher_buffer)?.max(1),
                 max_lifetime: env_duration("INGEST_WATCH_MAX_LIFETIME", d.hub.max_lifetime)?,

@@ -33,6 +33,9 @@ pub enum StoreError {
     Object(#[from] ecoscan_objects::ObjectError),
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    /// Another writer changed the record first (e.g. another worker holds the job now).
+    #[error("conflict: {0}")]
+    Conflict(String),
     #[error("{0}")]
     Unavailable(String),
 }

@@ -34,9 +34,6 @@ use crate::{
     store::{Job, Lease, Queue, jobs::Checkpoint},
 };
 
-/// Answer text is coalesced so a job emits at most ~20 delta events per second.
-const DELTA_WINDOW: Duration = Duration::from_millis(50);
-
 /// One shared channel per stage service.
 #[derive(Clone)]
 pub struct StageClients {
@@ -673,9 +670,9 @@ impl Ctx {
         let mut out = None;
         let mut pending = String::new();
         let mut streamed_chars = 0usize;
-        let mut flush_at = tokio::time::Instant::now() + DELTA_WINDOW;
+        let mut flush_at = tokio::time::Instant::now() + self.config.delta_interval;
         loop {
-            // Deltas are buffered and flushed at most every DELTA_WINDOW.
+            // Deltas are buffered and flushed at most every `delta_interval`.
             let msg = if pending.is_empty() {
                 next(&mut stream).await?
             } else {
@@ -686,7 +683,7 @@ impl Ctx {
                         let text = std::mem::take(&mut pending);
                         let p = (lo + (hi - lo) * (streamed_chars as f32 / 600.0).min(0.95)).min(hi);
                         self.append(event(&job.id, Stage::Answer, EventStatus::Delta, p, "", Some(Payload::Delta(text)))).await?;
-                        flush_at = tokio::time::Instant::now() + DELTA_WINDOW;
+                        flush_at = tokio::time::Instant::now() + self.config.delta_interval;
                         continue;
                     }
                 }
@@ -698,7 +695,7 @@ impl Ctx {
                 }
                 Some(generate_response::Event::Delta(d)) => {
                     if pending.is_empty() {
-                        flush_at = tokio::time::Instant::now() + DELTA_WINDOW;
+                        flush_at = tokio::time::Instant::now() + self.config.delta_interval;
                     }
                     pending.push_str(&d);
                 }

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use ecoscan_common::CancellationToken;
 use ecoscan_ingest::{
     Stores,
+    error::StoreError,
     hub::{Hub, HubConfig, HubItem},
     store::{
         EventId, EventLog, Feed, FeedItem, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue,
@@ -582,6 +583,49 @@ async fn feeds_reach_other_processes(scope: &RedisScope, settings: Settings) {
         assert_eq!(got.seq, 2);
         assert_eq!(got.job_id, job);
     }
+}
+
+/// Two processes writing one job's log (a worker that lost its lease and the one that took
+/// it over) cannot fork it: the stale writer's append is refused, and after it has read the
+/// log's end again it appends after the other's events.
+async fn a_stale_writer_cannot_fork_a_log(scope: &RedisScope, settings: Settings) {
+    let a = RedisEventLog::open(&scope.redis, &scope.prefix, 100);
+    let other = Redis::connect(&settings, "test-second-writer")
+        .await
+        .unwrap();
+    let b = RedisEventLog::open(&other, &scope.prefix, 100);
+    let job = uuid::Uuid::now_v7().to_string();
+    assert_eq!(a.append(ev(&job, Stage::Vision)).await.unwrap().seq, 1);
+    assert_eq!(b.append(ev(&job, Stage::Vision)).await.unwrap().seq, 2);
+    let refused = a.append(ev(&job, Stage::Vision)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict(_))),
+        "the stale writer is refused: {refused:?}"
+    );
+    assert_eq!(a.append(ev(&job, Stage::Vision)).await.unwrap().seq, 3);
+    let seqs: Vec<u64> = a
+        .read_after(&job, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3], "one log, no event twice");
+}
+
+#[tokio::test]
+async fn redis_event_log_refuses_a_stale_writer() {
+    let scope = RedisScope::new().await;
+    a_stale_writer_cannot_fork_a_log(&scope, Settings::single(redis_url())).await;
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_cluster_event_log_refuses_a_stale_writer() {
+    let scope = RedisScope::cluster().await;
+    let settings = scope.cluster.as_ref().unwrap().settings();
+    a_stale_writer_cannot_fork_a_log(&scope, settings).await;
+    scope.cleanup().await;
 }
 
 #[tokio::test]

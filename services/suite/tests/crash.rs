@@ -26,7 +26,6 @@ use ecoscan_proto::v1::{
     reward_service_client::RewardServiceClient, scan_service_client::ScanServiceClient,
 };
 use futures::{StreamExt, TryStreamExt, stream};
-use prost::Message;
 use sqlx::{PgPool, Row};
 use support::{
     processes::{Cluster, Service},
@@ -368,7 +367,7 @@ async fn event_log(
         .iter()
         .map(|e| {
             let body: Vec<u8> = e.get("ev").expect("event body");
-            ScanEvent::decode(body.as_slice()).expect("a ScanEvent")
+            support::stores::logged_event(&body)
         })
         .collect()
 }

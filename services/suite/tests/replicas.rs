@@ -11,9 +11,8 @@ mod support;
 use std::{collections::BTreeMap, time::Duration};
 
 use ecoscan_ingest::store::redis::{DEFAULT_FEED_SHARDS, shard_of};
-use ecoscan_proto::v1::{JobStatus, ScanEvent, Stage};
+use ecoscan_proto::v1::{JobStatus, Stage};
 use futures::{StreamExt, stream};
-use prost::Message;
 use sqlx::Row;
 use support::{
     processes::{Cluster, Service},
@@ -187,7 +186,7 @@ async fn run(stores: TestStores) {
             .iter()
             .map(|e| {
                 let body: Vec<u8> = e.get("ev").expect("event body");
-                ScanEvent::decode(body.as_slice()).expect("a ScanEvent")
+                support::stores::logged_event(&body)
             })
             .filter(|e| e.stage == Stage::Done as i32)
             .count();

@@ -6,7 +6,7 @@ use std::{
     fmt,
     str::FromStr,
     sync::Mutex,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use async_trait::async_trait;
@@ -16,11 +16,28 @@ use tokio::sync::broadcast;
 use crate::error::StoreError;
 
 /// An event's position in its job's log, `<milliseconds>-<sequence>` like a Redis stream id, so
-/// the same ids work whichever log stores them. Ordered.
+/// the same ids work whichever log stores them. Ordered. Both logs give a job's events the ids
+/// `<T>-<seq>`, where `T` is the job's own time (the millisecond of its UUIDv7 id) and `seq` the
+/// event's 1-based number: ids are dense and say where an event is in its job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EventId {
     pub ms: u64,
     pub n: u64,
+}
+
+impl EventId {
+    /// The id of `job_id`'s event number `seq`: `<T>-<seq>`, `T` the millisecond timestamp in
+    /// the job's UUIDv7 id (0 for ids that are not UUIDv7, as in some tests).
+    pub fn of(job_id: &str, seq: u64) -> Self {
+        let ms = uuid::Uuid::parse_str(job_id)
+            .ok()
+            .and_then(|u| u.get_timestamp())
+            .map_or(0, |t| {
+                let (secs, nanos) = t.to_unix();
+                secs * 1000 + u64::from(nanos) / 1_000_000
+            });
+        Self { ms, n: seq }
+    }
 }
 
 impl fmt::Display for EventId {
@@ -151,17 +168,9 @@ impl MemoryEventLog {
                 }
                 log.finished = true;
             }
-            let ms = now_ms().max(log.last_id.ms);
-            let id = if ms == log.last_id.ms && log.seq > 0 {
-                EventId {
-                    ms,
-                    n: log.last_id.n + 1,
-                }
-            } else {
-                EventId { ms, n: 0 }
-            };
-            log.last_id = id;
             log.seq += 1;
+            let id = EventId::of(&event.job_id, log.seq);
+            log.last_id = id;
             event.event_id = id.to_string();
             event.seq = log.seq;
             log.events.push_back(event.clone());
@@ -178,12 +187,6 @@ impl MemoryEventLog {
         let now = Instant::now();
         map.retain(|_, log| log.expires_at.is_none_or(|t| t > now));
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[async_trait]

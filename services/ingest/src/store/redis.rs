@@ -8,12 +8,15 @@
 //! | key | what |
 //! |---|---|
 //! | `scan:{s<n>}:<job>:events` | the job's events (a stream; `XADD MAXLEN ~`), the replay log for `Last-Event-ID` |
-//! | `scan:{s<n>}:<job>:seq` | the job's sequence counter |
 //! | `scan:{s<n>}:<job>:finished` | set with the job's final event, so there is only one |
 //! | `scan:{s<n>}:feed` | the shard's Pub/Sub channel (sharded Pub/Sub on a Cluster) |
 //!
-//! Appending an event is **one script call** (`EVALSHA`: `INCR` + `XADD` + `PUBLISH`, or
-//! `SPUBLISH` on a Cluster), atomic because all its keys share a slot. Every process's hub
+//! Appending an event is **one script call** (`EVAL`: `XADD` + `PUBLISH`, or `SPUBLISH` on a
+//! Cluster), atomic because all its keys share a slot; a process's appends travel together in
+//! pipelines (one per shard on a Cluster), so under load many share a round trip. The writer numbers its events (it
+//! remembers each job's last `seq`; a job new to the process reads its log's end once) and gives
+//! each the id `<T>-<seq>`; `XADD` refuses an id that is not past the stream's end, so two
+//! writers of one job cannot fork its log. Every process's hub
 //! subscribes to all N shard channels on one connection and filters in memory, so the Redis
 //! cost of an event is flat in the number of jobs and watchers. Pub/Sub drops what a
 //! disconnected subscriber misses; the feed then says [`FeedItem::Resync`] and watchers catch
@@ -33,7 +36,7 @@ use std::{collections::HashSet, time::Duration};
 use async_trait::async_trait;
 use ecoscan_proto::v1::ScanEvent;
 use ecoscan_redis::{
-    Conn, Delivery, Redis, Subscriber, publish_command,
+    Conn, Delivery, Pipeliner, Redis, Subscriber, publish_command,
     redis::{
         self, RedisError, Script,
         streams::{
@@ -63,24 +66,36 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 // ---------------------------------------------------------------------------------------------
 // Event log
 
-/// Appends an event, numbers it and publishes it on the job's feed shard, in one step.
-/// KEYS: events, seq, feed channel. ARGV: max len, event body, publish command, job id.
+/// Appends an event and publishes it on the job's feed shard, in one step. The caller numbers
+/// the event and gives it its id (`<T>-<seq>`): `XADD` refuses an id that is not past the
+/// stream's last one, so a writer whose view of the log is stale (another wrote meanwhile) is
+/// refused instead of forking the log, and nothing is published then. Returns 1 when appended,
+/// -1 when refused. Sent as `EVAL` (Redis keeps the compiled script; a restarted Redis never
+/// answers `NOSCRIPT`), in pipelines with other appends.
+/// KEYS: events, feed channel. ARGV: max len, event id, message (stored and published alike),
+/// publish command.
 const APPEND: &str = r"
-local seq = redis.call('INCR', KEYS[2])
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'seq', seq, 'ev', ARGV[2])
-redis.call(ARGV[3], KEYS[3], ARGV[4] .. '\n' .. id .. '\n' .. seq .. '\n' .. ARGV[2])
-return {id, seq}
+local added = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[2], 'ev', ARGV[3])
+if type(added) == 'table' and added.err then return -1 end
+redis.call(ARGV[4], KEYS[2], ARGV[3])
+return 1
 ";
 
-/// [`APPEND`] for a job's final event: only the first one is appended (`KEYS[4]` marks the
-/// job finished), so concurrent or repeated finishes leave one `done` in the log.
+/// [`APPEND`] for a job's final event: only the first one is appended (`KEYS[3]` marks the
+/// job finished), so concurrent or repeated finishes leave one `done` in the log. Returns 0
+/// when the job had its final event already.
 const APPEND_FINAL: &str = r"
-if not redis.call('SET', KEYS[4], '1', 'NX') then return false end
-local seq = redis.call('INCR', KEYS[2])
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'seq', seq, 'ev', ARGV[2])
-redis.call(ARGV[3], KEYS[3], ARGV[4] .. '\n' .. id .. '\n' .. seq .. '\n' .. ARGV[2])
-return {id, seq}
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+local added = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[2], 'ev', ARGV[3])
+if type(added) == 'table' and added.err then return -1 end
+redis.call('SET', KEYS[3], '1')
+redis.call(ARGV[4], KEYS[2], ARGV[3])
+return 1
 ";
+
+/// Jobs whose last sequence number this process remembers, at most (a bound, not a tuning
+/// knob: entries leave when a job finishes).
+const MAX_REMEMBERED_JOBS: usize = 100_000;
 
 /// Which feed shard a job belongs to: FNV-1a of its id, so every process agrees.
 pub fn shard_of(job_id: &str, shards: u32) -> u32 {
@@ -97,8 +112,11 @@ pub struct RedisEventLog {
     prefix: String,
     max_len: usize,
     shards: u32,
-    append: Script,
-    append_final: Script,
+    /// Appends go out in pipelines, many per round trip under load.
+    appends: Pipeliner,
+    /// The last `seq` this process appended per job, so an append needs no read first. A job
+    /// new to this process (just submitted, or resumed from another) reads its log's end once.
+    seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl RedisEventLog {
@@ -117,8 +135,8 @@ impl RedisEventLog {
             prefix: prefix.to_owned(),
             max_len: max_len.max(1),
             shards: shards.max(1),
-            append: Script::new(APPEND),
-            append_final: Script::new(APPEND_FINAL),
+            appends: Pipeliner::new(redis.conn()),
+            seqs: std::sync::Mutex::default(),
         }
     }
 
@@ -138,49 +156,101 @@ impl RedisEventLog {
         format!("{}scan:{{s{shard}}}:feed", self.prefix)
     }
 
+    /// The `seq` the job's next event gets.
+    async fn next_seq(&self, job_id: &str) -> Result<u64, StoreError> {
+        let known = self
+            .seqs
+            .lock()
+            .expect("seq cache lock poisoned")
+            .get(job_id)
+            .copied();
+        let last = match known {
+            Some(seq) => seq,
+            None => self.last_id(job_id).await?.map_or(0, |id| id.n),
+        };
+        Ok(last + 1)
+    }
+
+    fn remember(&self, job_id: &str, seq: Option<u64>) {
+        let mut seqs = self.seqs.lock().expect("seq cache lock poisoned");
+        match seq {
+            Some(seq) => {
+                if seqs.len() >= MAX_REMEMBERED_JOBS && !seqs.contains_key(job_id) {
+                    // Only a process that keeps losing jobs mid-run gets here; reading a log's
+                    // end again is cheap.
+                    seqs.clear();
+                }
+                seqs.insert(job_id.to_owned(), seq);
+            }
+            None => {
+                seqs.remove(job_id);
+            }
+        }
+    }
+
     async fn invoke(
         &self,
-        script: &Script,
         mut event: ScanEvent,
         is_final: bool,
     ) -> Result<Option<ScanEvent>, StoreError> {
         let job_id = event.job_id.clone();
-        // The id and seq live in the stream entry itself; keep the body small.
-        event.event_id.clear();
-        event.seq = 0;
-        let mut call = script.key(self.key(&job_id, "events"));
-        call.key(self.key(&job_id, "seq"))
-            .key(self.channel(self.tag(&job_id)));
+        let seq = self.next_seq(&job_id).await?;
+        let id = EventId::of(&job_id, seq);
+        event.event_id = id.to_string();
+        event.seq = seq;
+        let message = encode_message(&event);
+        let shard = self.tag(&job_id);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(if is_final { APPEND_FINAL } else { APPEND })
+            .arg(if is_final { 3 } else { 2 })
+            .arg(self.key(&job_id, "events"))
+            .arg(self.channel(shard));
         if is_final {
-            call.key(self.key(&job_id, "finished"));
+            cmd.arg(self.key(&job_id, "finished"));
         }
-        let appended: Option<(String, u64)> = call
-            .arg(self.max_len)
-            .arg(event.encode_to_vec())
-            .arg(publish_command(self.redis.is_cluster()))
-            .arg(&job_id)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(appended.map(|(id, seq)| {
-            event.event_id = id;
-            event.seq = seq;
-            event
-        }))
+        cmd.arg(self.max_len)
+            .arg(event.event_id.as_str())
+            .arg(message)
+            .arg(publish_command(self.redis.is_cluster()));
+        let appended: i64 = self.appends.query(&format!("s{shard}"), cmd).await?;
+        match appended {
+            1 => {
+                self.remember(&job_id, (!is_final).then_some(seq));
+                Ok(Some(event))
+            }
+            0 => Ok(None),
+            _ => {
+                // Someone else appended since this process last did: forget what it knew.
+                self.remember(&job_id, None);
+                Err(StoreError::Conflict(format!(
+                    "job {job_id}'s log moved on without this writer (event {id} is taken)"
+                )))
+            }
+        }
     }
 }
 
-fn decode_event(job_id: &str, entry: &StreamId) -> Result<ScanEvent, StoreError> {
+/// What the log stores and the feed carries for an event: `<job>\n<id>\n<seq>\n<body>`, the
+/// header readable without decoding the body.
+fn encode_message(event: &ScanEvent) -> Vec<u8> {
+    let body = ScanEvent {
+        job_id: String::new(),
+        event_id: String::new(),
+        seq: 0,
+        ..event.clone()
+    }
+    .encode_to_vec();
+    let mut out = format!("{}\n{}\n{}\n", event.job_id, event.event_id, event.seq).into_bytes();
+    out.extend(body);
+    out
+}
+
+fn decode_event(entry: &StreamId) -> Result<ScanEvent, StoreError> {
     let bytes: Vec<u8> = entry
         .get("ev")
         .ok_or_else(|| StoreError::Corrupt(format!("event {} has no body", entry.id)))?;
-    let mut event = ScanEvent::decode(bytes.as_slice())
-        .map_err(|e| StoreError::Corrupt(format!("event {}: {e}", entry.id)))?;
-    event.event_id = entry.id.clone();
-    event.seq = entry
-        .get::<u64>("seq")
-        .ok_or_else(|| StoreError::Corrupt(format!("event {} has no seq", entry.id)))?;
-    event.job_id = job_id.to_owned();
-    Ok(event)
+    parse_feed_message(&bytes, &|_| true)?
+        .ok_or_else(|| StoreError::Corrupt(format!("event {} is unreadable", entry.id)))
 }
 
 fn parse_id(id: &str) -> Result<EventId, StoreError> {
@@ -196,7 +266,7 @@ impl EventLog for RedisEventLog {
         err
     )]
     async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError> {
-        self.invoke(&self.append, event, false)
+        self.invoke(event, false)
             .await?
             .ok_or_else(|| StoreError::Corrupt("the append script appended nothing".into()))
     }
@@ -208,7 +278,7 @@ impl EventLog for RedisEventLog {
         err
     )]
     async fn append_final(&self, event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
-        self.invoke(&self.append_final, event, true).await
+        self.invoke(event, true).await
     }
 
     #[tracing::instrument(
@@ -229,7 +299,7 @@ impl EventLog for RedisEventLog {
             .arg("+")
             .query_async(&mut self.conn.clone())
             .await?;
-        reply.ids.iter().map(|e| decode_event(job_id, e)).collect()
+        reply.ids.iter().map(decode_event).collect()
     }
 
     async fn last_id(&self, job_id: &str) -> Result<Option<EventId>, StoreError> {
@@ -245,9 +315,10 @@ impl EventLog for RedisEventLog {
     }
 
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.remember(job_id, None);
         let ttl_ms = ttl.as_millis().min(i64::MAX as u128) as i64;
         let mut pipe = redis::pipe();
-        for what in ["events", "seq", "finished"] {
+        for what in ["events", "finished"] {
             pipe.cmd("PEXPIRE")
                 .arg(self.key(job_id, what))
                 .arg(ttl_ms)
@@ -358,6 +429,9 @@ return removed
 /// The dispatch queue on a Redis Streams consumer group; see the module docs.
 pub struct RedisQueue {
     conn: Conn,
+    /// When this process last looked for expired leases: `XPENDING IDLE` walks every pending
+    /// entry, so it runs a few times per lease, not on every claim.
+    last_reclaim: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// The connection blocking reads wait on, taken in turn.
     blocking: tokio::sync::Mutex<Conn>,
     key: String,
@@ -395,6 +469,7 @@ impl RedisQueue {
             .map_err(|e| StoreError::Unavailable(format!("cannot open a redis connection: {e}")))?;
         let queue = Self {
             conn: redis.conn(),
+            last_reclaim: std::sync::Mutex::new(None),
             blocking: tokio::sync::Mutex::new(blocking),
             key: format!("{prefix}scan:dispatch"),
             consumer: consumer.to_owned(),
@@ -438,8 +513,17 @@ impl RedisQueue {
         })
     }
 
-    /// Takes over up to `max` entries idle longer than `lease`, oldest first.
+    /// Takes over up to `max` entries idle longer than `lease`, oldest first; looks at most
+    /// every quarter lease (an expired lease waits that much longer, at most).
     async fn reclaim(&self, lease: Duration, max: usize) -> Result<Vec<Lease>, StoreError> {
+        {
+            let mut last = self.last_reclaim.lock().expect("reclaim lock poisoned");
+            let now = tokio::time::Instant::now();
+            if last.is_some_and(|t| now.duration_since(t) < lease / 4) {
+                return Ok(Vec::new());
+            }
+            *last = Some(now);
+        }
         let idle = lease.as_millis() as u64;
         let pending: StreamPendingCountReply = match redis::cmd("XPENDING")
             .arg(&self.key)

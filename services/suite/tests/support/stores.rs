@@ -279,5 +279,21 @@ async fn delete_redis_keys(url: &str, prefix: &str) -> redis::RedisResult<()> {
     }
 }
 
+/// An event as ingest's Redis log stores it: `<job>\n<id>\n<seq>\n<protobuf body>`.
+pub fn logged_event(bytes: &[u8]) -> ecoscan_proto::v1::ScanEvent {
+    use prost::Message;
+    let mut parts = bytes.splitn(4, |b| *b == b'\n');
+    let (Some(job), Some(id), Some(seq), Some(body)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        panic!("a logged event has a header");
+    };
+    let mut event = ecoscan_proto::v1::ScanEvent::decode(body).expect("a ScanEvent");
+    event.job_id = String::from_utf8_lossy(job).into_owned();
+    event.event_id = String::from_utf8_lossy(id).into_owned();
+    event.seq = String::from_utf8_lossy(seq).parse().expect("a seq");
+    event
+}
+
 #[allow(unused_imports)] // Each test binary uses its own part of these.
 pub use ecoscan_redis::testing::{PrivateCluster, PrivateRedis};
