@@ -15,7 +15,6 @@
 //! same way for both. Keys that one command or script uses together must share a hash tag
 //! (`{…}`), which the stores take care of.
 
-mod pipeliner;
 mod subscriber;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -30,7 +29,6 @@ use redis::{
     io::tcp::{TcpSettings, socket2::TcpKeepalive},
 };
 
-pub use pipeliner::Pipeliner;
 pub use redis;
 pub use subscriber::{Delivery, Subscriber};
 

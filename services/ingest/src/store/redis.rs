@@ -11,9 +11,10 @@
 //! | `scan:{s<n>}:<job>:finished` | set with the job's final event, so there is only one |
 //! | `scan:{s<n>}:feed` | the shard's Pub/Sub channel (sharded Pub/Sub on a Cluster) |
 //!
-//! Appending an event is **one script call** (`EVAL`: `XADD` + `PUBLISH`, or `SPUBLISH` on a
-//! Cluster), atomic because all its keys share a slot; a process's appends travel together in
-//! pipelines (one per shard on a Cluster), so under load many share a round trip. The writer numbers its events (it
+//! Appending is **one script call per batch** (`EVAL`: an `XADD` per event and one `PUBLISH`
+//! of them all, `SPUBLISH` on a Cluster): a process's appends of the same 2 ms gather into one
+//! call (on a Cluster, per shard, whose keys share a slot), so under load one call, one round
+//! trip and one publish carry many events, and idle an event costs one of each. The writer numbers its events (it
 //! remembers each job's last `seq`; a job new to the process reads its log's end once) and gives
 //! each the id `<T>-<seq>`; `XADD` refuses an id that is not past the stream's end, so two
 //! writers of one job cannot fork its log. Every process's hub
@@ -36,7 +37,7 @@ use std::{collections::HashSet, time::Duration};
 use async_trait::async_trait;
 use ecoscan_proto::v1::ScanEvent;
 use ecoscan_redis::{
-    Conn, Delivery, Pipeliner, Redis, Subscriber, publish_command,
+    Conn, Delivery, Redis, Subscriber, publish_command,
     redis::{
         self, RedisError, Script,
         streams::{
@@ -66,32 +67,118 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 // ---------------------------------------------------------------------------------------------
 // Event log
 
-/// Appends an event and publishes it on the job's feed shard, in one step. The caller numbers
-/// the event and gives it its id (`<T>-<seq>`): `XADD` refuses an id that is not past the
-/// stream's last one, so a writer whose view of the log is stale (another wrote meanwhile) is
-/// refused instead of forking the log, and nothing is published then. Returns 1 when appended,
-/// -1 when refused. Sent as `EVAL` (Redis keeps the compiled script; a restarted Redis never
-/// answers `NOSCRIPT`), in pipelines with other appends.
-/// KEYS: events, feed channel. ARGV: max len, event id, message (stored and published alike),
-/// publish command.
-const APPEND: &str = r"
-local added = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[2], 'ev', ARGV[3])
-if type(added) == 'table' and added.err then return -1 end
-redis.call(ARGV[4], KEYS[2], ARGV[3])
-return 1
+/// Appends a batch of events — each to its job's stream — and publishes them together on one
+/// feed channel, in one step. Each caller numbered its event and gave it its id (`<T>-<seq>`):
+/// `XADD` refuses an id that is not past the stream's last one, so a writer whose view of a log
+/// is stale (another wrote meanwhile) is refused instead of forking the log, and its event is
+/// not published. A final event (flag `1`) is appended only when its job has none yet (the
+/// `finished` key marks it). Published as `<length>:<message>` items, one message per appended
+/// event. Returns per event: 1 appended, 0 the job's final event was there already, -1 refused.
+/// KEYS: per event its stream and its `finished` key, then the channel to publish on.
+/// ARGV: max len, publish command, then per event: id, message, final flag. Sent as `EVAL`
+/// (Redis keeps the compiled script; a restarted Redis never answers `NOSCRIPT`).
+const APPEND_BATCH: &str = r"
+local n = (#KEYS - 1) / 2
+local out, published = {}, {}
+for i = 1, n do
+  local events, finished = KEYS[2 * i - 1], KEYS[2 * i]
+  local id, msg, final = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+  if final == '1' and redis.call('EXISTS', finished) == 1 then
+    out[i] = 0
+  else
+    local added = redis.pcall('XADD', events, 'MAXLEN', '~', ARGV[1], id, 'ev', msg)
+    if type(added) == 'table' and added.err then
+      out[i] = -1
+    else
+      if final == '1' then redis.call('SET', finished, '1') end
+      out[i] = 1
+      published[#published + 1] = #msg .. ':' .. msg
+    end
+  end
+end
+if #published > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
+return out
 ";
 
-/// [`APPEND`] for a job's final event: only the first one is appended (`KEYS[3]` marks the
-/// job finished), so concurrent or repeated finishes leave one `done` in the log. Returns 0
-/// when the job had its final event already.
-const APPEND_FINAL: &str = r"
-if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-local added = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[2], 'ev', ARGV[3])
-if type(added) == 'table' and added.err then return -1 end
-redis.call('SET', KEYS[3], '1')
-redis.call(ARGV[4], KEYS[2], ARGV[3])
-return 1
-";
+/// How long the first append of a batch waits for others to join it: under load many events
+/// share one script call, one round trip and one publish; idle, an append waits this long.
+const BATCH_LINGER: Duration = Duration::from_millis(2);
+/// Events in one batch at most.
+const MAX_BATCH: usize = 256;
+
+/// One event waiting for its batch.
+struct PendingAppend {
+    /// Which batch it may join: on a Cluster its shard (one slot per script call), else any.
+    group: u32,
+    events_key: String,
+    finished_key: String,
+    channel: String,
+    id: String,
+    message: Vec<u8>,
+    is_final: bool,
+    reply: tokio::sync::oneshot::Sender<Result<i64, StoreError>>,
+}
+
+/// Gathers appends into batches and sends each as one script call; see [`APPEND_BATCH`].
+async fn run_batches(
+    conn: Conn,
+    publish: &'static str,
+    max_len: usize,
+    mut rx: tokio::sync::mpsc::Receiver<PendingAppend>,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        let until = tokio::time::Instant::now() + BATCH_LINGER;
+        while batch.len() < MAX_BATCH {
+            match tokio::time::timeout_at(until, rx.recv()).await {
+                Ok(Some(p)) => batch.push(p),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let mut groups: std::collections::HashMap<u32, Vec<PendingAppend>> =
+            std::collections::HashMap::new();
+        for p in batch.drain(..) {
+            groups.entry(p.group).or_default().push(p);
+        }
+        // Sent without waiting: a job has one append in flight at a time, so batches may
+        // overtake each other.
+        for (_, group) in groups {
+            tokio::spawn(send_batch(conn.clone(), publish, max_len, group));
+        }
+    }
+}
+
+async fn send_batch(
+    mut conn: Conn,
+    publish: &'static str,
+    max_len: usize,
+    batch: Vec<PendingAppend>,
+) {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(APPEND_BATCH).arg(batch.len() * 2 + 1);
+    for p in &batch {
+        cmd.arg(&p.events_key).arg(&p.finished_key);
+    }
+    cmd.arg(&batch[0].channel).arg(max_len).arg(publish);
+    for p in &batch {
+        cmd.arg(&p.id)
+            .arg(p.message.as_slice())
+            .arg(if p.is_final { "1" } else { "0" });
+    }
+    match cmd.query_async::<Vec<i64>>(&mut conn).await {
+        Ok(results) => {
+            for (p, r) in batch.into_iter().zip(results) {
+                let _ = p.reply.send(Ok(r));
+            }
+        }
+        Err(e) => {
+            for p in batch {
+                let _ = p.reply.send(Err(e.clone().into()));
+            }
+        }
+    }
+}
 
 /// Jobs whose last sequence number this process remembers, at most (a bound, not a tuning
 /// knob: entries leave when a job finishes).
@@ -110,10 +197,9 @@ pub struct RedisEventLog {
     redis: Redis,
     conn: Conn,
     prefix: String,
-    max_len: usize,
     shards: u32,
-    /// Appends go out in pipelines, many per round trip under load.
-    appends: Pipeliner,
+    /// Appends wait here for their batch (see [`APPEND_BATCH`]).
+    appends: tokio::sync::mpsc::Sender<PendingAppend>,
     /// The last `seq` this process appended per job, so an append needs no read first. A job
     /// new to this process (just submitted, or resumed from another) reads its log's end once.
     seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
@@ -129,13 +215,19 @@ impl RedisEventLog {
     /// [`Self::open`] with `shards` feed shards. Every process of one deployment must use the
     /// same number: it decides where a job's keys live.
     pub fn with_shards(redis: &Redis, prefix: &str, max_len: usize, shards: u32) -> Self {
+        let (appends, rx) = tokio::sync::mpsc::channel(4 * MAX_BATCH);
+        tokio::spawn(run_batches(
+            redis.conn(),
+            publish_command(redis.is_cluster()),
+            max_len.max(1),
+            rx,
+        ));
         Self {
             redis: redis.clone(),
             conn: redis.conn(),
             prefix: prefix.to_owned(),
-            max_len: max_len.max(1),
             shards: shards.max(1),
-            appends: Pipeliner::new(redis.conn()),
+            appends,
             seqs: std::sync::Mutex::default(),
         }
     }
@@ -198,21 +290,21 @@ impl RedisEventLog {
         let id = EventId::of(&job_id, seq);
         event.event_id = id.to_string();
         event.seq = seq;
-        let message = encode_message(&event);
         let shard = self.tag(&job_id);
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(if is_final { APPEND_FINAL } else { APPEND })
-            .arg(if is_final { 3 } else { 2 })
-            .arg(self.key(&job_id, "events"))
-            .arg(self.channel(shard));
-        if is_final {
-            cmd.arg(self.key(&job_id, "finished"));
-        }
-        cmd.arg(self.max_len)
-            .arg(event.event_id.as_str())
-            .arg(message)
-            .arg(publish_command(self.redis.is_cluster()));
-        let appended: i64 = self.appends.query(&format!("s{shard}"), cmd).await?;
+        let (reply, replied) = tokio::sync::oneshot::channel();
+        let pending = PendingAppend {
+            group: if self.redis.is_cluster() { shard } else { 0 },
+            events_key: self.key(&job_id, "events"),
+            finished_key: self.key(&job_id, "finished"),
+            channel: self.channel(shard),
+            id: event.event_id.clone(),
+            message: encode_message(&event),
+            is_final,
+            reply,
+        };
+        let stopped = || StoreError::Unavailable("the event log's writer stopped".into());
+        self.appends.send(pending).await.map_err(|_| stopped())?;
+        let appended = replied.await.map_err(|_| stopped())??;
         match appended {
             1 => {
                 self.remember(&job_id, (!is_final).then_some(seq));
@@ -334,12 +426,19 @@ impl EventLog for RedisEventLog {
             self.redis.subscribe(channels).await.map_err(|e| {
                 StoreError::Unavailable(format!("cannot subscribe to the feed: {e}"))
             })?;
-        Ok(Box::new(RedisFeed(subscriber)))
+        Ok(Box::new(RedisFeed {
+            subscriber,
+            pending: std::collections::VecDeque::new(),
+        }))
     }
 }
 
 /// The hub's subscription to every feed shard.
-struct RedisFeed(Subscriber);
+struct RedisFeed {
+    subscriber: Subscriber,
+    /// Events of a batch not handed out yet.
+    pending: std::collections::VecDeque<ScanEvent>,
+}
 
 /// A feed message: `<job>\n<id>\n<seq>\n<event body>`.
 fn parse_feed_message(
@@ -370,17 +469,55 @@ fn parse_feed_message(
     Ok(Some(event))
 }
 
+/// The messages of one published batch: `<length>:<message>` items.
+fn split_batch(payload: &[u8]) -> Result<Vec<&[u8]>, StoreError> {
+    let mut out = Vec::new();
+    let mut rest = payload;
+    while !rest.is_empty() {
+        let colon = rest
+            .iter()
+            .position(|b| *b == b':')
+            .ok_or_else(|| StoreError::Corrupt("feed batch item without a length".into()))?;
+        let len: usize = std::str::from_utf8(&rest[..colon])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| StoreError::Corrupt("feed batch item with a bad length".into()))?;
+        let item = rest
+            .get(colon + 1..colon + 1 + len)
+            .ok_or_else(|| StoreError::Corrupt("feed batch item cut short".into()))?;
+        out.push(item);
+        rest = &rest[colon + 1 + len..];
+    }
+    Ok(out)
+}
+
 #[async_trait]
 impl Feed for RedisFeed {
     async fn recv(&mut self, wanted: &Wanted<'_>) -> Option<FeedItem> {
         loop {
-            match self.0.recv().await? {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(FeedItem::Event(Box::new(event)));
+            }
+            match self.subscriber.recv().await? {
                 Delivery::Resync => return Some(FeedItem::Resync),
-                Delivery::Message { payload, .. } => match parse_feed_message(&payload, wanted) {
-                    Ok(Some(event)) => return Some(FeedItem::Event(Box::new(event))),
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(error = %e, "skipping an undecodable feed message"),
-                },
+                Delivery::Message { payload, .. } => {
+                    let items = match split_batch(&payload) {
+                        Ok(items) => items,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "skipping an undecodable feed message");
+                            continue;
+                        }
+                    };
+                    for item in items {
+                        match parse_feed_message(item, wanted) {
+                            Ok(Some(event)) => self.pending.push_back(event),
+                            Ok(None) => {}
+                            Err(e) => {
+                                tracing::warn!(error = %e, "skipping an undecodable feed message");
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -832,5 +969,14 @@ mod tests {
         );
         assert!(parse_feed_message(&payload, &|_| false).unwrap().is_none());
         assert!(parse_feed_message(b"job-1\nno-header", &|_| true).is_err());
+    }
+
+    #[test]
+    fn a_published_batch_splits_into_its_messages() {
+        let items = split_batch(b"3:abc0:5:a:b:c").unwrap();
+        assert_eq!(items, [&b"abc"[..], b"", b"a:b:c"]);
+        assert!(split_batch(b"").unwrap().is_empty());
+        assert!(split_batch(b"9:short").is_err());
+        assert!(split_batch(b"x:abc").is_err());
     }
 }
