@@ -31,6 +31,9 @@ use crate::store::{
     redis::consumer_name,
 };
 
+/// Bytes of recently stored images kept in memory for the vision stage (with S3).
+const RECENT_IMAGES_BYTES: usize = 64 * 1024 * 1024;
+
 /// Every store ingest uses.
 #[derive(Clone)]
 pub struct Stores {
@@ -99,11 +102,15 @@ impl Stores {
         let objects: Arc<dyn ObjectStore> = match &config.s3 {
             Some(s3) => {
                 tracing::info!(bucket = %s3.bucket, "images in s3");
-                Arc::new(
-                    S3ObjectStore::connect(s3.clone())
-                        .await
-                        .context("failed to open the s3 object store (S3_ENDPOINT)")?,
-                )
+                let s3 = S3ObjectStore::connect(s3.clone())
+                    .await
+                    .context("failed to open the s3 object store (S3_ENDPOINT)")?;
+                // The vision stage reads back, seconds later and usually in this process, the
+                // photo intake just wrote: keep recent ones rather than fetch each twice.
+                Arc::new(ecoscan_objects::RecentWrites::new(
+                    Arc::new(s3),
+                    RECENT_IMAGES_BYTES,
+                ))
             }
             None => Arc::new(LocalObjectStore::open(&config.object_dir).await?),
         };

@@ -127,8 +127,10 @@ impl Leases {
             let leases: Vec<Lease> = chunk.iter().map(|(l, _)| l.clone()).collect();
             match queue.extend_many(&leases, hold).await {
                 Ok(kept) => {
+                    let held = self.held.lock().expect("leases lock poisoned");
                     for ((lease, lost), kept) in chunk.iter().zip(kept) {
-                        if !kept {
+                        // A job that finished (and acknowledged) meanwhile no longer holds it.
+                        if !kept && held.contains_key(&lease.id) {
                             tracing::warn!(job.id = %lease.entry.job_id, "lease lost");
                             lost.cancel();
                         }

@@ -3,6 +3,7 @@
 //! (AWS S3, MinIO, moto, …) in production. Nothing outside this crate names aws-sdk-s3 types.
 
 mod local;
+mod recent;
 mod s3;
 
 use std::{path::PathBuf, sync::Arc};
@@ -11,6 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use local::LocalObjectStore;
+pub use recent::RecentWrites;
 pub use s3::{S3Config, S3ObjectStore};
 
 /// Failures of an object store; the detail is for logs, never for callers.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ecoscan_objects::{LocalObjectStore, ObjectStore, S3Config, S3ObjectStore};
+use ecoscan_objects::{LocalObjectStore, ObjectStore, RecentWrites, S3Config, S3ObjectStore};
 
 async fn object_store_conformance(objects: Arc<dyn ObjectStore>) {
     objects
@@ -59,6 +59,32 @@ async fn object_store_conformance(objects: Arc<dyn ObjectStore>) {
 async fn local_object_store_conforms() {
     let dir = tempfile::tempdir().unwrap();
     object_store_conformance(Arc::new(LocalObjectStore::open(dir.path()).await.unwrap())).await;
+}
+
+#[tokio::test]
+async fn a_store_remembering_recent_writes_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = Arc::new(LocalObjectStore::open(dir.path()).await.unwrap());
+    // Small enough that the 3 MiB object of the suite leaves the cache and is read through.
+    object_store_conformance(Arc::new(RecentWrites::new(inner, 1024 * 1024))).await;
+}
+
+#[tokio::test]
+async fn recent_writes_are_served_from_memory_and_the_rest_read_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn ObjectStore> = Arc::new(LocalObjectStore::open(dir.path()).await.unwrap());
+    let store = RecentWrites::new(inner.clone(), 10);
+    store.put("a", Bytes::from_static(b"12345")).await.unwrap();
+    // Changed behind the cache's back: a cached read still answers the cached bytes.
+    inner.put("a", Bytes::from_static(b"other")).await.unwrap();
+    assert_eq!(store.get("a").await.unwrap().unwrap(), "12345");
+    // Two more writes push the first out (10 bytes at most): it is read through again.
+    store.put("b", Bytes::from_static(b"678")).await.unwrap();
+    store.put("c", Bytes::from_static(b"90ab")).await.unwrap();
+    assert_eq!(store.get("a").await.unwrap().unwrap(), "other");
+    assert_eq!(store.get("c").await.unwrap().unwrap(), "90ab");
+    store.delete("c").await.unwrap();
+    assert!(store.get("c").await.unwrap().is_none());
 }
 
 fn s3_config(bucket: &str, key_prefix: &str) -> S3Config {

@@ -75,14 +75,15 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 /// `finished` key marks it). Published as `<length>:<message>` items, one message per appended
 /// event. Returns per event: 1 appended, 0 the job's final event was there already, -1 refused.
 /// KEYS: per event its stream and its `finished` key, then the channel to publish on.
-/// ARGV: max len, publish command, then per event: id, message, final flag. Sent as `EVAL`
+/// ARGV: max len, publish command, the whole batch as published (built by the caller, so the
+/// script copies no message), then per event: id, message, final flag. Sent as `EVAL`
 /// (Redis keeps the compiled script; a restarted Redis never answers `NOSCRIPT`).
 const APPEND_BATCH: &str = r"
 local n = (#KEYS - 1) / 2
-local out, published = {}, {}
+local out, all = {}, true
 for i = 1, n do
   local events, finished = KEYS[2 * i - 1], KEYS[2 * i]
-  local id, msg, final = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+  local id, msg, final = ARGV[3 * i + 1], ARGV[3 * i + 2], ARGV[3 * i + 3]
   if final == '1' and redis.call('EXISTS', finished) == 1 then
     out[i] = 0
   else
@@ -92,11 +93,23 @@ for i = 1, n do
     else
       if final == '1' then redis.call('SET', finished, '1') end
       out[i] = 1
+    end
+  end
+  if out[i] ~= 1 then all = false end
+end
+if all then
+  redis.call(ARGV[2], KEYS[#KEYS], ARGV[3])
+else
+  -- Some were not appended (rare): publish only those that were.
+  local published = {}
+  for i = 1, n do
+    if out[i] == 1 then
+      local msg = ARGV[3 * i + 2]
       published[#published + 1] = #msg .. ':' .. msg
     end
   end
+  if #published > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
 end
-if #published > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
 return out
 ";
 
@@ -160,7 +173,15 @@ async fn send_batch(
     for p in &batch {
         cmd.arg(&p.events_key).arg(&p.finished_key);
     }
-    cmd.arg(&batch[0].channel).arg(max_len).arg(publish);
+    let mut published = Vec::with_capacity(batch.iter().map(|p| p.message.len() + 8).sum());
+    for p in &batch {
+        published.extend(format!("{}:", p.message.len()).into_bytes());
+        published.extend_from_slice(&p.message);
+    }
+    cmd.arg(&batch[0].channel)
+        .arg(max_len)
+        .arg(publish)
+        .arg(published);
     for p in &batch {
         cmd.arg(&p.id)
             .arg(p.message.as_slice())
