@@ -164,11 +164,39 @@ struct EventData<'a> {
     error: Option<ErrorJson>,
 }
 
-/// One scan event as an SSE event; `result_url` builds the public result URL of a job.
-pub(crate) fn scan_event(ev: &ScanEvent, result_url: &dyn Fn(&str) -> String) -> (Event, Kind) {
-    let (json, kind) = scan_event_json(ev, result_url);
-    let event = with_id(Event::default().event(kind.name()), &ev.event_id);
-    (event.data(json), kind)
+/// A scan event on its way to SSE clients, shared by every client of its job: its `data:` JSON
+/// is rendered once, however many clients it goes to.
+#[derive(Debug)]
+pub(crate) struct SharedEvent {
+    event: ScanEvent,
+    rendered: std::sync::OnceLock<(String, Kind)>,
+}
+
+impl SharedEvent {
+    pub(crate) fn new(event: ScanEvent) -> Self {
+        Self {
+            event,
+            rendered: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The SSE event; `result_url` builds the public result URL of a job (the same for every
+    /// client of this gateway, so the rendering is shared).
+    pub(crate) fn sse(&self, result_url: &dyn Fn(&str) -> String) -> (Event, Kind) {
+        let (json, kind) = self
+            .rendered
+            .get_or_init(|| scan_event_json(&self.event, result_url));
+        let event = with_id(Event::default().event(kind.name()), &self.event.event_id);
+        (event.data(json.as_str()), *kind)
+    }
+}
+
+impl std::ops::Deref for SharedEvent {
+    type Target = ScanEvent;
+
+    fn deref(&self) -> &ScanEvent {
+        &self.event
+    }
 }
 
 /// The `data:` JSON of a scan event and the SSE event it becomes.
@@ -262,7 +290,7 @@ fn stream_error_event(job_id: &str, err: &ApiError) -> Event {
 }
 
 /// A stream of one job's events from ingest (shared by the clients of a job: hence `Arc`).
-pub(crate) type ScanEvents = BoxStream<'static, Result<Arc<ScanEvent>, Status>>;
+pub(crate) type ScanEvents = BoxStream<'static, Result<Arc<SharedEvent>, Status>>;
 
 /// The events of a `Scan` or `Watch` response stream: each response carries one event.
 pub(crate) fn scan_stream<R: Send + 'static>(
@@ -272,9 +300,11 @@ pub(crate) fn scan_stream<R: Send + 'static>(
     upstream
         .map(move |item| {
             item.and_then(|r| {
-                event(r).map(Arc::new).ok_or_else(|| {
-                    Status::internal("ingest sent a stream message without an event")
-                })
+                event(r)
+                    .map(|e| Arc::new(SharedEvent::new(e)))
+                    .ok_or_else(|| {
+                        Status::internal("ingest sent a stream message without an event")
+                    })
             })
         })
         .boxed()
@@ -321,7 +351,7 @@ where
 
 struct ScanStreamState {
     upstream: ScanEvents,
-    pending: Option<Arc<ScanEvent>>,
+    pending: Option<Arc<SharedEvent>>,
     job_id: String,
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
     done: bool,
@@ -332,7 +362,7 @@ struct ScanStreamState {
 /// `first` is a message already read by [`first_message`].
 pub(crate) fn scan_events(
     upstream: ScanEvents,
-    first: Option<Arc<ScanEvent>>,
+    first: Option<Arc<SharedEvent>>,
     job_id: String,
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
     guard: SseGuard,
@@ -360,7 +390,7 @@ pub(crate) fn scan_events(
                 if st.job_id.is_empty() {
                     st.job_id.clone_from(&ev.job_id);
                 }
-                let (event, kind) = scan_event(&ev, st.result_url.as_ref());
+                let (event, kind) = ev.sse(st.result_url.as_ref());
                 tracing::debug!(event_id = %ev.event_id, kind = kind.name(), "sse scan event");
                 st.done = kind.is_terminal();
                 event

@@ -20,6 +20,8 @@ use std::{
 
 use ecoscan_common::client::{TracedChannel, request_as};
 use ecoscan_proto::v1::{ScanEvent, WatchRequest, scan_service_client::ScanServiceClient};
+
+use crate::sse::SharedEvent;
 use futures::{Stream, StreamExt};
 use tokio::sync::{broadcast, watch};
 use tonic::{Code, Status};
@@ -37,7 +39,7 @@ const MAX_FRUITLESS_RECONNECTS: u32 = 8;
 /// What subscribers receive.
 #[derive(Clone, Debug)]
 pub(crate) enum FeedItem {
-    Event(Arc<ScanEvent>),
+    Event(Arc<SharedEvent>),
     /// The upstream failed for good (e.g. the job is not the caller's): the stream ends with it.
     Failed(Status),
 }
@@ -64,7 +66,7 @@ struct Ring {
     /// The id the ring's events follow: the resume point the feed started from, then the id
     /// of the last event trimmed from the front.
     start_after: Option<String>,
-    events: VecDeque<Arc<ScanEvent>>,
+    events: VecDeque<Arc<SharedEvent>>,
     /// The job's final event has arrived: nothing more will.
     done: bool,
     /// The upstream failed for good after these events: a joining client ends with it.
@@ -100,7 +102,7 @@ pub(crate) struct Watches {
 /// A subscription: the replay, then live events.
 pub(crate) struct Subscription {
     _feed: Arc<JobFeed>,
-    replay: VecDeque<Arc<ScanEvent>>,
+    replay: VecDeque<Arc<SharedEvent>>,
     /// How the replay ends when the feed has failed already.
     failed: Option<Status>,
     live: Option<broadcast::Receiver<FeedItem>>,
@@ -159,7 +161,7 @@ impl Watches {
             return Err(Refused::Upstream(Status::new(code, message)));
         }
         let ring = feed.shared.ring.lock().expect("ring lock poisoned");
-        let replay: VecDeque<Arc<ScanEvent>> = match after {
+        let replay: VecDeque<Arc<SharedEvent>> = match after {
             // The ring follows exactly this point: all of it.
             _ if ring.start_after.as_deref() == after => ring.events.clone(),
             None => return Err(Refused::OutsideWindow),
@@ -238,7 +240,7 @@ impl Watches {
 impl Subscription {
     /// The events, in order, ending after the job's final event; `Err` when the upstream
     /// failed for good. A subscriber that fell too far behind simply ends (it reconnects).
-    pub(crate) fn into_stream(self) -> impl Stream<Item = Result<Arc<ScanEvent>, Status>> + Send {
+    pub(crate) fn into_stream(self) -> impl Stream<Item = Result<Arc<SharedEvent>, Status>> + Send {
         let Self {
             _feed,
             replay,
@@ -341,7 +343,7 @@ async fn pump(
 /// Adds `ev` to the ring and sends it live; true when it was the job's final event.
 fn publish(shared: &Shared, ev: ScanEvent) -> bool {
     let is_final = crate::sse::kind(&ev).is_terminal();
-    let ev = Arc::new(ev);
+    let ev = Arc::new(SharedEvent::new(ev));
     {
         let mut ring = shared.ring.lock().expect("ring lock poisoned");
         ring.events.push_back(ev.clone());
