@@ -1,7 +1,7 @@
 //! Gateway configuration from the environment.
 
 use anyhow::{Context, ensure};
-use ecoscan_common::config::{env_opt, env_or};
+use ecoscan_common::config::{env_duration, env_opt, env_or};
 
 /// Address the binary listens on when `GATEWAY_ADDR` is unset.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
@@ -23,6 +23,18 @@ const MIB: usize = 1024 * 1024;
 /// | `GATEWAY_DEFAULT_USER` | `local` | user id when a request carries no `X-User-Id` |
 /// | `GATEWAY_PUBLIC_BASE_URL` | unset | prefix for the URLs the gateway hands out (`https://scan.example.com`); relative URLs when unset |
 /// | `GATEWAY_SSE_MAX_LIFETIME` | `30m` | longest life of one SSE response; clients reconnect with `Last-Event-ID` |
+/// | `GATEWAY_JWT_SECRET` | unset | accept HS256 bearer tokens signed with this secret |
+/// | `GATEWAY_JWKS_URL` | unset | accept RS256/ES256 bearer tokens signed by a key of this JWKS (an OIDC provider's) |
+/// | `GATEWAY_JWT_ISSUER` / `GATEWAY_JWT_AUDIENCE` | unset | required `iss` / `aud` of tokens |
+/// | `GATEWAY_JWT_ADMIN_CLAIM` / `GATEWAY_JWT_ADMIN_VALUE` | `roles` / `admin` | the claim (and value) that grants the admin role |
+/// | `GATEWAY_TRUST_USER_HEADER` | `auto` | believe `X-User-Id`: `auto` (only on a loopback listener), `true` (same, refused elsewhere), `false`, `force` (anywhere) |
+/// | `GATEWAY_SCANS_PER_MINUTE` | `60` | scans one user may submit per minute (burst: as many at once) |
+/// | `GATEWAY_SCHEDULES_PER_MINUTE` | `30` | notifications one user may schedule per minute |
+/// | `GATEWAY_MAX_SSE_PER_USER` / `GATEWAY_MAX_SSE` | `64` / `16384` | SSE streams open at once per user / in all |
+/// | `GATEWAY_MAX_CONNECTIONS` | `16384` | connections open at once; past it new ones wait in the listen backlog |
+/// | `GATEWAY_HEADER_TIMEOUT` | `10s` | a request's headers must arrive within this (also how long an idle keep-alive connection stays) |
+/// | `GATEWAY_BODY_TIMEOUT` / `GATEWAY_BODY_MIN_RATE` | `60s` / `16384` | a body must arrive within this, and at least this many bytes per second (checked every 5 s) |
+/// | `GATEWAY_CORS_ORIGINS` | unset (no CORS) | comma-separated origins allowed to call the API from a browser |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub ingest_url: String,
@@ -42,6 +54,56 @@ pub struct Config {
     /// Every SSE response ends after this long (an `EventSource` reconnects by itself), so no
     /// connection is held forever.
     pub sse_max_lifetime: std::time::Duration,
+    pub auth: crate::auth::AuthConfig,
+    pub limits: Limits,
+    /// Origins allowed to call the API from a browser (CORS); none by default.
+    pub cors_origins: Vec<String>,
+}
+
+/// What one caller, and everyone together, may hold or send.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub scans_per_minute: u32,
+    pub schedules_per_minute: u32,
+    pub max_sse_per_user: usize,
+    pub max_sse: usize,
+    pub max_connections: usize,
+    pub header_timeout: std::time::Duration,
+    pub body_timeout: std::time::Duration,
+    /// Bytes per second a body must keep up, measured over windows of 5 s.
+    pub body_min_rate: u64,
+}
+
+impl Limits {
+    /// The `GATEWAY_*` limit variables, falling back to the defaults.
+    pub fn from_env() -> anyhow::Result<Self> {
+        let d = Self::default();
+        Ok(Self {
+            scans_per_minute: env_or("GATEWAY_SCANS_PER_MINUTE", d.scans_per_minute)?,
+            schedules_per_minute: env_or("GATEWAY_SCHEDULES_PER_MINUTE", d.schedules_per_minute)?,
+            max_sse_per_user: env_or("GATEWAY_MAX_SSE_PER_USER", d.max_sse_per_user)?,
+            max_sse: env_or("GATEWAY_MAX_SSE", d.max_sse)?,
+            max_connections: env_or("GATEWAY_MAX_CONNECTIONS", d.max_connections)?,
+            header_timeout: env_duration("GATEWAY_HEADER_TIMEOUT", d.header_timeout)?,
+            body_timeout: env_duration("GATEWAY_BODY_TIMEOUT", d.body_timeout)?,
+            body_min_rate: env_or("GATEWAY_BODY_MIN_RATE", d.body_min_rate)?,
+        })
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            scans_per_minute: 60,
+            schedules_per_minute: 30,
+            max_sse_per_user: 64,
+            max_sse: 16_384,
+            max_connections: 16_384,
+            header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: std::time::Duration::from_secs(60),
+            body_min_rate: 16 * 1024,
+        }
+    }
 }
 
 impl Default for Config {
@@ -58,6 +120,9 @@ impl Default for Config {
             default_user: "local".to_owned(),
             public_base_url: None,
             sse_max_lifetime: std::time::Duration::from_secs(30 * 60),
+            auth: crate::auth::AuthConfig::default(),
+            limits: Limits::default(),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -85,10 +150,25 @@ impl Config {
             concurrency_limit: env_or("GATEWAY_CONCURRENCY_LIMIT", d.concurrency_limit)?,
             default_user: env_or("GATEWAY_DEFAULT_USER", d.default_user)?,
             public_base_url: env_opt("GATEWAY_PUBLIC_BASE_URL"),
-            sse_max_lifetime: ecoscan_common::config::env_duration(
-                "GATEWAY_SSE_MAX_LIFETIME",
-                d.sse_max_lifetime,
-            )?,
+            sse_max_lifetime: env_duration("GATEWAY_SSE_MAX_LIFETIME", d.sse_max_lifetime)?,
+            auth: crate::auth::AuthConfig {
+                hs256_secret: env_opt("GATEWAY_JWT_SECRET"),
+                jwks_url: env_opt("GATEWAY_JWKS_URL"),
+                issuer: env_opt("GATEWAY_JWT_ISSUER"),
+                audience: env_opt("GATEWAY_JWT_AUDIENCE"),
+                admin_claim: env_or("GATEWAY_JWT_ADMIN_CLAIM", d.auth.admin_claim)?,
+                admin_value: env_or("GATEWAY_JWT_ADMIN_VALUE", d.auth.admin_value)?,
+                trust_header: env_or("GATEWAY_TRUST_USER_HEADER", d.auth.trust_header)?,
+            },
+            limits: Limits::from_env()?,
+            cors_origins: env_opt("GATEWAY_CORS_ORIGINS")
+                .map(|v| {
+                    v.split(',')
+                        .map(|o| o.trim().to_owned())
+                        .filter(|o| !o.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
         };
         config.validate().context("invalid gateway configuration")?;
         Ok(config)
@@ -115,9 +195,40 @@ impl Config {
             "GATEWAY_CONCURRENCY_LIMIT must be positive"
         );
         ensure!(
-            crate::input::valid_user_id(&self.default_user),
-            "GATEWAY_DEFAULT_USER must be 1-128 characters of [A-Za-z0-9_.@-]"
+            ecoscan_common::identity::valid_user_id(&self.default_user),
+            "GATEWAY_DEFAULT_USER must be 1-128 characters of letters, digits and _.@|:+-"
         );
+        let l = &self.limits;
+        ensure!(
+            l.scans_per_minute > 0 && l.schedules_per_minute > 0,
+            "GATEWAY_SCANS_PER_MINUTE and GATEWAY_SCHEDULES_PER_MINUTE must be positive"
+        );
+        ensure!(
+            l.max_sse_per_user > 0 && l.max_sse > 0 && l.max_connections > 0,
+            "GATEWAY_MAX_SSE_PER_USER, GATEWAY_MAX_SSE and GATEWAY_MAX_CONNECTIONS must be positive"
+        );
+        ensure!(
+            !l.header_timeout.is_zero() && !l.body_timeout.is_zero(),
+            "GATEWAY_HEADER_TIMEOUT and GATEWAY_BODY_TIMEOUT must be positive"
+        );
+        if let Some(secret) = &self.auth.hs256_secret {
+            ensure!(
+                secret.len() >= 32,
+                "GATEWAY_JWT_SECRET must be at least 32 bytes (e.g. `openssl rand -base64 32`)"
+            );
+        }
+        if let Some(url) = &self.auth.jwks_url {
+            ensure!(
+                url.starts_with("https://") || url.starts_with("http://"),
+                "GATEWAY_JWKS_URL must be an http(s) URL"
+            );
+        }
+        for origin in &self.cors_origins {
+            ensure!(
+                origin.starts_with("https://") || origin.starts_with("http://"),
+                "GATEWAY_CORS_ORIGINS entries must be origins such as https://app.example.com"
+            );
+        }
         if let Some(base) = &self.public_base_url {
             ensure!(
                 base.starts_with("http://") || base.starts_with("https://"),

@@ -35,6 +35,18 @@ pub enum ApiError {
     /// The gateway itself is at its concurrency limit (503).
     #[error("the gateway is at capacity; try again shortly")]
     Overloaded,
+    /// Not authenticated (401) or not allowed (403).
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
+    /// This caller sent too much too fast (429), or holds too many streams.
+    #[error("{message}")]
+    TooMany {
+        message: String,
+        retry_after_secs: u64,
+    },
+    /// The request's body arrived too slowly (408).
+    #[error("{0}")]
+    Timeout(String),
     /// Something inside the gateway failed (500); the cause is logged, not returned.
     #[error("internal error")]
     Internal(String),
@@ -76,6 +88,10 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Auth(crate::auth::AuthError::Forbidden) => StatusCode::FORBIDDEN,
+            Self::Auth(_) => StatusCode::UNAUTHORIZED,
+            Self::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             // grpc-gateway maps RESOURCE_EXHAUSTED to 429 (the shared table does too), but here it
             // means a backend is shedding load (ingest's backlog is full), not that this caller
@@ -99,6 +115,10 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => "UNSUPPORTED_MEDIA_TYPE",
             Self::NotFound(_) => "NOT_FOUND",
             Self::Overloaded => "UNAVAILABLE",
+            Self::Auth(crate::auth::AuthError::Forbidden) => "PERMISSION_DENIED",
+            Self::Auth(_) => "UNAUTHENTICATED",
+            Self::TooMany { .. } => "RESOURCE_EXHAUSTED",
+            Self::Timeout(_) => "DEADLINE_EXCEEDED",
             Self::Internal(_) => "INTERNAL",
             Self::Upstream { status, .. } => codes::code_name(status.code()),
         }
@@ -107,7 +127,7 @@ impl ApiError {
     /// Whether the same request may succeed later.
     pub fn retryable(&self) -> bool {
         match self {
-            Self::Overloaded => true,
+            Self::Overloaded | Self::TooMany { .. } | Self::Timeout(_) => true,
             Self::Upstream { status, .. } => codes::retryable(status.code()),
             _ => false,
         }
@@ -117,6 +137,9 @@ impl ApiError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             Self::Overloaded => Some(1),
+            Self::TooMany {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
             Self::Upstream { status, .. } if status.code() == Code::ResourceExhausted => Some(
                 status
                     .metadata()
@@ -191,6 +214,19 @@ impl IntoResponse for ApiError {
         if let Some(secs) = self.retry_after() {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Self::Auth(e) = &self
+            && *e != crate::auth::AuthError::Forbidden
+        {
+            // RFC 6750: say how to authenticate, and why a token was refused.
+            let value = match e {
+                crate::auth::AuthError::Invalid(_) => {
+                    r#"Bearer realm="ecoscan", error="invalid_token""#
+                }
+                _ => r#"Bearer realm="ecoscan""#,
+            };
+            res.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(value));
         }
         res
     }

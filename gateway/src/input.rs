@@ -3,54 +3,16 @@
 
 use axum::{
     body::Bytes,
-    extract::{FromRequest, FromRequestParts, Multipart, Request},
-    http::{HeaderMap, header, request::Parts},
+    extract::{FromRequest, Multipart, Request},
+    http::{HeaderMap, header},
 };
 use base64::Engine as _;
 use serde::Deserialize;
 
 use crate::{AppState, error::ApiError};
 
-/// Header naming the acting user.
-pub const USER_HEADER: &str = "x-user-id";
-
 /// Longest hint or other free-text field accepted in a scan.
 const MAX_TEXT_CHARS: usize = 1_000;
-
-/// The acting user: the `X-User-Id` header, or the configured default user when absent.
-///
-/// This is a stand-in for authentication: JWT bearer auth (with `sub` as the user) comes later
-/// and will replace the header, which any caller can set today.
-#[derive(Clone, Debug)]
-pub struct User(pub String);
-
-impl FromRequestParts<AppState> for User {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let user = match parts.headers.get(USER_HEADER) {
-            None => state.config.default_user.clone(),
-            Some(v) => {
-                let v = v.to_str().unwrap_or_default();
-                if !valid_user_id(v) {
-                    return Err(ApiError::InvalidArgument(
-                        "X-User-Id must be 1-128 characters of letters, digits and _.@-".into(),
-                    ));
-                }
-                v.to_owned()
-            }
-        };
-        tracing::Span::current().record("user.id", user.as_str());
-        Ok(User(user))
-    }
-}
-
-/// 1–128 characters of `[A-Za-z0-9_.@-]`.
-pub fn valid_user_id(s: &str) -> bool {
-    (1..=128).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-'))
-}
 
 /// A job id must be a UUID; anything else is a client mistake, not an unknown job.
 pub fn job_id(raw: &str) -> Result<String, ApiError> {
@@ -334,16 +296,6 @@ mod tests {
         assert_eq!(check_image(b"", 100).unwrap_err().http_status(), 400);
         assert_eq!(check_image(png, 4).unwrap_err().http_status(), 413);
         assert_eq!(check_image(b"hello", 100).unwrap_err().http_status(), 415);
-    }
-
-    #[test]
-    fn user_ids_are_short_and_plain() {
-        assert!(valid_user_id("alice@example.com"));
-        assert!(valid_user_id("u_1.2-3"));
-        assert!(!valid_user_id(""));
-        assert!(!valid_user_id("a b"));
-        assert!(!valid_user_id("ünïcode"));
-        assert!(!valid_user_id(&"a".repeat(129)));
     }
 
     #[test]

@@ -18,11 +18,14 @@
 //! | `GET /healthz`, `GET /readyz` | none / `grpc.health.v1.Health.Check` on every backend |
 //! | `GET /` | the demo page |
 
+mod auth;
 mod config;
 mod error;
 mod input;
+mod limits;
 mod metrics;
 mod routes;
+mod server;
 mod sse;
 mod watch;
 
@@ -51,9 +54,10 @@ use tower_http::trace::TraceLayer;
 use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::sse::SseGauge;
+use crate::limits::{RateLimits, SseSlots};
 
-pub use config::{Config, DEFAULT_ADDR};
+pub use auth::{AuthConfig, TrustHeader, mint as mint_token};
+pub use config::{Config, DEFAULT_ADDR, Limits};
 pub use error::ApiError;
 
 /// Deadline of ordinary unary calls.
@@ -86,7 +90,12 @@ pub(crate) struct AppState {
     analytics: AnalyticsServiceClient<TracedChannel>,
     notification: NotificationServiceClient<TracedChannel>,
     backends: Arc<[Backend]>,
-    sse: SseGauge,
+    /// Who is calling.
+    auth: auth::SharedAuth,
+    /// Per-user token buckets.
+    rate: Arc<RateLimits>,
+    /// Open SSE streams within their caps.
+    sse: SseSlots,
     /// One upstream `Watch` per job, shared by its SSE clients.
     watches: watch::Watches,
     /// Cancelled at shutdown so long-lived SSE streams end and graceful shutdown can finish.
@@ -94,8 +103,17 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    fn new(config: Config, shutdown: CancellationToken) -> anyhow::Result<Self> {
+    fn new(
+        config: Config,
+        header_trusted: bool,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
         config.validate()?;
+        let auth = Arc::new(auth::Authenticator::new(
+            config.auth.clone(),
+            header_trusted,
+            config.default_user.clone(),
+        )?);
         let ch = |url: &str, name: &str| {
             channel(url).with_context(|| format!("invalid {name} url {url:?}"))
         };
@@ -138,7 +156,9 @@ impl AppState {
             analytics: AnalyticsServiceClient::new(analytics),
             notification: NotificationServiceClient::new(notification),
             backends,
-            sse: SseGauge::default(),
+            auth,
+            rate: RateLimits::new(&config.limits),
+            sse: SseSlots::new(config.limits.max_sse, config.limits.max_sse_per_user),
             shutdown,
             config: Arc::new(config),
         })
@@ -165,11 +185,17 @@ impl AppState {
 /// The gateway's routes and middleware, for [`serve`] and for router-level tests. Clients
 /// connect lazily, so no backend needs to be up to build it.
 pub fn router(config: Config) -> anyhow::Result<Router> {
-    router_with_shutdown(config, CancellationToken::new())
+    // Router-level use is local: the header is trusted as on a loopback listener.
+    let trusted = config.auth.header_trusted(true, "127.0.0.1")?;
+    router_with(config, trusted, CancellationToken::new())
 }
 
-fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::Result<Router> {
-    let state = AppState::new(config, shutdown)?;
+fn router_with(
+    config: Config,
+    header_trusted: bool,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Router> {
+    let state = AppState::new(config, header_trusted, shutdown)?;
     let config = state.config.clone();
     let mut registry = ecoscan_common::metrics::Metrics::new("gateway");
     let http_metrics =
@@ -205,7 +231,13 @@ fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::
                 .layer(GlobalConcurrencyLimitLayer::new(config.concurrency_limit))
                 // Bound what a body extractor may buffer; beyond it the request gets a 413.
                 .layer(DefaultBodyLimit::max(config.max_body_bytes)),
-        );
+        )
+        // Outside the concurrency limit: a body is read (at a minimum rate, within a deadline)
+        // before its request takes a slot, so slow senders cannot hold the slots.
+        .layer(axum::middleware::from_fn_with_state(
+            server::BodyBudget::new(config.limits.clone(), config.max_body_bytes),
+            server::read_body,
+        ));
 
     let app = Router::new()
         // Probes stay outside the concurrency limit: a saturated gateway is still alive, and a
@@ -221,6 +253,9 @@ fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::
             http_metrics,
             metrics::track,
         ))
+        // Browsers on the configured origins may call the API (preflights answered here, before
+        // authentication); with no origins configured no CORS header is ever sent.
+        .layer(tower::util::option_layer(cors(&config.cors_origins)?))
         .layer(
             ServiceBuilder::new()
                 // One span per request, child of the caller's `traceparent`; it is current while
@@ -237,6 +272,35 @@ fn router_with_shutdown(config: Config, shutdown: CancellationToken) -> anyhow::
     Ok(app)
 }
 
+/// CORS for the origins in `GATEWAY_CORS_ORIGINS`, or none.
+fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer>> {
+    use axum::http::{HeaderName, HeaderValue, Method, header};
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let origins = origins
+        .iter()
+        .map(|o| HeaderValue::from_str(o).with_context(|| format!("bad CORS origin {o:?}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(
+        tower_http::cors::CorsLayer::new()
+            .allow_origin(origins)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                HeaderName::from_static("last-event-id"),
+                HeaderName::from_static("idempotency-key"),
+                HeaderName::from_static("traceparent"),
+            ])
+            .expose_headers([header::LOCATION, header::RETRY_AFTER])
+            // The SSE routes may carry the token in a cookie (`withCredentials`); origins are an
+            // explicit list, never `*`, so this is allowed.
+            .allow_credentials(true)
+            .max_age(std::time::Duration::from_secs(600)),
+    ))
+}
+
 /// Serves the gateway on `listener` until `shutdown` is cancelled, then ends open SSE streams
 /// and drains in-flight requests.
 pub async fn serve(
@@ -244,17 +308,14 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let app = router_with_shutdown(config, shutdown.clone())?;
     let addr = listener.local_addr().context("listener has no address")?;
-    tracing::info!(%addr, "gateway listening");
-    // Without TCP_NODELAY small responses wait for delayed ACKs (~40 ms each).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "failed to set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    let header_trusted = config
+        .auth
+        .header_trusted(addr.ip().is_loopback(), &addr.to_string())?;
+    let limits = config.limits.clone();
+    let app = router_with(config, header_trusted, shutdown.clone())?;
+    tracing::info!(%addr, header_trusted, "gateway listening");
+    server::serve(app, listener, &limits, shutdown)
         .await
         .context("gateway server failed")?;
     tracing::info!("gateway stopped");

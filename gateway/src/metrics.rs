@@ -12,7 +12,7 @@ use axum::{
 use ecoscan_common::metrics::{Labels2, Labels3, Metrics, SecondsFamily, seconds_family};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
-use crate::sse::SseGauge;
+use crate::limits::SseSlots;
 
 /// Per-route request series. Cheap to clone; clones share the series.
 #[derive(Clone, Debug)]
@@ -25,7 +25,7 @@ impl HttpMetrics {
     /// Registers the gateway's series in `metrics`; `sse` feeds `gateway_sse_connections`.
     pub(crate) fn register(
         metrics: &mut Metrics,
-        sse: SseGauge,
+        sse: SseSlots,
         watches: crate::watch::Watches,
     ) -> Self {
         let this = Self {

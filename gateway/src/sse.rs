@@ -3,14 +3,7 @@
 //! Framing is axum's (`Sse`, `Event`, `KeepAlive`); this module only decides which SSE event a
 //! `ScanEvent` or `Notification` becomes, and when a stream ends.
 
-use std::{
-    convert::Infallible,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use axum::response::{
     IntoResponse, Response,
@@ -31,7 +24,10 @@ use futures::{
 use serde::Serialize;
 use tonic::{Status, Streaming};
 
-use crate::error::{ApiError, ErrorJson};
+use crate::{
+    error::{ApiError, ErrorJson},
+    limits::SseSlot,
+};
 
 /// Interval of the `: keepalive` comment that keeps idle connections (and proxies) open.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -39,38 +35,6 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// How long to wait for a stream's first message before answering with SSE headers. An error
 /// within this window still gets a proper HTTP status (e.g. 404 for an unknown job).
 pub(crate) const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(500);
-
-/// Open SSE connections, exported as `gateway_sse_connections`.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct SseGauge(Arc<AtomicUsize>);
-
-impl SseGauge {
-    /// Connections open now.
-    pub(crate) fn open(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    #[cfg(test)]
-    fn get(&self) -> usize {
-        self.open()
-    }
-
-    /// Counts a connection until the returned guard is dropped (when the response body is).
-    pub(crate) fn track(&self) -> SseGuard {
-        let open = self.0.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::debug!(sse.connections = open, "sse stream opened");
-        SseGuard(self.0.clone())
-    }
-}
-
-/// Decrements the gauge when the stream it travels with is dropped.
-pub(crate) struct SseGuard(Arc<AtomicUsize>);
-
-impl Drop for SseGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// What a `ScanEvent` becomes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,7 +319,7 @@ struct ScanStreamState {
     job_id: String,
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
     done: bool,
-    _guard: SseGuard,
+    _guard: SseSlot,
 }
 
 /// An SSE response of a job's events: ends after `ready` or `error`, or when upstream ends.
@@ -365,7 +329,7 @@ pub(crate) fn scan_events(
     first: Option<Arc<SharedEvent>>,
     job_id: String,
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
-    guard: SseGuard,
+    guard: SseSlot,
     shutdown: CancellationToken,
     lifetime: Duration,
 ) -> Response {
@@ -410,7 +374,7 @@ pub(crate) fn scan_events(
 pub(crate) fn notification_events<S>(
     upstream: S,
     first: Option<Notification>,
-    guard: SseGuard,
+    guard: SseSlot,
     shutdown: CancellationToken,
     lifetime: Duration,
 ) -> Response
@@ -523,13 +487,13 @@ mod tests {
 
     #[test]
     fn gauge_counts_open_streams() {
-        let gauge = SseGauge::default();
-        let a = gauge.track();
-        let b = gauge.track();
-        assert_eq!(gauge.get(), 2);
+        let gauge = crate::limits::SseSlots::new(10, 10);
+        let a = gauge.take("u").unwrap();
+        let b = gauge.take("u").unwrap();
+        assert_eq!(gauge.open(), 2);
         drop(a);
-        assert_eq!(gauge.get(), 1);
+        assert_eq!(gauge.open(), 1);
         drop(b);
-        assert_eq!(gauge.get(), 0);
+        assert_eq!(gauge.open(), 0);
     }
 }

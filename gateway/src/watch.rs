@@ -18,10 +18,10 @@ use std::{
     time::Duration,
 };
 
-use ecoscan_common::client::{TracedChannel, request_as};
+use ecoscan_common::client::TracedChannel;
 use ecoscan_proto::v1::{ScanEvent, WatchRequest, scan_service_client::ScanServiceClient};
 
-use crate::sse::SharedEvent;
+use crate::{auth::Caller, sse::SharedEvent};
 use futures::{Stream, StreamExt};
 use tokio::sync::{broadcast, watch};
 use tonic::{Code, Status};
@@ -143,11 +143,11 @@ impl Watches {
     /// Subscribes `user` to `job_id`'s events after `after` (all of them when `None`).
     pub(crate) async fn subscribe(
         &self,
-        user: &str,
+        caller: &Caller,
         job_id: &str,
         after: Option<&str>,
     ) -> Result<Subscription, Refused> {
-        let feed = self.feed(user, job_id, after);
+        let feed = self.feed(caller, job_id, after);
         // Wait (briefly) for the feed's first answer, so that a failure to start is an HTTP
         // error (404 for an unknown job) rather than an SSE stream.
         let mut started = feed.shared.started.subscribe();
@@ -157,7 +157,7 @@ impl Watches {
         )
         .await;
         if let Started::Failed(code, message) = started.borrow().clone() {
-            self.forget(user, job_id, &feed);
+            self.forget(&caller.user, job_id, &feed);
             return Err(Refused::Upstream(Status::new(code, message)));
         }
         let ring = feed.shared.ring.lock().expect("ring lock poisoned");
@@ -188,8 +188,8 @@ impl Watches {
 
     /// The job's feed, started (after `after`, where its first client resumes) when there is
     /// none: single flight, one per user and job.
-    fn feed(&self, user: &str, job_id: &str, after: Option<&str>) -> Arc<JobFeed> {
-        let key = (user.to_owned(), job_id.to_owned());
+    fn feed(&self, caller: &Caller, job_id: &str, after: Option<&str>) -> Arc<JobFeed> {
+        let key = (caller.user.clone(), job_id.to_owned());
         let mut feeds = self.feeds.lock().expect("feeds lock poisoned");
         if let Some(feed) = feeds.get(&key).and_then(Weak::upgrade) {
             return feed;
@@ -209,7 +209,7 @@ impl Watches {
         let pump = tokio::spawn(
             pump(
                 self.scan.clone(),
-                user.to_owned(),
+                caller.clone(),
                 job_id.to_owned(),
                 after.map(str::to_owned),
                 shared.clone(),
@@ -274,7 +274,7 @@ impl Subscription {
 /// until the job's final event.
 async fn pump(
     mut scan: ScanServiceClient<TracedChannel>,
-    user: String,
+    caller: Caller,
     job_id: String,
     mut last: Option<String>,
     shared: Arc<Shared>,
@@ -287,7 +287,10 @@ async fn pump(
             job_id: job_id.clone(),
             after_event_id: last.clone().unwrap_or_default(),
         };
-        let ended = match scan.watch(request_as(request, deadline, &user)).await {
+        let ended = match scan
+            .watch(crate::auth::request(request, deadline, &caller))
+            .await
+        {
             Ok(response) => {
                 shared.started.send_if_modified(|s| {
                     let was = *s == Started::Waiting;

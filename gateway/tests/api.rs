@@ -682,14 +682,20 @@ async fn characters_notifications_and_usage_act_for_the_caller() {
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
     }
 
-    let res =
-        env.http
-            .get(env.url(
-                "/api/v1/analytics/usage?since=2026-01-01T00:00:00Z&until=2026-01-02T00:00:00Z",
-            ))
-            .send()
-            .await
-            .unwrap();
+    // Usage covers every user: only an admin may read it.
+    let usage_url =
+        env.url("/api/v1/analytics/usage?since=2026-01-01T00:00:00Z&until=2026-01-02T00:00:00Z");
+    let res = env.http.get(&usage_url).send().await.unwrap();
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(body["code"], "PERMISSION_DENIED");
+    let res = env
+        .http
+        .get(&usage_url)
+        .header("x-user-roles", "admin")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["rows"][0]["service"], "vision");
@@ -698,6 +704,7 @@ async fn characters_notifications_and_usage_act_for_the_caller() {
     let res = env
         .http
         .get(env.url("/api/v1/analytics/usage?since=yesterday"))
+        .header("x-user-roles", "admin")
         .send()
         .await
         .unwrap();

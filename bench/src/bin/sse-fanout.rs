@@ -165,6 +165,13 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
     let (running, shutdown) = ecoscan_bench::start_suite(dir.path(), |c| {
         c.llm.mock_latency = args.model_latency;
         c.llm.mock_jitter = args.model_jitter;
+        // Every stream belongs to one user here (only a job's owner may watch it), so the
+        // per-user limits meant for the public edge are lifted to the whole run's size.
+        c.gateway_limits.scans_per_minute = u32::try_from(args.jobs).unwrap_or(u32::MAX).max(60);
+        c.gateway_limits.max_sse_per_user = args.clients.max(64);
+        c.gateway_limits.max_sse = c.gateway_limits.max_sse.max(args.clients);
+        c.gateway_limits.max_connections =
+            c.gateway_limits.max_connections.max(args.clients + 1024);
     })
     .await?;
     let gateway = running.addrs.gateway;

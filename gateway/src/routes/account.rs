@@ -9,7 +9,6 @@ use axum::{
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use ecoscan_common::client::request_as;
 use ecoscan_proto::{
     Timestamp,
     v1::{ListOwnedRequest, ListRequest, ScheduleRequest, SubscribeRequest, UsageRequest},
@@ -19,8 +18,9 @@ use serde::Deserialize;
 
 use crate::{
     AppState, NOTIFICATION_STREAM_DEADLINE, UNARY_DEADLINE,
+    auth::{Admin, Caller},
     error::ApiError,
-    input::{User, idempotency_key},
+    input::idempotency_key,
     sse,
 };
 
@@ -44,13 +44,13 @@ fn rfc3339(name: &str, value: &str) -> Result<Timestamp, ApiError> {
 /// `GET /api/v1/characters/me`: the characters the caller owns.
 pub(crate) async fn characters(
     State(state): State<AppState>,
-    User(user): User,
+    caller: Caller,
 ) -> Result<Response, ApiError> {
     let msg = ListOwnedRequest {};
     let res = state
         .reward
         .clone()
-        .list_owned(request_as(msg, UNARY_DEADLINE, &user))
+        .list_owned(crate::auth::request(msg, UNARY_DEADLINE, &caller))
         .await
         .map_err(|s| ApiError::upstream("reward", s))?
         .into_inner();
@@ -65,7 +65,7 @@ pub(crate) struct ListQuery {
 /// `GET /api/v1/notifications?limit=`: the caller's inbox, newest first.
 pub(crate) async fn notifications(
     State(state): State<AppState>,
-    User(user): User,
+    caller: Caller,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
@@ -79,7 +79,7 @@ pub(crate) async fn notifications(
     let res = state
         .notification
         .clone()
-        .list(request_as(msg, UNARY_DEADLINE, &user))
+        .list(crate::auth::request(msg, UNARY_DEADLINE, &caller))
         .await
         .map_err(|s| ApiError::upstream("notification", s))?
         .into_inner();
@@ -89,13 +89,18 @@ pub(crate) async fn notifications(
 /// `GET /api/v1/notifications/stream`: the caller's notifications as they are delivered (SSE).
 pub(crate) async fn notification_stream(
     State(state): State<AppState>,
-    User(user): User,
+    caller: Caller,
 ) -> Result<Response, ApiError> {
+    let slot = state.sse.take(&caller.user)?;
     let msg = SubscribeRequest {};
     let stream = state
         .notification
         .clone()
-        .subscribe(request_as(msg, NOTIFICATION_STREAM_DEADLINE, &user))
+        .subscribe(crate::auth::request(
+            msg,
+            NOTIFICATION_STREAM_DEADLINE,
+            &caller,
+        ))
         .await
         .map_err(|s| ApiError::upstream("notification", s))?
         .into_inner()
@@ -111,7 +116,7 @@ pub(crate) async fn notification_stream(
     Ok(sse::notification_events(
         stream,
         None,
-        state.sse.track(),
+        slot,
         state.shutdown.clone(),
         state.config.sse_max_lifetime,
     ))
@@ -133,7 +138,7 @@ struct ScheduleBody {
 /// An `Idempotency-Key` makes a repeat return the first notification.
 pub(crate) async fn schedule(
     State(state): State<AppState>,
-    User(user): User,
+    caller: Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -146,6 +151,7 @@ pub(crate) async fn schedule(
             "send the notification as application/json".into(),
         ));
     }
+    state.rate.schedule(&caller.user)?;
     let dedupe_key = idempotency_key(&headers)?;
     let b: ScheduleBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
@@ -196,7 +202,7 @@ pub(crate) async fn schedule(
     let notification = state
         .notification
         .clone()
-        .schedule(request_as(msg, UNARY_DEADLINE, &user))
+        .schedule(crate::auth::request(msg, UNARY_DEADLINE, &caller))
         .await
         .map_err(|s| ApiError::upstream("notification", s))?
         .into_inner()
@@ -214,7 +220,7 @@ pub(crate) struct UsageQuery {
 /// `GET /api/v1/analytics/usage?since=&until=`: model usage per service and model.
 pub(crate) async fn usage(
     State(state): State<AppState>,
-    User(user): User,
+    Admin(caller): Admin,
     q: Result<Query<UsageQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
@@ -238,10 +244,10 @@ pub(crate) async fn usage(
     let res = state
         .analytics
         .clone()
-        .usage(request_as(
+        .usage(crate::auth::request(
             UsageRequest { since, until },
             UNARY_DEADLINE,
-            &user,
+            &caller,
         ))
         .await
         .map_err(|s| ApiError::upstream("analytics", s))?

@@ -6,7 +6,6 @@ use axum::{
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use ecoscan_common::client::request_as;
 use ecoscan_proto::v1::{
     GetResultRequest, JobStatus, ScanRequest, ScanResult, SubmitRequest, WatchRequest,
 };
@@ -15,8 +14,9 @@ use serde_json::json;
 
 use crate::{
     AppState, SCAN_STREAM_DEADLINE, SUBMIT_DEADLINE, UNARY_DEADLINE,
+    auth::Caller,
     error::ApiError,
-    input::{ScanInput, User, idempotency_key, job_id, valid_event_id},
+    input::{ScanInput, idempotency_key, job_id, valid_event_id},
     sse::{self, error_info_json, stage_name},
     watch::Refused,
 };
@@ -59,14 +59,15 @@ async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest,
 /// `POST /api/v1/scan`: accepts a scan and answers 202 with where to follow it.
 pub(crate) async fn submit(
     State(state): State<AppState>,
-    User(user): User,
+    caller: Caller,
     req: Request,
 ) -> Result<Response, ApiError> {
+    state.rate.scan(&caller.user)?;
     let msg = submit_request(&state, req).await?;
     let res = state
         .scan
         .clone()
-        .submit(request_as(msg, SUBMIT_DEADLINE, &user))
+        .submit(crate::auth::request(msg, SUBMIT_DEADLINE, &caller))
         .await
         .map_err(ingest_error)?
         .into_inner();
@@ -89,14 +90,17 @@ pub(crate) async fn submit(
 /// `POST /api/v1/scan/completion`: submits and answers with the job's events as SSE.
 pub(crate) async fn completion(
     State(state): State<AppState>,
-    User(user): User,
+    caller: Caller,
     req: Request,
 ) -> Result<Response, ApiError> {
+    // The stream's slot first: a caller at its cap gets 429 before any work is done.
+    let slot = state.sse.take(&caller.user)?;
+    state.rate.scan(&caller.user)?;
     let msg = ScanRequest::from(submit_request(&state, req).await?);
     let stream = state
         .scan
         .clone()
-        .scan(request_as(msg, SCAN_STREAM_DEADLINE, &user))
+        .scan(crate::auth::request(msg, SCAN_STREAM_DEADLINE, &caller))
         .await
         .map_err(ingest_error)?
         .into_inner();
@@ -107,7 +111,7 @@ pub(crate) async fn completion(
         first,
         String::new(),
         state.result_url_fn(),
-        state.sse.track(),
+        slot,
         state.shutdown.clone(),
         state.config.sse_max_lifetime,
     ))
@@ -116,7 +120,7 @@ pub(crate) async fn completion(
 /// `GET /api/v1/scan/{id}`: 202 while the job runs, 200 with the result once it has finished.
 pub(crate) async fn result(
     State(state): State<AppState>,
-    User(user): User,
+    caller: Caller,
     Path(raw_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = job_id(&raw_id)?;
@@ -124,7 +128,7 @@ pub(crate) async fn result(
     let result = state
         .scan
         .clone()
-        .get_result(request_as(msg, UNARY_DEADLINE, &user))
+        .get_result(crate::auth::request(msg, UNARY_DEADLINE, &caller))
         .await
         .map_err(ingest_error)?
         .into_inner()
@@ -181,13 +185,14 @@ pub(crate) struct EventsQuery {
 /// `GET /api/v1/scan/{id}/events`: the job's events as SSE, after `Last-Event-ID` when given.
 pub(crate) async fn events(
     State(state): State<AppState>,
-    User(user): User,
+    caller: Caller,
     Path(raw_id): Path<String>,
     query: Result<Query<EventsQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = job_id(&raw_id)?;
     let Query(query) = query.map_err(|e| ApiError::InvalidArgument(e.body_text()))?;
+    let slot = state.sse.take(&caller.user)?;
     // The header is what a reconnecting EventSource sends; the query is for clients that
     // cannot set headers.
     let after = match headers.get("last-event-id") {
@@ -204,7 +209,7 @@ pub(crate) async fn events(
     // window gets a watch of its own.
     let (stream, first) = match state
         .watches
-        .subscribe(&user, &id, (!after.is_empty()).then_some(after.as_str()))
+        .subscribe(&caller, &id, (!after.is_empty()).then_some(after.as_str()))
         .await
     {
         Ok(sub) => (sub.into_stream().boxed(), None),
@@ -217,7 +222,7 @@ pub(crate) async fn events(
             let stream = state
                 .scan
                 .clone()
-                .watch(request_as(msg, SCAN_STREAM_DEADLINE, &user))
+                .watch(crate::auth::request(msg, SCAN_STREAM_DEADLINE, &caller))
                 .await
                 .map_err(ingest_error)?
                 .into_inner();
@@ -231,7 +236,7 @@ pub(crate) async fn events(
         first,
         id,
         state.result_url_fn(),
-        state.sse.track(),
+        slot,
         state.shutdown.clone(),
         state.config.sse_max_lifetime,
     ))

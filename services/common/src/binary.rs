@@ -30,8 +30,7 @@ fn parse_command(arg: Option<&str>) -> anyhow::Result<Command> {
 /// Binds the address in `var` (default `default`) and logs where `service` listens.
 pub async fn bind(service: &str, var: &str, default: &str) -> anyhow::Result<TcpListener> {
     let addr = crate::config::env_addr(var, default)?;
-    let listener = TcpListener::bind(addr)
-        .await
+    let listener = crate::server::listen(addr)
         .with_context(|| format!("failed to bind {service} on {addr} (set {var} to change it)"))?;
     let bound = listener
         .local_addr()

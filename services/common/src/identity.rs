@@ -6,6 +6,16 @@ use tonic::metadata::MetadataMap;
 
 /// Metadata key that carries the acting user's id on internal calls.
 pub const USER_ID_HEADER: &str = "x-user-id";
+/// Metadata key that carries the acting user's roles (`admin`), comma-separated.
+pub const ROLES_HEADER: &str = "x-user-roles";
+
+/// Whether the call's metadata grants the `admin` role.
+pub fn is_admin(metadata: &MetadataMap) -> bool {
+    metadata
+        .get(ROLES_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|roles| roles.split(',').any(|r| r.trim() == "admin"))
+}
 
 /// Why a call has no usable user.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +78,10 @@ mod tests {
         assert_eq!(caller(&with("a b")), Err(IdentityError::Invalid));
         assert_eq!(caller(&with(&"a".repeat(129))), Err(IdentityError::Invalid));
         assert!(valid_user_id("alice@example.com"));
+        assert!(valid_user_id("u_1.2-3"));
+        assert!(!valid_user_id(""));
+        assert!(!valid_user_id("a b"));
         assert!(!valid_user_id("ünïcode"));
+        assert!(!valid_user_id(&"a".repeat(129)));
     }
 }

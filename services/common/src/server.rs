@@ -15,6 +15,24 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::metrics::{CONTENT_TYPE, Metrics, RpcMetrics, RpcMetricsLayer};
 
+/// Connections the kernel may queue for `accept` (capped by `net.core.somaxconn`). Tokio's
+/// default of 1,024 drops handshakes when a burst of clients arrives at once — a thousand
+/// browsers reconnecting after a deploy — and the dropped ones see resets.
+const LISTEN_BACKLOG: u32 = 8192;
+
+/// Binds `addr` (with `SO_REUSEADDR`, so a restart does not wait for old connections in
+/// TIME_WAIT) and listens with a deep accept queue.
+pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Largest message any ecoscan server accepts (images travel in messages).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 

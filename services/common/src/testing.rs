@@ -42,8 +42,7 @@ where
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     crate::telemetry::init_for_tests();
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
+    let listener = crate::server::listen(([127, 0, 0, 1], 0).into())
         .expect("failed to bind an ephemeral port");
     let addr = listener
         .local_addr()

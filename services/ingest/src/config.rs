@@ -6,6 +6,7 @@ use ecoscan_common::config::{env_duration, env_opt, env_or};
 use ecoscan_objects::S3Config;
 
 use crate::{
+    fetch::Allowlist,
     hub::HubConfig,
     store::{postgres::is_postgres_url, redis::DEFAULT_FEED_SHARDS},
 };
@@ -28,7 +29,11 @@ use crate::{
 /// | `INGEST_RETRY_AFTER` | retry delay suggested when shedding [5s] |
 /// | `INGEST_STAGE_TIMEOUT` | deadline of one stage call [120s] |
 /// | `INGEST_STAGE_RETRIES` | retries of a stage call that failed transiently [3] |
-/// | `INGEST_MAX_IMAGE_BYTES` | largest image accepted [10485760] |
+/// | `INGEST_MAX_IMAGE_BYTES` | largest image accepted, sent or fetched by `image_url` [10485760] |
+/// | `INGEST_FETCH_TIMEOUT` | deadline of fetching one `image_url`: every redirect and the whole body [10s] |
+/// | `INGEST_FETCH_CONNECT_TIMEOUT` | deadline of resolving and connecting (TCP and TLS) to one `image_url` host [3s] |
+/// | `INGEST_FETCH_CONCURRENCY` | `image_url` fetches one process runs at once; past it `Submit` answers `RESOURCE_EXHAUSTED` (retry after 1 s) at once [16] |
+/// | `INGEST_FETCH_ALLOW` | comma-separated IPs or CIDR networks an `image_url` may reach although they are refused (loopback, private, link-local, CGNAT, …), e.g. `127.0.0.1/32,::1` [none] |
 /// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
 /// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
 /// | `INGEST_DELTA_INTERVAL` | answer text is coalesced into at most one delta event per this interval [50ms] |
@@ -59,6 +64,15 @@ pub struct Config {
     pub stage_timeout: Duration,
     pub stage_retries: usize,
     pub max_image_bytes: usize,
+    /// Deadline of one `image_url` fetch, redirects and body included.
+    pub fetch_timeout: Duration,
+    /// Deadline of resolving and connecting to one `image_url` hop.
+    pub fetch_connect_timeout: Duration,
+    /// `image_url` fetches this process runs at once; more are refused, not queued.
+    pub fetch_concurrency: usize,
+    /// Addresses an `image_url` may reach although their range is refused (see
+    /// [`crate::fetch::addr`]). Empty: only public addresses.
+    pub fetch_allow: Allowlist,
     pub event_ttl: Duration,
     pub event_max_len: usize,
     /// Answer deltas are coalesced into at most one event per interval: each event costs a
@@ -91,6 +105,10 @@ impl Default for Config {
             stage_timeout: Duration::from_secs(120),
             stage_retries: 3,
             max_image_bytes: 10 * 1024 * 1024,
+            fetch_timeout: Duration::from_secs(10),
+            fetch_connect_timeout: Duration::from_secs(3),
+            fetch_concurrency: 16,
+            fetch_allow: Allowlist::default(),
             event_ttl: Duration::from_secs(3600),
             event_max_len: 2048,
             delta_interval: Duration::from_millis(50),
@@ -128,6 +146,13 @@ impl Config {
             stage_timeout: env_duration("INGEST_STAGE_TIMEOUT", d.stage_timeout)?,
             stage_retries: env_or("INGEST_STAGE_RETRIES", d.stage_retries)?,
             max_image_bytes: env_or("INGEST_MAX_IMAGE_BYTES", d.max_image_bytes)?,
+            fetch_timeout: env_duration("INGEST_FETCH_TIMEOUT", d.fetch_timeout)?,
+            fetch_connect_timeout: env_duration(
+                "INGEST_FETCH_CONNECT_TIMEOUT",
+                d.fetch_connect_timeout,
+            )?,
+            fetch_concurrency: env_or("INGEST_FETCH_CONCURRENCY", d.fetch_concurrency)?.max(1),
+            fetch_allow: env_or("INGEST_FETCH_ALLOW", d.fetch_allow)?,
             event_ttl: env_duration("INGEST_EVENT_TTL", d.event_ttl)?,
             event_max_len: env_or("INGEST_EVENT_MAX_LEN", d.event_max_len)?.max(1),
             delta_interval: env_duration("INGEST_DELTA_INTERVAL", d.delta_interval)?,

@@ -2,7 +2,14 @@
 
 use std::time::Duration;
 
-use tonic::{Code, Status, metadata::MetadataValue};
+use tonic::{Status, metadata::MetadataValue};
+
+/// What a caller is told about any `image_url` that could not be fetched, whatever the reason
+/// (a refused address, a failed lookup, a closed port, a timeout, an error status, a body too
+/// large or not an image, …): one message, so the answer reveals nothing about what lies
+/// behind the URL. The reason is logged (see [`crate::fetch`]).
+pub const IMAGE_FETCH_FAILED: &str =
+    "could not fetch the image from image_url; check that it is a public http(s) URL of an image";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -12,8 +19,15 @@ pub enum Error {
     JobNotFound(String),
     #[error("too many scans waiting ({backlog}); try again in {} s", retry_after.as_secs())]
     Overloaded { backlog: u64, retry_after: Duration },
-    #[error("could not fetch the image: {0}")]
-    ImageFetch(String),
+    /// Fetching `image_url` failed or was refused; the reason is in the log.
+    #[error("{}", IMAGE_FETCH_FAILED)]
+    ImageFetch,
+    /// Every `image_url` fetch slot (`INGEST_FETCH_CONCURRENCY`) is taken.
+    #[error(
+        "too many images are being fetched by URL; try again in {} s, or send the image's bytes",
+        retry_after.as_secs()
+    )]
+    FetchBusy { retry_after: Duration },
     #[error("store failure: {0}")]
     Store(#[from] StoreError),
     #[error("service is shutting down")]
@@ -57,7 +71,7 @@ impl From<Error> for Status {
         match e {
             Error::InvalidArgument(m) => Status::invalid_argument(m),
             Error::JobNotFound(_) => Status::not_found(e.to_string()),
-            Error::Overloaded { retry_after, .. } => {
+            Error::Overloaded { retry_after, .. } | Error::FetchBusy { retry_after } => {
                 let mut s = Status::resource_exhausted(e.to_string());
                 // Callers (the gateway) turn this into an HTTP `Retry-After`.
                 s.metadata_mut().insert(
@@ -66,10 +80,7 @@ impl From<Error> for Status {
                 );
                 s
             }
-            Error::ImageFetch(m) => Status::new(
-                Code::InvalidArgument,
-                format!("could not fetch the image: {m}"),
-            ),
+            Error::ImageFetch => Status::invalid_argument(IMAGE_FETCH_FAILED),
             Error::Store(inner) => {
                 tracing::error!(error = %inner, "storage failure");
                 Status::unavailable("storage is unavailable; try again")
@@ -81,6 +92,8 @@ impl From<Error> for Status {
 
 #[cfg(test)]
 mod tests {
+    use tonic::Code;
+
     use super::*;
 
     #[test]
@@ -99,6 +112,15 @@ mod tests {
         });
         assert_eq!(s.code(), Code::ResourceExhausted);
         assert_eq!(s.metadata().get("retry-after").unwrap(), "7");
+        let s = Status::from(Error::ImageFetch);
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(s.message(), IMAGE_FETCH_FAILED);
+        assert_eq!(Error::ImageFetch.to_string(), IMAGE_FETCH_FAILED);
+        let s = Status::from(Error::FetchBusy {
+            retry_after: Duration::from_secs(1),
+        });
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(s.metadata().get("retry-after").unwrap(), "1");
         let s = Status::from(Error::Store(StoreError::Unavailable(
             "redis down at 10.0.0.1".into(),
         )));

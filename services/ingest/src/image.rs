@@ -1,9 +1,5 @@
-//! Image intake: sniffing the type from the bytes, and fetching an image by URL with limits.
-
-use std::time::Duration;
-
-use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+//! Image intake: sniffing the type from the bytes. Fetching an image by URL is
+//! [`crate::fetch`].
 
 use crate::error::Error;
 
@@ -43,48 +39,6 @@ pub fn validate(bytes: &[u8], declared: &str, max_bytes: usize) -> Result<&'stat
     sniff(bytes).ok_or_else(|| {
         Error::InvalidArgument("the bytes are not a JPEG, PNG, WebP or GIF image".into())
     })
-}
-
-/// Fetches an image from an http(s) URL, refusing anything larger than `max_bytes`.
-pub async fn fetch(client: &reqwest::Client, url: &str, max_bytes: usize) -> Result<Bytes, Error> {
-    let parsed = reqwest::Url::parse(url).map_err(|e| {
-        Error::InvalidArgument(format!("image_url {url:?} is not a valid URL: {e}"))
-    })?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(Error::InvalidArgument(format!(
-            "image_url must be http or https, not {:?}",
-            parsed.scheme()
-        )));
-    }
-    let res = client
-        .get(parsed)
-        .timeout(Duration::from_secs(15))
-        .send()
-        .await
-        .map_err(|e| Error::ImageFetch(e.without_url().to_string()))?;
-    if !res.status().is_success() {
-        return Err(Error::ImageFetch(format!(
-            "the server answered {}",
-            res.status()
-        )));
-    }
-    if res.content_length().is_some_and(|n| n > max_bytes as u64) {
-        return Err(Error::InvalidArgument(format!(
-            "the image at image_url is larger than the limit of {max_bytes} bytes"
-        )));
-    }
-    let mut body = BytesMut::new();
-    let mut stream = res.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| Error::ImageFetch(e.without_url().to_string()))?;
-        if body.len() + chunk.len() > max_bytes {
-            return Err(Error::InvalidArgument(format!(
-                "the image at image_url is larger than the limit of {max_bytes} bytes"
-            )));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body.freeze())
 }
 
 #[cfg(test)]

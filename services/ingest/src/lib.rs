@@ -6,6 +6,7 @@
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod fetch;
 pub mod hub;
 pub mod image;
 pub mod metrics;

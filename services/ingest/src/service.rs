@@ -17,6 +17,7 @@ use crate::{
     Config, Stores,
     error::Error,
     event::event,
+    fetch::ImageFetcher,
     hub::Hub,
     image,
     metrics::IngestMetrics,
@@ -31,7 +32,7 @@ struct Inner {
     config: Config,
     stores: Stores,
     hub: Hub,
-    http: reqwest::Client,
+    fetcher: ImageFetcher,
     metrics: IngestMetrics,
     shutdown: CancellationToken,
 }
@@ -46,16 +47,13 @@ impl ScanApi {
         metrics: IngestMetrics,
         shutdown: CancellationToken,
     ) -> Self {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::limited(3))
-            .build()
-            .expect("a default reqwest client always builds");
+        let fetcher = ImageFetcher::new(&config);
         Self {
             inner: Arc::new(Inner {
                 config,
                 stores,
                 hub,
-                http,
+                fetcher,
                 metrics,
                 shutdown,
             }),
@@ -83,8 +81,10 @@ impl Inner {
         match &accepted {
             Ok((_, true)) => self.metrics.submitted(),
             Ok((_, false)) => {}
-            Err(Error::Overloaded { .. }) => self.metrics.rejected("overloaded"),
-            Err(Error::InvalidArgument(_) | Error::ImageFetch(_)) => {
+            Err(Error::Overloaded { .. } | Error::FetchBusy { .. }) => {
+                self.metrics.rejected("overloaded");
+            }
+            Err(Error::InvalidArgument(_) | Error::ImageFetch) => {
                 self.metrics.rejected("invalid");
             }
             Err(_) => {}
@@ -150,7 +150,7 @@ impl Inner {
                 ));
             }
             (false, true) => req.image.into(),
-            (true, false) => image::fetch(&self.http, &req.image_url, max).await?,
+            (true, false) => self.fetcher.fetch(&req.image_url).await?,
         };
         let content_type = image::validate(&bytes, &req.content_type, max)?;
 

@@ -64,6 +64,8 @@ pub struct SuiteConfig {
     /// Jobs ingest runs at once (`INGEST_MAX_IN_FLIGHT`); `None`: ingest's default, the
     /// backlog limit.
     pub ingest_max_in_flight: Option<usize>,
+    /// The gateway's abuse limits (`GATEWAY_SCANS_PER_MINUTE`, `GATEWAY_MAX_SSE_PER_USER`, …).
+    pub gateway_limits: ecoscan_gateway::Limits,
 }
 
 impl SuiteConfig {
@@ -81,6 +83,7 @@ impl SuiteConfig {
                         .with_context(|| format!("invalid INGEST_MAX_IN_FLIGHT {v:?}"))
                 })
                 .transpose()?,
+            gateway_limits: ecoscan_gateway::Limits::from_env()?,
         })
     }
 
@@ -92,6 +95,7 @@ impl SuiteConfig {
             data_dir: data_dir.to_path_buf(),
             llm: LlmConfig::default(),
             ingest_max_in_flight: None,
+            gateway_limits: ecoscan_gateway::Limits::default(),
         }
     }
 }
@@ -141,13 +145,53 @@ impl Running {
 }
 
 async fn bind(host: IpAddr, port: u16, name: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind((host, port))
-        .await
+    ecoscan_common::server::listen(SocketAddr::new(host, port))
         .with_context(|| format!("failed to bind {name} on {host}:{port}; is another ecoscan running? (override with --{name}-port)"))
 }
 
 fn url(addr: SocketAddr) -> String {
     format!("http://{addr}")
+}
+
+/// `iss` and `aud` of the tokens `ecoscan token` mints for `ecoscan up`.
+pub const LOCAL_ISSUER: &str = "ecoscan-local";
+pub const LOCAL_AUDIENCE: &str = "ecoscan";
+/// The file under the data directory that holds `ecoscan up`'s token secret.
+const TOKEN_SECRET_FILE: &str = "token-secret";
+
+/// The HS256 secret of `ecoscan up`'s gateway, kept in `data_dir` (created on first use, readable
+/// by its owner only), so that `ecoscan token` can mint tokens it accepts.
+pub fn local_token_secret(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join(TOKEN_SECRET_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(secret) if secret.trim().len() >= 32 => return Ok(secret.trim().to_owned()),
+        Ok(_) => anyhow::bail!("{} is too short to be a token secret", path.display()),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(anyhow::Error::from(e).context(format!("cannot read {}", path.display())));
+        }
+        Err(_) => {}
+    }
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("failed to create {}", data_dir.display()))?;
+    let secret = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(&path) {
+        Ok(mut file) => {
+            std::io::Write::write_all(&mut file, secret.as_bytes())
+                .with_context(|| format!("failed to write {}", path.display()))?;
+            Ok(secret)
+        }
+        // Another process created it first: use theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => local_token_secret(data_dir),
+        Err(e) => Err(anyhow::Error::from(e).context(format!("cannot create {}", path.display()))),
+    }
 }
 
 /// Binds every port first (so every address is known before anything runs), then starts each
@@ -159,6 +203,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         data_dir,
         llm,
         ingest_max_in_flight,
+        gateway_limits,
     } = config;
     tokio::fs::create_dir_all(&data_dir)
         .await
@@ -292,6 +337,14 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         reward_url: url(addrs.reward),
         analytics_url: url(addrs.analytics),
         notification_url: url(addrs.notification),
+        // Tokens minted by `ecoscan token` work at once; on loopback the trusted header does too.
+        auth: ecoscan_gateway::AuthConfig {
+            hs256_secret: Some(local_token_secret(&data_dir)?),
+            issuer: Some(LOCAL_ISSUER.to_owned()),
+            audience: Some(LOCAL_AUDIENCE.to_owned()),
+            ..Default::default()
+        },
+        limits: gateway_limits,
         ..Default::default()
     };
     let sd = shutdown.clone();
@@ -391,8 +444,7 @@ pub async fn serve_one(service: Service, shutdown: CancellationToken) -> anyhow:
         service.addr_var(),
         &format!("127.0.0.1:{}", service.default_port()),
     )?;
-    let listener = TcpListener::bind(addr)
-        .await
+    let listener = ecoscan_common::server::listen(addr)
         .with_context(|| format!("failed to bind {} on {addr}", service.name()))?;
     let bound = listener
         .local_addr()

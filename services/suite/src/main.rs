@@ -24,6 +24,26 @@ enum Command {
     /// (one process per service: containers, tests). `ECOSCAN_ADDR_FILE` receives the bound
     /// address.
     Serve(ServeArgs),
+    /// Print a bearer token that `ecoscan up` (with the same data directory) accepts, for curl
+    /// and scripts: `curl -H "Authorization: Bearer $(ecoscan token --user alice)" …`.
+    Token(TokenArgs),
+}
+
+#[derive(clap::Args)]
+struct TokenArgs {
+    /// The user the token acts for (its `sub`).
+    #[arg(long)]
+    user: String,
+    /// Grant the admin role (needed for /api/v1/usage).
+    #[arg(long)]
+    admin: bool,
+    /// How long the token is valid: `1h`, `30m`, `7d`.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    ttl: std::time::Duration,
+    /// The data directory of the `ecoscan up` that should accept the token (its secret lives
+    /// there).
+    #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -63,6 +83,7 @@ async fn main() -> anyhow::Result<()> {
     let args = match Cli::parse().command {
         Command::Up(args) => args,
         Command::Serve(args) => return serve(args.service).await,
+        Command::Token(args) => return token(args),
     };
     let _telemetry = ecoscan_common::telemetry::init("suite")?;
     let ports = Ports {
@@ -112,4 +133,19 @@ async fn main() -> anyhow::Result<()> {
 async fn serve(service: Service) -> anyhow::Result<()> {
     let _telemetry = ecoscan_common::telemetry::init(service.name())?;
     ecoscan::serve_one(service, ecoscan_common::binary::shutdown_on_signal()).await
+}
+
+/// `ecoscan token`: a token signed with the local suite's secret.
+fn token(args: TokenArgs) -> anyhow::Result<()> {
+    let secret = ecoscan::local_token_secret(&args.data_dir)?;
+    let token = ecoscan_gateway::mint_token(
+        &secret,
+        &args.user,
+        args.admin,
+        ecoscan::LOCAL_ISSUER,
+        ecoscan::LOCAL_AUDIENCE,
+        args.ttl,
+    )?;
+    println!("{token}");
+    Ok(())
 }

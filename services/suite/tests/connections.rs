@@ -68,6 +68,18 @@ async fn redis_connections_stay_constant_with_a_thousand_watchers() {
             "INGEST_MAX_IN_FLIGHT",
             (JOBS + 28).to_string(),
         )
+        // One user owns every job and watches each many times over: lift the per-user limits
+        // of the public edge to this test's size.
+        .service_env(
+            Service::Gateway,
+            "GATEWAY_SCANS_PER_MINUTE",
+            JOBS.to_string(),
+        )
+        .service_env(
+            Service::Gateway,
+            "GATEWAY_MAX_SSE_PER_USER",
+            SSE_CLIENTS.to_string(),
+        )
         // Jobs run for ~14 s (two model calls each): every watcher is open while they run
         // even on a busy machine (1000 watchers subscribe in ~1 s alone, ~8 s under 3x load).
         .env("LLM_MOCK_LATENCY", "7s")

@@ -493,12 +493,14 @@ async fn a_scan_whose_model_is_unreachable_ends_with_an_error_event_and_a_failed
     assert_eq!(result["status"], "failed", "{result:#}");
     assert_eq!(result["error"]["code"], "UNAVAILABLE");
 
-    // The failed model call was recorded in analytics.
+    // The failed model call was recorded in analytics (which only an admin may read).
+    let admin = suite.token("ops", true);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let usage: Value = suite
             .http
             .get(suite.url("/api/v1/analytics/usage"))
+            .bearer_auth(&admin)
             .send()
             .await
             .unwrap()
@@ -526,4 +528,106 @@ async fn a_scan_whose_model_is_unreachable_ends_with_an_error_event_and_a_failed
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `ecoscan token` mints tokens the local gateway accepts; a job, its events and result are its
+/// owner's alone (404 for anyone else, so ids do not leak); usage needs the admin role.
+#[tokio::test]
+async fn tokens_act_for_their_user_and_jobs_are_visible_to_their_owner_only() {
+    let suite = TestSuite::start().await;
+    let ivan = suite.token("ivan", false);
+    let judy = suite.token("judy", false);
+
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/scan"))
+        .bearer_auth(&ivan)
+        .multipart(image_form("can"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let job_id = res.json::<Value>().await.unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let result = wait_result(&suite, &job_id, "ivan").await;
+    assert_eq!(result["status"], "succeeded", "{result:#}");
+
+    for path in [
+        format!("/api/v1/scan/{job_id}"),
+        format!("/api/v1/scan/{job_id}/events"),
+    ] {
+        let res = suite
+            .http
+            .get(suite.url(&path))
+            .bearer_auth(&judy)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 404, "{path} as another user");
+        let res = suite
+            .http
+            .get(suite.url(&path))
+            .bearer_auth(&ivan)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{path} as the owner");
+    }
+    // `EventSource` sends the token in the query.
+    let res = suite
+        .http
+        .get(suite.url(&format!("/api/v1/scan/{job_id}/events?access_token={ivan}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let events = read_sse(res).await;
+    assert_eq!(events.last().unwrap().event, "ready");
+
+    // The character went to ivan, not to judy.
+    let owned = |token: String| {
+        let http = suite.http.clone();
+        let url = suite.url("/api/v1/characters/me");
+        async move {
+            http.get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mine = owned(ivan.clone()).await;
+        if mine["characters"].as_array().is_some_and(|c| !c.is_empty()) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no character: {mine}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let theirs = owned(judy.clone()).await;
+    assert_eq!(theirs["characters"], serde_json::json!([]), "{theirs}");
+
+    let usage = suite.url("/api/v1/analytics/usage");
+    let res = suite.http.get(&usage).bearer_auth(&judy).send().await.unwrap();
+    assert_eq!(res.status(), 403);
+    let admin = suite.token("ops", true);
+    let res = suite.http.get(&usage).bearer_auth(&admin).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+
+    // A token signed with another secret (another data dir) is refused.
+    let stranger = TestSuite::start().await.token("ivan", false);
+    let res = suite
+        .http
+        .get(suite.url(&format!("/api/v1/scan/{job_id}")))
+        .bearer_auth(&stranger)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
 }

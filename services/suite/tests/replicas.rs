@@ -69,6 +69,11 @@ async fn run(stores: TestStores) {
         .env("INGEST_LEASE", format!("{}ms", LEASE.as_millis()))
         .env("INGEST_SWEEP_INTERVAL", "1s")
         .env("INGEST_SWEEP_GRACE", "2s")
+        // One user owns every job and watches each from several clients.
+        .env(
+            "GATEWAY_MAX_SSE_PER_USER",
+            (JOBS * CLIENTS_PER_JOB).to_string(),
+        )
         .start()
         .await;
     // The second ingest replica, and a second gateway in front of it.

@@ -43,6 +43,24 @@ impl TestSuite {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.running.addrs.gateway)
     }
+
+    /// A bearer token for `user` from the real `ecoscan token` command, signed with this suite's
+    /// secret.
+    pub fn token(&self, user: &str, admin: bool) -> String {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ecoscan"));
+        cmd.args(["token", "--user", user, "--ttl", "10m", "--data-dir"])
+            .arg(self.data_dir.path());
+        if admin {
+            cmd.arg("--admin");
+        }
+        let out = cmd.output().expect("ecoscan token runs");
+        assert!(
+            out.status.success(),
+            "ecoscan token failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
 }
 
 impl Drop for TestSuite {

@@ -1,0 +1,562 @@
+//! The public edge over real sockets: who may call (JWT bearer tokens, HS256 and a JWKS on a
+//! loopback server), what each caller may do (admin), and the abuse limits (rates, SSE caps,
+//! slow clients).
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use ecoscan_gateway::{AuthConfig, Config, Limits, TrustHeader};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::*;
+use tokio::io::AsyncWriteExt as _;
+
+const SECRET: &str = "a-test-secret-that-is-long-enough-0123456789";
+const ISSUER: &str = "https://id.example.test";
+const AUDIENCE: &str = "ecoscan-edge-test";
+
+/// A P-256 key made for this test only (its public half is [`JWK_X`], [`JWK_Y`]).
+const ES256_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgjT8+O46oD24yrucX
+B7uG32xr2g7Fa+MdMSKUV7xJiq+hRANCAAQg5aHsEVfMcXPWG/FVtkW+ZyMoS2DT
+AFneaeKIfToNr7YSp9OtzUWgBK2KQ++wQjaNM4+FRoUU52uQ0zSnp15F
+-----END PRIVATE KEY-----
+";
+const JWK_X: &str = "IOWh7BFXzHFz1hvxVbZFvmcjKEtg0wBZ3mniiH06Da8";
+const JWK_Y: &str = "thKn063NRaAErYpD77BCNo0zj4VGhRTna5DTNKenXkU";
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Claims valid for an hour for `sub`, with `extra` merged in.
+fn claims(sub: &str, extra: Value) -> Value {
+    let mut c = json!({
+        "sub": sub, "iss": ISSUER, "aud": AUDIENCE, "iat": now(), "exp": now() + 3600,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    c
+}
+
+fn hs256(claims: &Value, secret: &str) -> String {
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        claims,
+        &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+fn es256(claims: &Value, kid: &str) -> String {
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some(kid.to_owned());
+    jsonwebtoken::encode(
+        &header,
+        claims,
+        &EncodingKey::from_ec_pem(ES256_KEY.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+/// A gateway that believes tokens only (as on a public address).
+fn token_auth(c: Config) -> Config {
+    Config {
+        auth: AuthConfig {
+            hs256_secret: Some(SECRET.into()),
+            issuer: Some(ISSUER.into()),
+            audience: Some(AUDIENCE.into()),
+            trust_header: TrustHeader::Off,
+            ..AuthConfig::default()
+        },
+        ..c
+    }
+}
+
+async fn get(env: &Env, path: &str, token: Option<&str>) -> reqwest::Response {
+    let mut req = env.http.get(env.url(path));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    req.send().await.unwrap()
+}
+
+async fn json_of(res: reqwest::Response) -> Value {
+    res.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_valid_token_names_the_caller_and_anything_else_is_401() {
+    let env = start_with(token_auth).await;
+
+    // No token: 401 that says how to authenticate.
+    let res = get(&env, "/api/v1/characters/me", None).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        res.headers()["www-authenticate"],
+        r#"Bearer realm="ecoscan""#
+    );
+    let body = json_of(res).await;
+    assert_eq!(body["code"], "UNAUTHENTICATED");
+    assert!(
+        body["message"].as_str().unwrap().contains("Bearer"),
+        "{body}"
+    );
+
+    // The header is not believed here, with or without a token.
+    let res = env
+        .http
+        .get(env.url("/api/v1/characters/me"))
+        .header("x-user-id", "mallory")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let alice = hs256(&claims("alice", json!({})), SECRET);
+    let res = env
+        .http
+        .get(env.url("/api/v1/characters/me"))
+        .bearer_auth(&alice)
+        .header("x-user-id", "mallory")
+        .header("x-user-roles", "admin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(env.calls.user_of("list_owned").as_deref(), Some("alice"));
+
+    // Every way a token can be wrong is a 401 with error="invalid_token", and none reaches a
+    // backend.
+    let before = env.calls.user_of("list_owned");
+    let expired = claims("bob", json!({"exp": now() - 3600, "iat": now() - 7200}));
+    let not_yet = claims("bob", json!({"nbf": now() + 3600}));
+    let other_aud = claims("bob", json!({"aud": "someone-else"}));
+    let other_iss = claims("bob", json!({"iss": "https://evil.example.test"}));
+    let no_exp = json!({"sub": "bob", "iss": ISSUER, "aud": AUDIENCE});
+    let bad_sub = claims("bob smith/../", json!({}));
+    let unsigned = {
+        // alg "none" with the signature stripped.
+        let t = hs256(&claims("bob", json!({})), SECRET);
+        let mut parts: Vec<&str> = t.split('.').collect();
+        let header = base64_url(br#"{"alg":"none","typ":"JWT"}"#);
+        parts[0] = &header;
+        format!("{}.{}.", parts[0], parts[1])
+    };
+    for (what, token) in [
+        ("expired", hs256(&expired, SECRET)),
+        ("not yet valid", hs256(&not_yet, SECRET)),
+        ("other audience", hs256(&other_aud, SECRET)),
+        ("other issuer", hs256(&other_iss, SECRET)),
+        ("no exp", hs256(&no_exp, SECRET)),
+        ("unusable sub", hs256(&bad_sub, SECRET)),
+        (
+            "other secret",
+            hs256(
+                &claims("bob", json!({})),
+                "another-secret-that-is-long-enough-000",
+            ),
+        ),
+        ("unsigned", unsigned),
+        (
+            "ES256 without a JWKS",
+            es256(&claims("bob", json!({})), "k1"),
+        ),
+        ("garbage", "not.a.token".to_owned()),
+    ] {
+        let res = get(&env, "/api/v1/characters/me", Some(&token)).await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{what}");
+        assert_eq!(
+            res.headers()["www-authenticate"],
+            r#"Bearer realm="ecoscan", error="invalid_token""#,
+            "{what}"
+        );
+        let body = json_of(res).await;
+        assert_eq!(body["code"], "UNAUTHENTICATED", "{what}: {body}");
+    }
+    assert_eq!(env.calls.user_of("list_owned"), before);
+
+    // A token a little past `exp`, within the allowed skew, still works.
+    let skewed = claims("carol", json!({"exp": now() - 5}));
+    let res = get(&env, "/api/v1/characters/me", Some(&hs256(&skewed, SECRET))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+fn base64_url(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+#[tokio::test]
+async fn usage_needs_the_admin_claim() {
+    let env = start_with(token_auth).await;
+    let path = "/api/v1/analytics/usage?since=2026-01-01T00:00:00Z";
+    let user = hs256(&claims("alice", json!({})), SECRET);
+    let res = get(&env, path, Some(&user)).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert!(res.headers().get("www-authenticate").is_none());
+    assert_eq!(json_of(res).await["code"], "PERMISSION_DENIED");
+    assert!(env.calls.last_usage.lock().unwrap().is_none());
+
+    for admin in [
+        json!({"roles": ["reader", "admin"]}),
+        json!({"roles": "admin"}),
+        json!({"roles": true}),
+    ] {
+        let token = hs256(&claims("root", admin.clone()), SECRET);
+        let res = get(&env, path, Some(&token)).await;
+        assert_eq!(res.status(), StatusCode::OK, "{admin}");
+    }
+    let res = get(
+        &env,
+        path,
+        Some(&hs256(
+            &claims("alice", json!({"roles": ["reader"]})),
+            SECRET,
+        )),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn sse_routes_take_the_token_from_the_query_or_a_cookie_and_other_routes_do_not() {
+    let env = start_with(token_auth).await;
+    let dave = hs256(&claims("dave", json!({})), SECRET);
+
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/notifications/stream?access_token={dave}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(res);
+    assert_eq!(env.calls.user_of("subscribe").as_deref(), Some("dave"));
+
+    let erin = hs256(&claims("erin", json!({})), SECRET);
+    let res = env
+        .http
+        .get(env.url("/api/v1/notifications/stream"))
+        .header("cookie", format!("theme=dark; ecoscan_token={erin}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(res);
+    assert_eq!(env.calls.user_of("subscribe").as_deref(), Some("erin"));
+
+    // Outside the SSE routes a token in the URL is refused: URLs end up in logs and histories.
+    let res = get(
+        &env,
+        &format!("/api/v1/characters/me?access_token={dave}"),
+        None,
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}
+
+/// A JWKS endpoint on loopback that counts its fetches.
+async fn jwks_server(fetches: Arc<AtomicUsize>) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route(
+        "/jwks.json",
+        axum::routing::get(move || {
+            let fetches = fetches.clone();
+            async move {
+                fetches.fetch_add(1, Ordering::SeqCst);
+                axum::Json(json!({"keys": [{
+                    "kty": "EC", "crv": "P-256", "kid": "k1", "use": "sig", "alg": "ES256",
+                    "x": JWK_X, "y": JWK_Y,
+                }]}))
+            }
+        }),
+    );
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (format!("http://{addr}/jwks.json"), task)
+}
+
+#[tokio::test]
+async fn jwks_tokens_are_verified_and_unknown_keys_refetch_at_a_bounded_rate() {
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let (url, _server) = jwks_server(fetches.clone()).await;
+    let env = start_with(|c| Config {
+        auth: AuthConfig {
+            jwks_url: Some(url),
+            issuer: Some(ISSUER.into()),
+            audience: Some(AUDIENCE.into()),
+            trust_header: TrustHeader::Off,
+            ..AuthConfig::default()
+        },
+        ..c
+    })
+    .await;
+
+    let token = es256(&claims("frank", json!({})), "k1");
+    for _ in 0..3 {
+        let res = get(&env, "/api/v1/characters/me", Some(&token)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(env.calls.user_of("list_owned").as_deref(), Some("frank"));
+    // Cached: one fetch for three requests.
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+
+    // Unknown `kid`s may make the gateway look again, but not on every request.
+    for kid in ["k2", "k3", "k4", "k5"] {
+        let res = get(
+            &env,
+            "/api/v1/characters/me",
+            Some(&es256(&claims("frank", json!({})), kid)),
+        )
+        .await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{kid}");
+    }
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+
+    // An HS256 token is not accepted by a gateway configured for a JWKS only (no algorithm
+    // confusion with the public key).
+    let res = get(
+        &env,
+        "/api/v1/characters/me",
+        Some(&hs256(&claims("frank", json!({})), SECRET)),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn scans_past_the_rate_are_429_with_retry_after_and_other_users_go_on() {
+    let env = start_with(|c| Config {
+        limits: Limits {
+            scans_per_minute: 2,
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let submit = |user: &'static str| {
+        let env = &env;
+        async move {
+            env.http
+                .post(env.url("/api/v1/scan"))
+                .header("x-user-id", user)
+                .json(&json!({"image_base64": "/9j/4AAQ", "hint": "can"}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(submit("alice").await.status(), StatusCode::ACCEPTED);
+    assert_eq!(submit("alice").await.status(), StatusCode::ACCEPTED);
+    let res = submit("alice").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&retry), "retry-after {retry}");
+    let body = json_of(res).await;
+    assert_eq!(body["code"], "RESOURCE_EXHAUSTED");
+    assert_eq!(env.calls.submits(), 2);
+
+    assert_eq!(submit("bob").await.status(), StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn notifications_scheduled_past_the_rate_are_429() {
+    let env = start_with(|c| Config {
+        limits: Limits {
+            schedules_per_minute: 1,
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let schedule = || {
+        env.http
+            .post(env.url("/api/v1/notifications"))
+            .json(&json!({"title": "x", "delay_seconds": 60}))
+            .send()
+    };
+    assert_eq!(schedule().await.unwrap().status(), StatusCode::CREATED);
+    let res = schedule().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn open_streams_are_capped_per_user_and_overall() {
+    let env = start_with(|c| Config {
+        limits: Limits {
+            max_sse_per_user: 2,
+            max_sse: 3,
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let open = |user: &'static str| {
+        env.http
+            .get(env.url("/api/v1/notifications/stream"))
+            .header("x-user-id", user)
+            .send()
+    };
+    let a1 = open("alice").await.unwrap();
+    let a2 = open("alice").await.unwrap();
+    assert_eq!(a1.status(), StatusCode::OK);
+    assert_eq!(a2.status(), StatusCode::OK);
+    let a3 = open("alice").await.unwrap();
+    assert_eq!(a3.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(a3.headers().contains_key("retry-after"));
+    assert!(
+        json_of(a3).await["message"]
+            .as_str()
+            .unwrap()
+            .contains("streams")
+    );
+
+    let b1 = open("bob").await.unwrap();
+    assert_eq!(b1.status(), StatusCode::OK);
+    // Three open in all: the global cap refuses anyone.
+    assert_eq!(
+        open("carol").await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // A closed stream gives its slot back (once the gateway notices the client left).
+    drop(a1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let res = open("carol").await.unwrap();
+        if res.status() == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop((a2, b1));
+}
+
+/// 1,030 connections that send headers and trickle their bodies (more than the gateway's 1,024
+/// concurrency slots) and 100 more that trickle their headers: they are cut within ~30 s, and a
+/// fast client's requests succeed the whole time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_and_cannot_starve_the_others() {
+    let env = start_with(|c| Config {
+        limits: Limits {
+            header_timeout: Duration::from_secs(5),
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let addr = env.base.trim_start_matches("http://").to_owned();
+
+    let started = Instant::now();
+    let mut slow = tokio::task::JoinSet::new();
+    for i in 0..1130 {
+        let addr = addr.clone();
+        slow.spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let head = if i < 1030 {
+                // The whole head, then a 1 MiB body one byte a second.
+                format!(
+                    "POST /api/v1/scan HTTP/1.1\r\nhost: {addr}\r\nx-user-id: slow{i}\r\n\
+                     content-type: application/json\r\ncontent-length: 1048576\r\n\r\n"
+                )
+            } else {
+                // Half a head, then a header byte a second.
+                format!("GET /api/v1/characters/me HTTP/1.1\r\nhost: {addr}\r\n")
+            };
+            s.write_all(head.as_bytes()).await.unwrap();
+            let mut response = Vec::new();
+            loop {
+                let byte: &[u8] = if i < 1030 { b" " } else { b"x" };
+                if let Err(e) = s.write_all(byte).await {
+                    response.extend_from_slice(format!("<write: {e}>").as_bytes());
+                    break;
+                }
+                // Read whatever the gateway answered; EOF means it closed the connection.
+                let mut buf = [0u8; 1024];
+                match tokio::time::timeout(Duration::from_secs(1), async {
+                    use tokio::io::AsyncReadExt as _;
+                    s.read(&mut buf).await
+                })
+                .await
+                {
+                    Ok(Ok(0)) => break,
+                    Ok(Err(e)) => {
+                        response.extend_from_slice(format!("<read: {e}>").as_bytes());
+                        break;
+                    }
+                    Ok(Ok(n)) => response.extend_from_slice(&buf[..n]),
+                    Err(_) => {}
+                }
+                if started.elapsed() > Duration::from_secs(90) {
+                    panic!("slow connection {i} still open after 90 s");
+                }
+            }
+            (
+                i,
+                started.elapsed(),
+                String::from_utf8_lossy(&response).into_owned(),
+            )
+        });
+    }
+
+    // Meanwhile a fast client keeps working.
+    let mut fast_ok = 0;
+    while !slow.is_empty() && started.elapsed() < Duration::from_secs(60) {
+        let res = env
+            .http
+            .get(env.url("/api/v1/characters/me"))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .expect("the fast client's request failed");
+        assert_eq!(res.status(), StatusCode::OK);
+        fast_ok += 1;
+        tokio::select! {
+            Some(done) = slow.join_next() => {
+                let (i, took, response) = done.unwrap();
+                check_cut(i, took, &response);
+            }
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+    while let Some(done) = slow.join_next().await {
+        let (i, took, response) = done.unwrap();
+        check_cut(i, took, &response);
+    }
+    assert!(fast_ok >= 5, "only {fast_ok} fast requests ran");
+}
+
+fn check_cut(i: usize, took: Duration, response: &str) {
+    // Cut within ~30 s of opening (generous for a busy machine), with a 408 where the gateway
+    // could still answer (the body readers) and a close for slow heads.
+    assert!(
+        took < Duration::from_secs(45),
+        "slow connection {i} was held {took:?}"
+    );
+    if i < 1030 {
+        assert!(
+            response.starts_with("HTTP/1.1 408"),
+            "slow body {i} got {response:?} after {took:?}"
+        );
+    }
+}
