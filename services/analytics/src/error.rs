@@ -1,6 +1,8 @@
 //! The analytics service's errors and their one mapping to gRPC statuses.
 
-use tonic::Status;
+use std::time::Duration;
+
+use tonic::{Status, metadata::MetadataValue};
 
 /// Everything an RPC of the analytics service can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +21,8 @@ pub enum Error {
     InvalidDuration { field: &'static str },
     #[error("status {0} is not a known CallStatus")]
     InvalidStatus(i32),
+    #[error("{field} contains a NUL character, which the store cannot keep")]
+    NulInField { field: &'static str },
     #[error("since is after until; send a window whose start precedes its end")]
     InvalidWindow,
     #[error(
@@ -31,8 +35,29 @@ pub enum Error {
     },
     #[error("no llm call with id {0}")]
     NotFound(String),
+    #[error(
+        "reading model calls needs the admin role: they cover every user (the gateway forwards it \
+         as `x-user-roles: admin` metadata)"
+    )]
+    NotAdmin,
     #[error("the analytics writer is shutting down; retry on another instance")]
     ShuttingDown,
+    #[error(
+        "analytics is refusing calls: its stores are failing and its spool is full ({used} of \
+         {max} bytes); calls not acknowledged were not stored, retry them in {} s (a resent \
+         call_id is stored once)",
+        retry_after.as_secs()
+    )]
+    SpoolFull {
+        used: u64,
+        max: u64,
+        retry_after: Duration,
+    },
+    #[error(
+        "analytics could not store the calls: its stores and its spool failed; calls not \
+         acknowledged were not stored, retry them"
+    )]
+    Unavailable,
     #[error("internal storage error")]
     Internal(#[source] anyhow::Error),
 }
@@ -47,10 +72,21 @@ impl From<Error> for Status {
             | Error::EmptyModel
             | Error::InvalidDuration { .. }
             | Error::InvalidStatus(_)
+            | Error::NulInField { .. }
             | Error::InvalidWindow
             | Error::InvalidStreamItem { .. } => Status::invalid_argument(e.to_string()),
             Error::NotFound(_) => Status::not_found(e.to_string()),
-            Error::ShuttingDown => Status::unavailable(e.to_string()),
+            Error::NotAdmin => Status::permission_denied(e.to_string()),
+            Error::ShuttingDown | Error::Unavailable => Status::unavailable(e.to_string()),
+            Error::SpoolFull { retry_after, .. } => {
+                let mut s = Status::resource_exhausted(e.to_string());
+                // As ingest does when shedding load: the delay in whole seconds.
+                s.metadata_mut().insert(
+                    "retry-after",
+                    MetadataValue::from(retry_after.as_secs().max(1)),
+                );
+                s
+            }
             Error::Internal(ref cause) => {
                 tracing::error!(error = ?cause, "analytics store failed");
                 Status::internal(e.to_string())
@@ -85,6 +121,20 @@ mod tests {
             Code::NotFound
         );
         assert_eq!(Status::from(Error::ShuttingDown).code(), Code::Unavailable);
+        assert_eq!(Status::from(Error::Unavailable).code(), Code::Unavailable);
+        let full = Status::from(Error::SpoolFull {
+            used: 10,
+            max: 12,
+            retry_after: Duration::from_secs(7),
+        });
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        assert_eq!(full.metadata().get("retry-after").unwrap(), "7");
+        assert!(
+            full.message().contains("spool is full")
+                && full.message().contains("retry them in 7 s"),
+            "{}",
+            full.message()
+        );
         let internal = Status::from(Error::Internal(anyhow::anyhow!("/secret/path")));
         assert_eq!(internal.code(), Code::Internal);
         assert!(!internal.message().contains("secret"));

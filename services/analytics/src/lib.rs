@@ -1,13 +1,17 @@
 //! `ecoscan.v1.AnalyticsService`: records every LLM call (rows in SQL, bodies in an object store)
-//! through one group-commit writer, and answers usage aggregates.
+//! through one group-commit writer, and answers usage aggregates. A batch the stores fail to take
+//! goes to a bounded on-disk [`spool`] and is written to them when they recover, so an
+//! acknowledged call is never lost to a store outage.
 
 mod error;
+pub mod spool;
 pub mod store;
 pub mod writer;
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    path::PathBuf,
+    path::{Path, PathBuf},
+    str::FromStr,
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -31,8 +35,9 @@ use tonic::{Request, Response, Status, Streaming};
 use ecoscan_objects::ObjectStore;
 pub use ecoscan_objects::ObjectStoreConfig;
 pub use error::Error;
+use spool::{ReplayOptions, Spool, SpoolMetrics};
 use store::{AnyCallStore, CallRow, CallStore, UsageSample};
-use writer::{Ack, BatchOptions, NewCall, Writer};
+use writer::{Accepted, Ack, BatchOptions, NewCall, Refused, Writer};
 
 /// Fully-qualified gRPC service name.
 pub const SERVICE_NAME: &str = "ecoscan.v1.AnalyticsService";
@@ -46,6 +51,12 @@ pub const DEFAULT_BODY_DIR: &str = "./data/analytics-bodies";
 /// Prefix of the body objects' keys in a shared bucket.
 pub const BODY_KEY_PREFIX: &str = "analytics-bodies/";
 
+/// The spool directory when the rows are not in a SQLite file (see [`Config::spool_dir`]).
+pub const DEFAULT_SPOOL_DIR: &str = "./data/analytics-spool";
+
+/// Name of the spool directory beside a SQLite database file.
+const SPOOL_DIR_NAME: &str = "analytics-spool";
+
 /// Configuration of the analytics service.
 ///
 /// Environment variables:
@@ -58,6 +69,17 @@ pub const BODY_KEY_PREFIX: &str = "analytics-bodies/";
 /// - `ANALYTICS_BATCH_MAX_ROWS`: most calls per group commit (default 500, at most 1000).
 /// - `ANALYTICS_BATCH_LINGER`: how long a batch waits for more calls, e.g. `2ms` (default 2 ms).
 /// - `ANALYTICS_QUEUE_CAPACITY`: calls queued for the writer before callers wait (default 4096).
+/// - `ANALYTICS_SPOOL_DIR`: where batches go when the stores fail (S3 or SQL), until a background
+///   task writes them to the stores (default: `analytics-spool` beside the SQLite database file,
+///   i.e. `./data/analytics-spool`; with PostgreSQL `./data/analytics-spool`). One process per
+///   directory (it is locked); the spool is replayed at start.
+/// - `ANALYTICS_SPOOL_MAX_BYTES`: most bytes the spool may hold (default 1073741824, 1 GiB); past
+///   it, while the stores fail, calls are refused with `RESOURCE_EXHAUSTED` and a `retry-after`.
+/// - `ANALYTICS_STORE_TIMEOUT`: longest a batch may take to reach the stores before it is spooled
+///   instead, e.g. `5s` (default 5 s); also bounds each replay attempt.
+/// - `ANALYTICS_SPOOL_RETRY_MAX`: longest pause between replay attempts while the stores keep
+///   failing (default `10s`; attempts start 100 ms apart and double); also the `retry-after`
+///   suggested when the spool is full (whole seconds, 1 to 60).
 #[derive(Debug, Clone)]
 pub struct Config {
     pub database_url: String,
@@ -66,6 +88,11 @@ pub struct Config {
     pub batch_max_rows: usize,
     pub batch_linger: Duration,
     pub queue_capacity: usize,
+    /// The spool directory; `None` picks one (see [`Config::spool_dir`]).
+    pub spool_dir: Option<PathBuf>,
+    pub spool_max_bytes: u64,
+    pub store_timeout: Duration,
+    pub spool_retry_max: Duration,
 }
 
 impl Default for Config {
@@ -76,6 +103,10 @@ impl Default for Config {
             batch_max_rows: 500,
             batch_linger: Duration::from_millis(2),
             queue_capacity: 4096,
+            spool_dir: None,
+            spool_max_bytes: 1 << 30,
+            store_timeout: Duration::from_secs(5),
+            spool_retry_max: Duration::from_secs(10),
         }
     }
 }
@@ -96,6 +127,10 @@ impl Config {
             batch_max_rows: env_or("ANALYTICS_BATCH_MAX_ROWS", d.batch_max_rows)?,
             batch_linger: env_duration("ANALYTICS_BATCH_LINGER", d.batch_linger)?,
             queue_capacity: env_or("ANALYTICS_QUEUE_CAPACITY", d.queue_capacity)?,
+            spool_dir: env_opt("ANALYTICS_SPOOL_DIR").map(PathBuf::from),
+            spool_max_bytes: env_or("ANALYTICS_SPOOL_MAX_BYTES", d.spool_max_bytes)?,
+            store_timeout: env_duration("ANALYTICS_STORE_TIMEOUT", d.store_timeout)?,
+            spool_retry_max: env_duration("ANALYTICS_SPOOL_RETRY_MAX", d.spool_retry_max)?,
         };
         config.validate()?;
         Ok(config)
@@ -111,20 +146,61 @@ impl Config {
         if self.queue_capacity == 0 {
             bail!("queue_capacity must be at least 1");
         }
+        if self.spool_max_bytes == 0 {
+            bail!("spool_max_bytes must be at least 1");
+        }
+        if self.store_timeout.is_zero() {
+            bail!("store_timeout must be longer than 0");
+        }
+        if self.spool_retry_max.is_zero() {
+            bail!("spool_retry_max must be longer than 0");
+        }
         Ok(())
     }
+
+    /// The spool directory: `spool_dir` when set, else `analytics-spool` beside the SQLite
+    /// database file (so every embedded suite keeps its spool with its data), else
+    /// [`DEFAULT_SPOOL_DIR`].
+    pub fn spool_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.spool_dir {
+            return dir.clone();
+        }
+        sqlite_file(&self.database_url)
+            .and_then(|file| file.parent().map(|dir| dir.join(SPOOL_DIR_NAME)))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_SPOOL_DIR))
+    }
+
+    /// The retry delay suggested to callers refused because the spool is full.
+    fn full_retry_after(&self) -> Duration {
+        Duration::from_secs(self.spool_retry_max.as_secs_f64().ceil().clamp(1.0, 60.0) as u64)
+    }
+}
+
+/// The file of a SQLite database URL, if it names one.
+fn sqlite_file(url: &str) -> Option<PathBuf> {
+    if store::is_postgres(url) || url.contains(":memory:") || url.contains("mode=memory") {
+        return None;
+    }
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
+    Some(Path::new(options.get_filename()).to_path_buf())
 }
 
 impl Config {
     /// Switches this configuration onto the production stores the environment names, store by
     /// store, and leaves the rest as it is: `ANALYTICS_DATABASE_URL`/`DATABASE_URL` when it is a
-    /// `postgres://` URL (call rows), the `S3_*` variables (bodies). `ecoscan up` builds its own
-    /// embedded configuration and passes it through here.
+    /// `postgres://` URL (call rows), the `S3_*` variables (bodies), `ANALYTICS_SPOOL_DIR` (the
+    /// spool; unset, it stays where the embedded configuration puts it, beside its SQLite file,
+    /// even when the rows move to PostgreSQL). `ecoscan up` builds its own embedded configuration
+    /// and passes it through here.
     pub fn with_stores_from_env(mut self) -> anyhow::Result<Self> {
+        if let Some(dir) = env_opt("ANALYTICS_SPOOL_DIR") {
+            self.spool_dir = Some(PathBuf::from(dir));
+        }
         if let Some(url) = env_opt("ANALYTICS_DATABASE_URL")
             .or_else(|| env_opt("DATABASE_URL"))
             .filter(|u| store::is_postgres(u))
         {
+            self.spool_dir = Some(self.spool_dir());
             self.database_url = url;
         }
         if let Some(s3) = ecoscan_objects::S3Config::from_env(BODY_KEY_PREFIX)? {
@@ -145,7 +221,8 @@ pub async fn migrate(config: &Config) -> anyhow::Result<()> {
 }
 
 /// Serves `ecoscan.v1.AnalyticsService` (with health and reflection) on `listener` until
-/// `shutdown` is cancelled; calls accepted before shutdown are committed before it returns.
+/// `shutdown` is cancelled; calls accepted before shutdown are committed (or spooled) before it
+/// returns.
 pub async fn serve(
     config: Config,
     listener: TcpListener,
@@ -162,23 +239,65 @@ pub async fn serve(
         .open()
         .await
         .context("failed to open the analytics body store")?;
-    let stop_writer = CancellationToken::new();
+    let result = serve_with_stores(config, store.clone(), bodies, listener, shutdown).await;
+    store.close().await;
+    result
+}
+
+/// Like [`serve`], on stores opened by the caller (`config.database_url` and `config.bodies` are
+/// not used): tests wrap the stores to inject failures. Opens the spool (replaying what it holds)
+/// and leaves the stores open.
+pub async fn serve_with_stores<S: CallStore>(
+    config: Config,
+    store: Arc<S>,
+    bodies: Arc<dyn ObjectStore>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    config.validate()?;
     let mut metrics = ecoscan_common::metrics::Metrics::new("analytics");
     let writer_metrics = writer::WriterMetrics::register(&mut metrics);
+    let spool_metrics = SpoolMetrics::register(&mut metrics);
+    let spool_dir = config.spool_dir();
+    let spool = Arc::new(
+        Spool::open(&spool_dir, config.spool_max_bytes, spool_metrics.clone())
+            .await
+            .with_context(|| {
+                format!("failed to open the analytics spool {}", spool_dir.display())
+            })?,
+    );
+    let stop_writer = CancellationToken::new();
     let (writer, writer_task) = Writer::spawn(
         store.clone(),
         bodies.clone(),
+        spool.clone(),
         BatchOptions {
             max_rows: config.batch_max_rows,
             linger: config.batch_linger,
             queue_capacity: config.queue_capacity,
+            store_timeout: config.store_timeout,
+            full_retry_after: config.full_retry_after(),
         },
-        writer_metrics,
+        writer_metrics.clone(),
+        spool_metrics,
         stop_writer.clone(),
     );
-    let svc = AnalyticsServiceServer::new(Analytics::new(store.clone(), bodies, writer))
+    let stop_replayer = CancellationToken::new();
+    let replayer = spool::spawn_replayer(
+        spool,
+        store.clone(),
+        bodies.clone(),
+        ReplayOptions {
+            store_timeout: config.store_timeout,
+            retry_max: config.spool_retry_max,
+            max_rows: config.batch_max_rows.max(1000),
+        },
+        writer_metrics,
+        stop_replayer.clone(),
+    );
+    let svc = AnalyticsServiceServer::new(Analytics::new(store, bodies, writer))
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
-    tracing::info!("analytics service ready");
+    tracing::info!(spool = %spool_dir.display(), "analytics service ready");
     let result = ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(svc),
         &[SERVICE_NAME],
@@ -187,12 +306,16 @@ pub async fn serve(
         shutdown,
     )
     .await;
-    // In-flight RPCs are done: flush what the writer still holds, then close the database.
+    // In-flight RPCs are done: write (or spool) what the writer still holds, then stop the
+    // replayer; what the spool still holds is replayed at the next start.
     stop_writer.cancel();
     if let Err(e) = writer_task.await {
         tracing::error!(error = %e, "analytics writer task failed");
     }
-    store.close().await;
+    stop_replayer.cancel();
+    if let Err(e) = replayer.await {
+        tracing::error!(error = %e, "analytics spool replayer failed");
+    }
     result
 }
 
@@ -224,7 +347,9 @@ impl<S: CallStore> Analytics<S> {
             .map_err(|_| Error::ShuttingDown)
     }
 
-    /// Records one call and returns after it is committed.
+    /// Records one call and returns after it is committed, or — when the stores fail — after it
+    /// is durably spooled (then `duplicate` is false: whether it repeats a stored id is not known
+    /// yet). Refused with [`Error::SpoolFull`] when the stores fail and the spool is full.
     pub async fn record(&self, call: Option<LlmCall>) -> Result<RecordResponse, Error> {
         let call = validate(call.ok_or(Error::MissingCall)?)?;
         let call_id = call.row.call_id.clone();
@@ -335,12 +460,22 @@ fn count(counts: &mut RecordStreamResponse, duplicate: bool) {
     }
 }
 
+/// Waits for the call's acknowledgement: `Ok(duplicate)` once it is committed or spooled (a
+/// spooled call is not known to be a repeat, so it counts as recorded).
 async fn settle(rx: oneshot::Receiver<Ack>) -> Result<bool, Error> {
     match rx.await {
-        Ok(Ok(duplicate)) => Ok(duplicate),
-        Ok(Err(_)) => Err(Error::Internal(anyhow::anyhow!(
-            "the batch holding the call failed"
-        ))),
+        Ok(Ok(Accepted::Committed { duplicate })) => Ok(duplicate),
+        Ok(Ok(Accepted::Spooled)) => Ok(false),
+        Ok(Err(Refused::SpoolFull {
+            used,
+            max,
+            retry_after,
+        })) => Err(Error::SpoolFull {
+            used,
+            max,
+            retry_after,
+        }),
+        Ok(Err(Refused::Unavailable)) => Err(Error::Unavailable),
         Err(_) => Err(Error::ShuttingDown),
     }
 }
@@ -371,6 +506,21 @@ fn validate(call: LlmCall) -> Result<NewCall, Error> {
     }
     if call.model.trim().is_empty() {
         return Err(Error::EmptyModel);
+    }
+    // PostgreSQL text cannot hold NUL; refused here, such a call can never fail a batch (the
+    // bodies go to the object store and may hold anything).
+    for (field, value) in [
+        ("service", &call.service),
+        ("provider", &call.provider),
+        ("model", &call.model),
+        ("operation", &call.operation),
+        ("error", &call.error),
+        ("job_id", &call.job_id),
+        ("trace_id", &call.trace_id),
+    ] {
+        if value.contains('\0') {
+            return Err(Error::NulInField { field });
+        }
     }
     let latency_ms = valid_duration("latency_ms", call.latency_ms)?;
     let ttft_ms = valid_duration("ttft_ms", call.ttft_ms)?;
@@ -543,6 +693,7 @@ impl<S: CallStore> AnalyticsService for Analytics<S> {
         &self,
         request: Request<UsageRequest>,
     ) -> Result<Response<UsageResponse>, Status> {
+        require_admin(&request)?;
         let res = Analytics::usage(self, request.into_inner()).await?;
         tracing::info!(rows = res.rows.len(), "usage aggregated");
         Ok(Response::new(res))
@@ -553,8 +704,18 @@ impl<S: CallStore> AnalyticsService for Analytics<S> {
         &self,
         request: Request<GetCallRequest>,
     ) -> Result<Response<GetCallResponse>, Status> {
+        require_admin(&request)?;
         let call = Analytics::get_call(self, &request.into_inner().call_id).await?;
         Ok(Response::new(GetCallResponse { call: Some(call) }))
+    }
+}
+
+/// `Usage` and `GetCall` read every user's calls: only an admin may.
+fn require_admin<T>(request: &Request<T>) -> Result<(), Error> {
+    if ecoscan_common::identity::is_admin(request.metadata()) {
+        Ok(())
+    } else {
+        Err(Error::NotAdmin)
     }
 }
 
@@ -571,6 +732,44 @@ mod tests {
         assert_eq!(nearest_rank(&[], 95), 0.0);
         let v: Vec<f64> = (1..=20).map(f64::from).collect();
         assert_eq!(nearest_rank(&v, 95), 19.0);
+    }
+
+    #[test]
+    fn the_spool_sits_beside_the_sqlite_file_unless_named() {
+        let on = |url: &str| Config {
+            database_url: url.into(),
+            ..Config::default()
+        };
+        assert_eq!(
+            Config::default().spool_dir(),
+            Path::new("./data/analytics-spool")
+        );
+        assert_eq!(
+            on("sqlite:///srv/suite/analytics.db?mode=rwc").spool_dir(),
+            Path::new("/srv/suite/analytics-spool")
+        );
+        assert_eq!(
+            on("postgres://u@h/db").spool_dir(),
+            Path::new(DEFAULT_SPOOL_DIR)
+        );
+        assert_eq!(
+            on("sqlite::memory:").spool_dir(),
+            Path::new(DEFAULT_SPOOL_DIR)
+        );
+        let named = Config {
+            spool_dir: Some("/var/spool/a".into()),
+            ..on("sqlite:///srv/x.db")
+        };
+        assert_eq!(named.spool_dir(), Path::new("/var/spool/a"));
+        assert_eq!(
+            Config::default().full_retry_after(),
+            Duration::from_secs(10)
+        );
+        let quick = Config {
+            spool_retry_max: Duration::from_millis(200),
+            ..Config::default()
+        };
+        assert_eq!(quick.full_retry_after(), Duration::from_secs(1));
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! Group commit: one task takes calls from every caller, writes each batch's bodies as one object
 //! and its rows with multi-row INSERTs in one transaction, then acknowledges each caller after the
-//! commit.
+//! commit. When the stores fail (or take longer than the store timeout), the batch goes to the
+//! [`Spool`] instead and the callers are acknowledged once it is on disk; while the stores are
+//! known to be failing, new batches go to the spool at once.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
+use anyhow::Context;
 use ecoscan_common::CancellationToken;
 use prometheus_client::metrics::{
     counter::Counter,
@@ -19,7 +22,10 @@ use tracing::Instrument;
 use bytes::Bytes;
 use ecoscan_objects::ObjectStore;
 
-use crate::store::{CallRow, CallStore};
+use crate::{
+    spool::{PushError, Spool, SpoolMetrics},
+    store::{CallRow, CallStore},
+};
 
 /// A validated call waiting to be written.
 #[derive(Debug)]
@@ -30,20 +36,47 @@ pub struct NewCall {
     pub response_body: String,
 }
 
-/// What a caller learns once its call's batch is settled: `Ok(duplicate)` after the commit, or
-/// `Err` when the batch could not be written (the cause is logged by the writer).
-pub type Ack = Result<bool, BatchFailed>;
+/// A batch as it is written: its rows (body locations filled in) and the one object holding
+/// their bodies under `key` (empty when no call had a body).
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub key: String,
+    pub object: Bytes,
+    pub rows: Vec<CallRow>,
+}
 
-/// The batch holding the call failed to be written; nothing of it was committed.
-#[derive(Debug, Clone, Copy)]
-pub struct BatchFailed;
+/// What a caller learns once its call's batch is settled.
+pub type Ack = Result<Accepted, Refused>;
+
+/// The call is durably accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// Committed to the stores; `duplicate` when its id was already stored.
+    Committed { duplicate: bool },
+    /// The stores failed; the call is in the spool (fsynced) and will be written when they
+    /// recover. Whether it repeats a stored id is not known yet.
+    Spooled,
+}
+
+/// Nothing of the call's batch was stored (the cause is logged by the writer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The stores failed and the spool is full: `used` of `max` bytes.
+    SpoolFull {
+        used: u64,
+        max: u64,
+        retry_after: Duration,
+    },
+    /// The stores failed and the spool could not be written either.
+    Unavailable,
+}
 
 struct Pending {
     call: NewCall,
     ack: oneshot::Sender<Ack>,
 }
 
-/// How batches are formed.
+/// How batches are formed and written.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchOptions {
     /// Most rows per batch (and per transaction).
@@ -52,6 +85,10 @@ pub struct BatchOptions {
     pub linger: Duration,
     /// Calls queued for the writer at most; callers wait for room beyond it.
     pub queue_capacity: usize,
+    /// Longest a batch may take to reach the stores before it is spooled instead.
+    pub store_timeout: Duration,
+    /// The retry delay suggested to callers refused because the spool is full.
+    pub full_retry_after: Duration,
 }
 
 /// Handle to the writer task; cheap to clone.
@@ -70,12 +107,22 @@ impl Writer {
     pub fn spawn<S: CallStore>(
         store: Arc<S>,
         bodies: Arc<dyn ObjectStore>,
+        spool: Arc<Spool>,
         options: BatchOptions,
         metrics: WriterMetrics,
+        spool_metrics: SpoolMetrics,
         stop: CancellationToken,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(options.queue_capacity.max(1));
-        let handle = tokio::spawn(run(store, bodies, rx, options, metrics, stop));
+        let target = Target {
+            store,
+            bodies,
+            spool,
+            options,
+            metrics,
+            spool_metrics,
+        };
+        let handle = tokio::spawn(run(target, rx, stop));
         (Self { tx }, handle)
     }
 
@@ -91,14 +138,22 @@ impl Writer {
     }
 }
 
-async fn run<S: CallStore>(
+/// Where batches go.
+struct Target<S> {
     store: Arc<S>,
     bodies: Arc<dyn ObjectStore>,
-    mut rx: mpsc::Receiver<Pending>,
+    spool: Arc<Spool>,
     options: BatchOptions,
     metrics: WriterMetrics,
+    spool_metrics: SpoolMetrics,
+}
+
+async fn run<S: CallStore>(
+    target: Target<S>,
+    mut rx: mpsc::Receiver<Pending>,
     stop: CancellationToken,
 ) {
+    let options = target.options;
     let max = options.max_rows.max(1);
     let mut batch = Vec::with_capacity(max);
     loop {
@@ -119,80 +174,169 @@ async fn run<S: CallStore>(
                 () = tokio::time::sleep_until(deadline) => break,
             }
         }
-        write_batch(&*store, &*bodies, &mut batch, &metrics).await;
+        write_batch(&target, &mut batch).await;
     }
     // Stopping: refuse new calls, write everything already accepted.
     rx.close();
     while rx.recv_many(&mut batch, max).await > 0 {
-        write_batch(&*store, &*bodies, &mut batch, &metrics).await;
+        write_batch(&target, &mut batch).await;
     }
 }
 
-async fn write_batch<S: CallStore>(
+/// Writes `batch`'s body object, then its rows in one transaction, within `timeout`; returns the
+/// ids inserted. Safe to repeat: the object is rewritten with the same bytes, and rows already
+/// stored are skipped.
+pub(crate) async fn store_batch<S: CallStore>(
     store: &S,
     bodies: &dyn ObjectStore,
-    batch: &mut Vec<Pending>,
-    metrics: &WriterMetrics,
-) {
+    batch: &Batch,
+    timeout: Duration,
+) -> anyhow::Result<HashSet<String>> {
+    let write = async {
+        if !batch.object.is_empty() {
+            bodies
+                .put(&batch.key, batch.object.clone())
+                .await
+                .context("failed to upload the batch's bodies")?;
+        }
+        store.insert_batch(&batch.rows).await
+    };
+    tokio::time::timeout(timeout, write)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the stores took longer than {timeout:?}")))
+}
+
+/// Lays the batch out: one body object under a fresh key, each row pointing into it.
+fn prepare(batch: &mut Vec<Pending>) -> (Batch, Vec<oneshot::Sender<Ack>>) {
+    // All bodies of the batch go into one object: one PUT per batch, not one per call.
+    let key = format!("{}.bin", uuid::Uuid::now_v7());
+    let mut object = Vec::new();
+    let mut rows = Vec::with_capacity(batch.len());
+    let mut acks = Vec::with_capacity(batch.len());
+    for Pending { call, ack } in batch.drain(..) {
+        let NewCall {
+            mut row,
+            request_body,
+            response_body,
+        } = call;
+        if !request_body.is_empty() || !response_body.is_empty() {
+            row.body_key.clone_from(&key);
+            row.body_offset = len_i64(object.len());
+            row.request_len = len_i64(request_body.len());
+            row.response_len = len_i64(response_body.len());
+            object.extend_from_slice(request_body.as_bytes());
+            object.extend_from_slice(response_body.as_bytes());
+        }
+        rows.push(row);
+        acks.push(ack);
+    }
+    let batch = Batch {
+        key,
+        object: Bytes::from(object),
+        rows,
+    };
+    (batch, acks)
+}
+
+/// Writes the batch to the stores; `None` (and the stores marked failing) when that fails.
+async fn write_direct<S: CallStore>(target: &Target<S>, batch: &Batch) -> Option<HashSet<String>> {
+    let started = std::time::Instant::now();
+    match store_batch(
+        &*target.store,
+        &*target.bodies,
+        batch,
+        target.options.store_timeout,
+    )
+    .await
+    {
+        Ok(inserted) => {
+            target.spool.store_write_succeeded();
+            target
+                .metrics
+                .committed(batch.rows.len(), inserted.len(), started.elapsed());
+            Some(inserted)
+        }
+        Err(e) => {
+            tracing::debug!(
+                error = format!("{e:#}"),
+                "writing a batch to the stores failed"
+            );
+            target.spool.store_write_failed(&e);
+            None
+        }
+    }
+}
+
+async fn write_batch<S: CallStore>(target: &Target<S>, batch: &mut Vec<Pending>) {
     let span = tracing::info_span!(
         "analytics.write_batch",
         rows = batch.len(),
-        duplicates = tracing::field::Empty
+        duplicates = tracing::field::Empty,
+        spooled = tracing::field::Empty,
     );
     async {
-        // All bodies of the batch go into one object: one PUT per batch, not one per call.
-        let key = format!("{}.bin", uuid::Uuid::now_v7());
-        let mut object = Vec::new();
-        let mut rows = Vec::with_capacity(batch.len());
-        let mut acks = Vec::with_capacity(batch.len());
-        for Pending { call, ack } in batch.drain(..) {
-            let NewCall {
-                mut row,
-                request_body,
-                response_body,
-            } = call;
-            if !request_body.is_empty() || !response_body.is_empty() {
-                row.body_key.clone_from(&key);
-                row.body_offset = len_i64(object.len());
-                row.request_len = len_i64(request_body.len());
-                row.response_len = len_i64(response_body.len());
-                object.extend_from_slice(request_body.as_bytes());
-                object.extend_from_slice(response_body.as_bytes());
-            }
-            rows.push(row);
-            acks.push(ack);
+        let (batch, acks) = prepare(batch);
+        let spool = &target.spool;
+        // While the stores are known to fail, callers don't wait on them: the batch is spooled
+        // at once (the replayer finds out when the stores are back).
+        let tried = !spool.stores_down();
+        if tried && let Some(inserted) = write_direct(target, &batch).await {
+            ack_committed(&batch.rows, acks, inserted);
+            return;
         }
-        let started = std::time::Instant::now();
-        let written = async {
-            if !object.is_empty() {
-                bodies.put(&key, Bytes::from(object)).await?;
+        let outcome = match spool.push(&batch).await {
+            Ok(()) => {
+                tracing::Span::current().record("spooled", true);
+                Ok(Accepted::Spooled)
             }
-            store.insert_batch(&rows).await
-        }
-        .await;
-        match written {
-            Ok(mut inserted) => {
-                metrics.committed(rows.len(), inserted.len(), started.elapsed());
-                let mut duplicates = 0_u64;
-                for (row, ack) in rows.iter().zip(acks) {
-                    // The first occurrence of an inserted id takes it; any later one is a repeat.
-                    let duplicate = !inserted.remove(&row.call_id);
-                    duplicates += u64::from(duplicate);
-                    // A caller that went away no longer needs its answer; its row is stored.
-                    let _ = ack.send(Ok(duplicate));
+            Err(PushError::Full { used, max }) => {
+                target.spool_metrics.refused(acks.len());
+                tracing::warn!(
+                    rows = acks.len(),
+                    used,
+                    max,
+                    "the analytics stores fail and the spool is full; refusing the batch"
+                );
+                Err(Refused::SpoolFull {
+                    used,
+                    max,
+                    retry_after: target.options.full_retry_after,
+                })
+            }
+            Err(PushError::Io(e)) => {
+                tracing::error!(
+                    error = %e,
+                    spool = %spool.dir().display(),
+                    rows = acks.len(),
+                    "failed to write a batch to the analytics spool"
+                );
+                // The stores may be back (with an empty spool, nothing else would find out).
+                if !tried && let Some(inserted) = write_direct(target, &batch).await {
+                    ack_committed(&batch.rows, acks, inserted);
+                    return;
                 }
-                tracing::Span::current().record("duplicates", duplicates);
+                Err(Refused::Unavailable)
             }
-            Err(e) => {
-                tracing::error!(error = ?e, rows = rows.len(), "failed to write a batch of llm calls");
-                for ack in acks {
-                    let _ = ack.send(Err(BatchFailed));
-                }
-            }
+        };
+        for ack in acks {
+            // A caller that went away no longer needs its answer.
+            let _ = ack.send(outcome);
         }
     }
     .instrument(span)
     .await;
+}
+
+fn ack_committed(rows: &[CallRow], acks: Vec<oneshot::Sender<Ack>>, mut inserted: HashSet<String>) {
+    let mut duplicates = 0_u64;
+    for (row, ack) in rows.iter().zip(acks) {
+        // The first occurrence of an inserted id takes it; any later one is a repeat.
+        let duplicate = !inserted.remove(&row.call_id);
+        duplicates += u64::from(duplicate);
+        // A caller that went away no longer needs its answer; its row is stored.
+        let _ = ack.send(Ok(Accepted::Committed { duplicate }));
+    }
+    tracing::Span::current().record("duplicates", duplicates);
 }
 
 fn len_i64(n: usize) -> i64 {
@@ -226,7 +370,7 @@ impl WriterMetrics {
         let r = metrics.registry();
         r.register(
             "analytics_calls_recorded",
-            "LLM calls committed (repeats of a call id not counted)",
+            "LLM calls committed, directly or by a replay of the spool (repeats of a call id not counted)",
             this.recorded.clone(),
         );
         r.register(
@@ -246,5 +390,10 @@ impl WriterMetrics {
         self.recorded.inc_by(inserted as u64);
         self.batch_rows.observe(rows as f64);
         self.commit.observe(took.as_secs_f64());
+    }
+
+    /// Counts the calls a replay of the spool inserted.
+    pub(crate) fn replayed(&self, inserted: usize) {
+        self.recorded.inc_by(inserted as u64);
     }
 }

@@ -29,6 +29,8 @@ async fn start() -> Harness {
         batch_max_rows: 100,
         batch_linger: Duration::from_millis(2),
         queue_capacity: 64,
+        spool_dir: Some(dir.path().join("spool")),
+        ..Config::default()
     };
     let server = spawn(|l, s| serve(config, l, s)).await;
     let client = AnalyticsServiceClient::connect(server.uri()).await.unwrap();
@@ -89,9 +91,9 @@ fn record_stream(calls: Vec<LlmCall>) -> impl tokio_stream::Stream<Item = Record
 
 async fn get(h: &mut Harness, call_id: &str) -> Result<LlmCall, tonic::Status> {
     h.client
-        .get_call(GetCallRequest {
+        .get_call(ecoscan_common::client::as_admin(GetCallRequest {
             call_id: call_id.into(),
-        })
+        }))
         .await
         .map(|r| r.into_inner().call.unwrap())
 }
@@ -147,7 +149,7 @@ async fn concurrent_records_each_read_back_their_own_bodies() {
         let call_id = sent.call_id.clone();
         async move {
             client
-                .get_call(GetCallRequest { call_id })
+                .get_call(ecoscan_common::client::as_admin(GetCallRequest { call_id }))
                 .await
                 .unwrap()
                 .into_inner()
@@ -245,10 +247,10 @@ async fn a_stream_of_500_calls_gives_exact_usage() {
         .into_inner();
     let usage = h
         .client
-        .usage(UsageRequest {
+        .usage(ecoscan_common::client::as_admin(UsageRequest {
             since: Some(at_ms(-1000)),
             until: Some(at_ms(1_000_000)),
-        })
+        }))
         .await
         .unwrap()
         .into_inner();
@@ -352,6 +354,13 @@ async fn invalid_calls_are_rejected_with_invalid_argument_and_not_stored() {
             },
             "status 42",
         ),
+        (
+            LlmCall {
+                error: "bad\0byte".into(),
+                ..call(&id())
+            },
+            "error contains a NUL character",
+        ),
     ];
     for (bad, needle) in cases {
         let err = h.client.record(record(bad.clone())).await.unwrap_err();
@@ -397,16 +406,16 @@ async fn usage_defaults_to_the_last_day_and_rejects_a_reversed_window() {
 
     let usage = h
         .client
-        .usage(UsageRequest::default())
+        .usage(ecoscan_common::client::as_admin(UsageRequest::default()))
         .await
         .unwrap()
         .into_inner();
     let err = h
         .client
-        .usage(UsageRequest {
+        .usage(ecoscan_common::client::as_admin(UsageRequest {
             since: Some(at_ms(1000)),
             until: Some(at_ms(0)),
-        })
+        }))
         .await
         .unwrap_err();
 
@@ -415,6 +424,38 @@ async fn usage_defaults_to_the_last_day_and_rejects_a_reversed_window() {
     let (since, until) = (usage.since.unwrap(), usage.until.unwrap());
     assert_eq!(until.seconds - since.seconds, 24 * 3600);
     assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn reading_calls_needs_the_admin_role() {
+    let mut h = start().await;
+    let id = id();
+    h.client.record(record(call(&id))).await.unwrap();
+    // A plain user (or no one) may record calls but not read anyone's.
+    for request in [
+        tonic::Request::new(UsageRequest::default()),
+        ecoscan_common::client::request_as(UsageRequest::default(), Duration::from_secs(5), "eve"),
+    ] {
+        let err = h.client.usage(request).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied);
+        assert!(err.message().contains("admin"), "{}", err.message());
+    }
+    let err = h
+        .client
+        .get_call(GetCallRequest {
+            call_id: id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let got = h
+        .client
+        .get_call(ecoscan_common::client::as_admin(GetCallRequest {
+            call_id: id,
+        }))
+        .await
+        .unwrap();
+    assert!(got.into_inner().call.is_some());
 }
 
 #[tokio::test]

@@ -3,16 +3,24 @@
 
 mod support;
 
-use std::time::Duration;
+use std::{
+    collections::HashSet,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
 use ecoscan_analytics::{BODY_KEY_PREFIX, Config, serve};
 use ecoscan_common::testing::{assert_health_and_reflection, spawn};
 use ecoscan_objects::{ObjectStoreConfig, S3Config, S3ObjectStore};
 use ecoscan_proto::v1::{
-    CallStatus, GetCallRequest, LlmCall, RecordRequest, UsageRequest,
+    CallStatus, GetCallRequest, LlmCall, RecordRequest, RecordStreamRequest, UsageRequest,
     analytics_service_client::AnalyticsServiceClient,
 };
 use support::PgSchema;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::watch,
+};
 
 /// Where the tests find S3 unless `TEST_S3_ENDPOINT` says otherwise.
 const DEFAULT_TEST_S3_ENDPOINT: &str = "http://127.0.0.1:9000";
@@ -77,10 +85,12 @@ fn now_in_whole_micros() -> ecoscan_proto::Timestamp {
 async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
     let schema = PgSchema::create().await;
     let (s3, objects) = bucket().await;
+    let spool = tempfile::TempDir::new().unwrap();
     let config = Config {
         database_url: schema.url.clone(),
         bodies: ObjectStoreConfig::S3(s3),
         batch_linger: Duration::from_millis(5),
+        spool_dir: Some(spool.path().to_owned()),
         ..Config::default()
     };
     let server = spawn(|l, s| serve(config, l, s)).await;
@@ -111,7 +121,7 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
         let call_id = c.call_id.clone();
         async move {
             client
-                .get_call(GetCallRequest { call_id })
+                .get_call(ecoscan_common::client::as_admin(GetCallRequest { call_id }))
                 .await
                 .unwrap()
                 .into_inner()
@@ -122,7 +132,7 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
     .await;
     let usage = client
         .clone()
-        .usage(UsageRequest::default())
+        .usage(ecoscan_common::client::as_admin(UsageRequest::default()))
         .await
         .unwrap()
         .into_inner();
@@ -136,6 +146,209 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
     assert_eq!(usage.rows.len(), 1);
     assert_eq!(usage.rows[0].calls, 50);
     assert_health_and_reflection(&server.uri(), "ecoscan.v1.AnalyticsService").await;
+    server.stop().await.unwrap();
+    objects.delete_bucket().await.unwrap();
+}
+
+/// A loopback TCP proxy to S3 that the test takes down (every connection, open or new, is cut)
+/// and brings back, like an S3 endpoint that becomes unreachable for a while.
+struct Proxy {
+    addr: SocketAddr,
+    up: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (up, watch) = watch::channel(true);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                let mut watch = watch.clone();
+                if !*watch.borrow() {
+                    // Down: the connection is closed at once, before a byte of HTTP.
+                    drop(inbound);
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = watch.wait_for(|up| !up) => {}
+                    }
+                });
+            }
+        });
+        Self { addr, up, task }
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn scrape_value(addr: SocketAddr, name: &str) -> f64 {
+    let text = ecoscan_common::testing::scrape(addr).await;
+    ecoscan_common::testing::sample(&text, name, &[]).unwrap_or_else(|| panic!("{name}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_recorded_while_s3_is_unreachable_land_exactly_once_after_it_returns() {
+    let schema = PgSchema::create().await;
+    let (s3, objects) = bucket().await;
+    let target: SocketAddr = s3
+        .endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("TEST_S3_ENDPOINT is http://<ip>:<port>");
+    let proxy = Proxy::start(target).await;
+    let spool = tempfile::TempDir::new().unwrap();
+    let config = Config {
+        database_url: schema.url.clone(),
+        bodies: ObjectStoreConfig::S3(S3Config {
+            endpoint: format!("http://{}", proxy.addr),
+            ..s3.clone()
+        }),
+        batch_linger: Duration::from_millis(5),
+        spool_dir: Some(spool.path().to_owned()),
+        store_timeout: Duration::from_secs(2),
+        spool_retry_max: Duration::from_millis(500),
+        ..Config::default()
+    };
+    let server = spawn(|l, s| serve(config, l, s)).await;
+    let client = AnalyticsServiceClient::connect(server.uri()).await.unwrap();
+    let record = |c: LlmCall| {
+        let mut client = client.clone();
+        async move {
+            client
+                .record(RecordRequest { call: Some(c) })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    let before: Vec<_> = (0..10).map(call).collect();
+    for c in &before {
+        assert!(!record(c.clone()).await.unwrap().duplicate);
+    }
+
+    // S3 goes away; 300 calls arrive, 240 unary (32 in flight) and 60 on two streams.
+    proxy.set_up(false);
+    let during: Vec<_> = (10..310).map(call).collect();
+    let started = Instant::now();
+    let (unary, streamed) = during.split_at(240);
+    let unary = async {
+        use futures::StreamExt;
+        futures::stream::iter(unary.iter().cloned())
+            .for_each_concurrent(32, |c| {
+                let record = &record;
+                async move {
+                    let res = record(c).await.unwrap();
+                    assert!(!res.duplicate);
+                }
+            })
+            .await;
+    };
+    let streams = futures::future::join_all(streamed.chunks(30).map(|chunk| {
+        let mut client = client.clone();
+        let chunk = chunk.to_vec();
+        async move {
+            let res = client
+                .record_stream(tokio_stream::iter(
+                    chunk
+                        .into_iter()
+                        .map(|c| RecordStreamRequest { call: Some(c) }),
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!((res.recorded, res.duplicates), (30, 0));
+        }
+    }));
+    tokio::join!(unary, streams);
+    let took = started.elapsed();
+    let waiting = scrape_value(server.addr, "analytics_spool_batches").await;
+    // Down a little longer, so the replayer fails and backs off.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        scrape_value(server.addr, "analytics_spool_replayed_total").await,
+        0.0
+    );
+
+    // S3 is back: the spool drains.
+    proxy.set_up(true);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scrape_value(server.addr, "analytics_spool_batches").await > 0.0 {
+        assert!(Instant::now() < deadline, "the spool did not drain");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Every call is stored exactly once: one row per id in PostgreSQL...
+    let pool = sqlx::PgPool::connect(&schema.url).await.unwrap();
+    let ids: Vec<(String,)> = sqlx::query_as("SELECT call_id FROM llm_calls")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let stored: HashSet<String> = ids.iter().map(|(id,)| id.clone()).collect();
+    let sent: HashSet<String> = before
+        .iter()
+        .chain(&during)
+        .map(|c| c.call_id.clone())
+        .collect();
+    assert_eq!(ids.len(), 310, "rows");
+    assert_eq!(stored, sent);
+    // ...and reads back whole, its bodies from S3.
+    let read_back = futures::future::join_all(before.iter().chain(&during).map(|c| {
+        let mut client = client.clone();
+        let call_id = c.call_id.clone();
+        async move {
+            client
+                .get_call(ecoscan_common::client::as_admin(GetCallRequest { call_id }))
+                .await
+                .unwrap()
+                .into_inner()
+                .call
+                .unwrap()
+        }
+    }))
+    .await;
+    for (back, sent) in read_back.iter().zip(before.iter().chain(&during)) {
+        assert_eq!(back, sent, "call {} read back differently", sent.job_id);
+    }
+    assert!(
+        took < Duration::from_secs(15),
+        "recording during the outage took {took:?}"
+    );
+    assert!(waiting > 0.0, "nothing was spooled");
+    let spooled = scrape_value(server.addr, "analytics_spooled_total").await;
+    assert_eq!(
+        scrape_value(server.addr, "analytics_spool_replayed_total").await,
+        spooled
+    );
+    assert_eq!(
+        scrape_value(server.addr, "analytics_calls_recorded_total").await,
+        310.0
+    );
+    assert!(
+        std::fs::read_dir(spool.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".batch"))
+    );
     server.stop().await.unwrap();
     objects.delete_bucket().await.unwrap();
 }

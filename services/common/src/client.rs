@@ -64,6 +64,17 @@ pub fn request<T>(message: T, deadline: Duration) -> Request<T> {
     req
 }
 
+/// A request acting with the admin role (`x-user-roles: admin`), for the calls that read every
+/// user's data (`AnalyticsService.Usage`, `GetCall`).
+pub fn as_admin<T>(message: T) -> Request<T> {
+    let mut req = Request::new(message);
+    req.metadata_mut().insert(
+        crate::identity::ROLES_HEADER,
+        MetadataValue::from_static("admin"),
+    );
+    req
+}
+
 /// A request with a deadline that acts on behalf of `user_id`.
 pub fn request_as<T>(message: T, deadline: Duration, user_id: &str) -> Request<T> {
     let mut req = request(message, deadline);

@@ -192,4 +192,16 @@ impl Config {
         }
         Ok(self)
     }
+
+    /// Applies the `INGEST_FETCH_*` variables (fetching images by URL) over this configuration;
+    /// `ecoscan up` passes its configuration through here too, so `INGEST_FETCH_ALLOW` works
+    /// there as in `ecoscan serve ingest`.
+    pub fn with_fetch_from_env(mut self) -> anyhow::Result<Self> {
+        self.fetch_timeout = env_duration("INGEST_FETCH_TIMEOUT", self.fetch_timeout)?;
+        self.fetch_connect_timeout =
+            env_duration("INGEST_FETCH_CONNECT_TIMEOUT", self.fetch_connect_timeout)?;
+        self.fetch_concurrency = env_or("INGEST_FETCH_CONCURRENCY", self.fetch_concurrency)?.max(1);
+        self.fetch_allow = env_or("INGEST_FETCH_ALLOW", self.fetch_allow)?;
+        Ok(self)
+    }
 }

@@ -607,17 +607,32 @@ async fn tokens_act_for_their_user_and_jobs_are_visible_to_their_owner_only() {
         if mine["characters"].as_array().is_some_and(|c| !c.is_empty()) {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no character: {mine}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no character: {mine}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let theirs = owned(judy.clone()).await;
     assert_eq!(theirs["characters"], serde_json::json!([]), "{theirs}");
 
     let usage = suite.url("/api/v1/analytics/usage");
-    let res = suite.http.get(&usage).bearer_auth(&judy).send().await.unwrap();
+    let res = suite
+        .http
+        .get(&usage)
+        .bearer_auth(&judy)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 403);
     let admin = suite.token("ops", true);
-    let res = suite.http.get(&usage).bearer_auth(&admin).send().await.unwrap();
+    let res = suite
+        .http
+        .get(&usage)
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
 
     // A token signed with another secret (another data dir) is refused.

@@ -342,6 +342,8 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     // AnalyticsService/Usage: the model calls of the scan and of the calls above.
     let usage = messages(
         &grpcurl(&[
+            "-H",
+            "x-user-roles: admin",
             "-d",
             "{}",
             &a.analytics.to_string(),
