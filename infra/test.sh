@@ -13,6 +13,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> gRPC API (buf lint, buf breaking against the released API)"
 infra/proto-check.sh
 
+echo "==> Kubernetes manifests (rendered, validated against the schemas, held to the code)"
+infra/k8s-check.sh
+
 echo "==> servers (Redis, PostgreSQL, S3)"
 infra/services.sh
 export TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379}"
