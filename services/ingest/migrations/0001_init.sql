@@ -18,7 +18,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempts        INTEGER NOT NULL DEFAULT 0,
     created_at_ms   INTEGER NOT NULL,
     updated_at_ms   INTEGER NOT NULL,
-    finished_at_ms  INTEGER
+    finished_at_ms  INTEGER,
+    lease_epoch     INTEGER NOT NULL DEFAULT 0,  -- fencing token of the latest claim
+    dead_at_ms      INTEGER                      -- set aside for an operator (dead letter)
 );
 
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency

@@ -27,7 +27,9 @@ use crate::{
 /// | `INGEST_LEASE` | a claimed job's lease, renewed while it runs [30s] |
 /// | `INGEST_MAX_BACKLOG` | jobs waiting or running past which `Submit` sheds load [5000] |
 /// | `INGEST_RETRY_AFTER` | retry delay suggested when shedding [5s] |
-/// | `INGEST_STAGE_TIMEOUT` | deadline of one stage call [120s] |
+/// | `INGEST_STAGE_TIMEOUT` | deadline of one stage call, its whole response stream included [120s] |
+/// | `INGEST_STAGE_IDLE_TIMEOUT` | longest a stage's stream may stay silent before the call is abandoned (and retried) [90s] |
+/// | `INGEST_MAX_ATTEMPTS` | runs of one job (each claim is one: a crash, a lost lease, a store error) before it is failed and dead-lettered [5] |
 /// | `INGEST_STAGE_RETRIES` | retries of a stage call that failed transiently [3] |
 /// | `INGEST_MAX_IMAGE_BYTES` | largest image accepted, sent or fetched by `image_url` [10485760] |
 /// | `INGEST_FETCH_TIMEOUT` | deadline of fetching one `image_url`: every redirect and the whole body [10s] |
@@ -62,7 +64,11 @@ pub struct Config {
     pub max_backlog: u64,
     pub retry_after: Duration,
     pub stage_timeout: Duration,
+    /// Longest silence of a stage's response stream.
+    pub stage_idle_timeout: Duration,
     pub stage_retries: usize,
+    /// Runs of one job before it is dead-lettered.
+    pub max_attempts: u32,
     pub max_image_bytes: usize,
     /// Deadline of one `image_url` fetch, redirects and body included.
     pub fetch_timeout: Duration,
@@ -103,7 +109,9 @@ impl Default for Config {
             max_backlog: 5000,
             retry_after: Duration::from_secs(5),
             stage_timeout: Duration::from_secs(120),
+            stage_idle_timeout: Duration::from_secs(90),
             stage_retries: 3,
+            max_attempts: 5,
             max_image_bytes: 10 * 1024 * 1024,
             fetch_timeout: Duration::from_secs(10),
             fetch_connect_timeout: Duration::from_secs(3),
@@ -144,7 +152,9 @@ impl Config {
             max_in_flight: env_or("INGEST_MAX_IN_FLIGHT", max_backlog as usize)?.max(1),
             retry_after: env_duration("INGEST_RETRY_AFTER", d.retry_after)?,
             stage_timeout: env_duration("INGEST_STAGE_TIMEOUT", d.stage_timeout)?,
+            stage_idle_timeout: env_duration("INGEST_STAGE_IDLE_TIMEOUT", d.stage_idle_timeout)?,
             stage_retries: env_or("INGEST_STAGE_RETRIES", d.stage_retries)?,
+            max_attempts: env_or("INGEST_MAX_ATTEMPTS", d.max_attempts)?.max(1),
             max_image_bytes: env_or("INGEST_MAX_IMAGE_BYTES", d.max_image_bytes)?,
             fetch_timeout: env_duration("INGEST_FETCH_TIMEOUT", d.fetch_timeout)?,
             fetch_connect_timeout: env_duration(

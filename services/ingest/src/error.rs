@@ -32,6 +32,10 @@ pub enum Error {
     Store(#[from] StoreError),
     #[error("service is shutting down")]
     ShuttingDown,
+    #[error("this needs the admin role (`x-user-roles: admin` metadata)")]
+    NotAdmin,
+    #[error("job {0} is not dead-lettered; only a dead-lettered job can be requeued")]
+    NotDeadLettered(String),
 }
 
 /// Failures of a storage backend; the detail goes to the log, never to the caller.
@@ -50,8 +54,32 @@ pub enum StoreError {
     /// Another writer changed the record first (e.g. another worker holds the job now).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The job was claimed again since this worker claimed it (its lease epoch is stale): the
+    /// write was refused and the worker must stop.
+    #[error("fenced: job {job} was claimed again (epoch {epoch} is stale)")]
+    Fenced { job: String, epoch: u64 },
     #[error("{0}")]
     Unavailable(String),
+}
+
+impl StoreError {
+    /// Whether trying the same thing again later may succeed: a store that is down or slow, a
+    /// dropped connection. A record that does not decode, or an object that is missing, stays
+    /// so however often a job is retried.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Corrupt(_) | Self::Fenced { .. } => false,
+            Self::Object(e) => !matches!(e, ecoscan_objects::ObjectError::InvalidKey(_)),
+            Self::Sql(e) => !matches!(
+                e,
+                sqlx::Error::Decode(_)
+                    | sqlx::Error::ColumnDecode { .. }
+                    | sqlx::Error::ColumnNotFound(_)
+                    | sqlx::Error::TypeNotFound { .. }
+            ),
+            Self::Io(_) | Self::Redis(_) | Self::Conflict(_) | Self::Unavailable(_) => true,
+        }
+    }
 }
 
 impl From<sqlx::Error> for Error {
@@ -86,6 +114,8 @@ impl From<Error> for Status {
                 Status::unavailable("storage is unavailable; try again")
             }
             Error::ShuttingDown => Status::unavailable("service is shutting down; try again"),
+            Error::NotAdmin => Status::permission_denied(e.to_string()),
+            Error::NotDeadLettered(_) => Status::failed_precondition(e.to_string()),
         }
     }
 }

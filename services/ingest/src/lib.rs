@@ -3,6 +3,7 @@
 //! reward, checkpointing each stage on the row so a resumed job starts at its first unfinished
 //! stage; `Watch` serves every job's events from one in-process hub.
 
+pub mod admin;
 pub mod config;
 pub mod error;
 pub mod event;
@@ -20,7 +21,9 @@ use std::{sync::Arc, time::Duration};
 use anyhow::Context;
 
 use ecoscan_common::CancellationToken;
-use ecoscan_proto::v1::scan_service_server::ScanServiceServer;
+use ecoscan_proto::v1::{
+    scan_admin_service_server::ScanAdminServiceServer, scan_service_server::ScanServiceServer,
+};
 use tokio::net::TcpListener;
 
 pub use config::Config;
@@ -179,13 +182,14 @@ pub async fn serve_with(
         config.sweep_grace,
         shutdown.clone(),
     );
+    let admin = admin::AdminApi::new(stores.clone(), ingest_metrics.clone());
     let api = service::ScanApi::new(config, stores, hub, ingest_metrics, shutdown.clone());
     let server = ScanServiceServer::new(api)
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
     let served = ecoscan_common::server::serve_with_metrics(
-        tonic::service::Routes::new(server),
-        &["ecoscan.v1.ScanService"],
+        tonic::service::Routes::new(server).add_service(ScanAdminServiceServer::new(admin)),
+        &["ecoscan.v1.ScanService", "ecoscan.v1.ScanAdminService"],
         metrics,
         listener,
         shutdown,

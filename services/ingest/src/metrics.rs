@@ -18,6 +18,9 @@ pub struct IngestMetrics {
     jobs: Family<Labels1, Counter>,
     lag: Histogram,
     stages: SecondsFamily<Labels2>,
+    dead_lettered: Family<Labels1, Counter>,
+    requeued: Counter,
+    fenced: Counter,
 }
 
 impl Default for IngestMetrics {
@@ -29,6 +32,9 @@ impl Default for IngestMetrics {
             jobs: Family::default(),
             lag: ecoscan_common::metrics::seconds_histogram(),
             stages: seconds_family(),
+            dead_lettered: Family::default(),
+            requeued: Counter::default(),
+            fenced: Counter::default(),
         }
     }
 }
@@ -64,6 +70,21 @@ impl IngestMetrics {
             "ingest_stage_duration_seconds",
             "Time of a pipeline stage, retries included, by stage and outcome (ok, failed, store_error)",
             this.stages.clone(),
+        );
+        r.register(
+            "ingest_jobs_dead_lettered",
+            "Jobs failed and set aside for an operator, by reason (attempts: tried too often; store: a record that cannot be read)",
+            this.dead_lettered.clone(),
+        );
+        r.register(
+            "ingest_jobs_requeued",
+            "Dead-lettered jobs an operator put back on the queue",
+            this.requeued.clone(),
+        );
+        r.register(
+            "ingest_workers_fenced",
+            "Workers stopped because their job was claimed again (a write with a stale lease epoch was refused)",
+            this.fenced.clone(),
         );
         r.register(
             "ingest_dispatch_backlog",
@@ -103,6 +124,20 @@ impl IngestMetrics {
         self.jobs
             .get_or_create(&[("status", status.to_owned())])
             .inc();
+    }
+
+    pub(crate) fn dead_lettered(&self, reason: &'static str) {
+        self.dead_lettered
+            .get_or_create(&[("reason", reason.to_owned())])
+            .inc();
+    }
+
+    pub(crate) fn requeued(&self) {
+        self.requeued.inc();
+    }
+
+    pub(crate) fn fenced(&self) {
+        self.fenced.inc();
     }
 
     pub(crate) fn dispatch_lag(&self, lag: Duration) {

@@ -283,7 +283,8 @@ impl Ctx {
 
         // A lease found lost means another worker may own the job now (this one stalled past
         // its lease, or Redis lost the queue and the sweeper put the job back): stop, so that
-        // two workers never keep running one job.
+        // two workers never keep running one job. Should the two overlap anyway, the stale
+        // one's next write is refused (fencing) and it stops then.
         let outcome = tokio::select! {
             outcome = self.run(&job_id, lease.entry.deliveries == 0).instrument(span) => Some(outcome),
             () = lost.cancelled() => None,
@@ -294,7 +295,12 @@ impl Ctx {
                     tracing::warn!(job.id = %job_id, error = %e, "failed to acknowledge job; it will run again and find its checkpoints");
                 }
             }
-            // The job is left claimed: when the lease runs out it is tried again.
+            Some(Err(StoreError::Fenced { epoch, .. })) => {
+                self.metrics.fenced();
+                tracing::warn!(job.id = %job_id, epoch, "the job was claimed again; this worker stops and leaves it to its new owner");
+            }
+            // The job is left claimed: when the lease runs out it is tried again (and after
+            // `max_attempts` runs it is dead-lettered).
             Some(Err(e)) => {
                 tracing::error!(job.id = %job_id, error = %e, "storage failed while running job; it will be retried")
             }
@@ -305,43 +311,77 @@ impl Ctx {
         }
     }
 
-    async fn append(&self, ev: ScanEvent) -> Result<ScanEvent, StoreError> {
-        self.stores.events.append(ev).await
+    /// The gRPC deadline of a stage call: a little past the stage deadline, so that the
+    /// stage's own timer fires first (DEADLINE_EXCEEDED with a message saying which stage),
+    /// rather than the client's (CANCELLED "Timeout expired"), while the stage server still
+    /// learns when to give up.
+    fn call_deadline(&self) -> Duration {
+        self.config.stage_timeout + Duration::from_secs(1)
+    }
+
+    /// Appends `ev` as the writer of claim `epoch` (refused once the job is claimed again).
+    async fn append(&self, epoch: u64, ev: ScanEvent) -> Result<ScanEvent, StoreError> {
+        self.stores.events.append_as(ev, epoch).await
     }
 
     async fn run(&self, job_id: &str, first_delivery: bool) -> Result<(), StoreError> {
-        let Some(job) = self.stores.jobs.get(job_id).await? else {
+        // The claim: a new epoch on the row, then the log's fence raised to it. From here on
+        // every write of an earlier claim is refused, and what earlier claims wrote (their
+        // checkpoints, their events) is what this one reads.
+        let Some(job) = self.stores.jobs.claim(job_id).await? else {
             tracing::warn!(job.id = %job_id, "queued job has no row; dropping the queue entry");
             return Ok(());
         };
+        let epoch = job.lease_epoch;
+        self.stores.events.fence(job_id, epoch).await?;
         if job.is_terminal() {
             // Finished before, but the final event may not have made it to the log (the
             // process died between the row and the log).
-            let events = self.stores.events.read_after(job_id, None).await?;
-            if !events.iter().any(|e| e.stage == Stage::Done as i32) {
-                self.stores
-                    .events
-                    .append_final(terminal_event_from_row(&job))
-                    .await?;
-            }
+            self.stores
+                .events
+                .append_final_as(terminal_event_from_row(&job), epoch)
+                .await?;
             self.stores
                 .events
                 .expire(job_id, self.config.event_ttl)
                 .await?;
             return Ok(());
         }
+        if job.attempts > self.config.max_attempts {
+            let message = format!(
+                "the scan was started {} times without finishing (the service failed while \
+                 running it each time); it has been set aside for an operator",
+                job.attempts - 1
+            );
+            return self.give_up(&job, message, "attempts").await;
+        }
         self.stores
             .jobs
-            .mark_running(job_id, Stage::Vision, true)
+            .mark_running(job_id, epoch, Stage::Vision)
             .await?;
-        if !first_delivery {
-            tracing::info!(job.id = %job_id, "resuming job from its last checkpoint");
+        if !first_delivery || job.attempts > 1 {
+            tracing::info!(job.id = %job_id, attempt = job.attempts, "resuming job from its last checkpoint");
+            self.complete_checkpointed(&job).await?;
         }
-        match self.stages(&job).await? {
+        let outcome = match self.stages(&job).await {
+            Ok(outcome) => outcome,
+            Err(e @ StoreError::Fenced { .. }) => return Err(e),
+            // A record that cannot be read fails the same way however often the job is tried
+            // (an image that is gone, a checkpoint that does not decode): give up now.
+            Err(e) if !e.is_transient() => {
+                tracing::error!(job.id = %job_id, error = %e, "a record of the job cannot be read; failing it");
+                let message = "the scan could not be completed because one of its stored \
+                               records cannot be read; it has been set aside for an operator"
+                    .to_owned();
+                return self.give_up(&job, message, "store").await;
+            }
+            Err(e) => return Err(e),
+        };
+        match outcome {
             Ok(()) => {
                 self.stores
                     .jobs
-                    .finish(job_id, JobStatus::Succeeded, None)
+                    .finish(job_id, epoch, JobStatus::Succeeded, None)
                     .await?;
                 self.metrics.finished("succeeded");
                 tracing::info!(job.id = %job_id, "scan complete");
@@ -355,37 +395,130 @@ impl Ctx {
                 };
                 tracing::warn!(job.id = %job_id, stage = stage_name(stage), code = %error.code, error = %status.message(), "scan failed");
                 let (_, hi) = progress_range(stage);
-                self.append(event(
-                    job_id,
-                    stage,
-                    EventStatus::Failed,
-                    hi,
-                    &error.message,
-                    Some(Payload::Error(error.clone())),
-                ))
+                self.append(
+                    epoch,
+                    event(
+                        job_id,
+                        stage,
+                        EventStatus::Failed,
+                        hi,
+                        &error.message,
+                        Some(Payload::Error(error.clone())),
+                    ),
+                )
                 .await?;
                 self.stores
                     .jobs
-                    .finish(job_id, JobStatus::Failed, Some(error))
+                    .finish(job_id, epoch, JobStatus::Failed, Some(error))
                     .await?;
                 self.metrics.finished("failed");
             }
         }
-        // The final event says what the row says: if another worker finished the job first,
-        // its outcome is the one that stands (`finish` keeps the first), and the log takes one
-        // final event whoever appends it.
+        self.final_event(job_id, epoch).await
+    }
+
+    /// The final event says what the row says: the first terminal status stands (`finish`
+    /// keeps it), and the log takes one final event whoever appends it.
+    async fn final_event(&self, job_id: &str, epoch: u64) -> Result<(), StoreError> {
         let row =
             self.stores.jobs.get(job_id).await?.ok_or_else(|| {
                 StoreError::Corrupt(format!("job {job_id} vanished while running"))
             })?;
         self.stores
             .events
-            .append_final(terminal_event_from_row(&row))
+            .append_final_as(terminal_event_from_row(&row), epoch)
             .await?;
         self.stores
             .events
             .expire(job_id, self.config.event_ttl)
             .await?;
+        Ok(())
+    }
+
+    /// Fails a poison job for good and sets it aside (dead letter) for an operator to look at
+    /// and requeue; its watchers get its `failed` and final events.
+    async fn give_up(
+        &self,
+        job: &Job,
+        message: String,
+        reason: &'static str,
+    ) -> Result<(), StoreError> {
+        let status = Status::internal(message);
+        let error = ErrorInfo {
+            code: codes::code_name(status.code()).to_owned(),
+            http_status: u32::from(codes::http_status(status.code())),
+            message: status.message().to_owned(),
+            // Trying the same scan again will not help until an operator has looked.
+            retryable: false,
+        };
+        let stage = if job.stage == Stage::Queued {
+            Stage::Vision
+        } else {
+            job.stage
+        };
+        tracing::error!(job.id = %job.id, attempts = job.attempts, reason, "dead-lettering job");
+        let (_, hi) = progress_range(stage);
+        self.append(
+            job.lease_epoch,
+            event(
+                &job.id,
+                stage,
+                EventStatus::Failed,
+                hi,
+                &error.message,
+                Some(Payload::Error(error.clone())),
+            ),
+        )
+        .await?;
+        self.stores
+            .jobs
+            .dead_letter(&job.id, job.lease_epoch, error)
+            .await?;
+        self.metrics.finished("failed");
+        self.metrics.dead_lettered(reason);
+        self.final_event(&job.id, job.lease_epoch).await
+    }
+
+    /// A resumed job: every stage whose output is on the row but whose `completed` event is
+    /// not in the log (the previous worker stopped between the two) gets it now, from the
+    /// stored output, so watchers see each stage's output exactly once and it is the stored
+    /// one.
+    async fn complete_checkpointed(&self, job: &Job) -> Result<(), StoreError> {
+        let logged = self.stores.events.read_after(&job.id, None).await?;
+        let done = |stage: Stage| {
+            logged
+                .iter()
+                .any(|e| e.stage == stage as i32 && e.status == EventStatus::Completed as i32)
+        };
+        let stored = [
+            (
+                Stage::Vision,
+                "classified",
+                job.classification.clone().map(Payload::Classification),
+            ),
+            (
+                Stage::Rule,
+                "rules found",
+                job.rules.clone().map(Payload::Rules),
+            ),
+            (
+                Stage::Answer,
+                "answer written",
+                job.answer.clone().map(Payload::Answer),
+            ),
+            (
+                Stage::Reward,
+                "reward evaluated",
+                job.reward.clone().map(Payload::Reward),
+            ),
+        ];
+        for (stage, message, payload) in stored {
+            if let Some(payload) = payload
+                && !done(stage)
+            {
+                self.completed(job, stage, message, payload).await?;
+            }
+        }
         Ok(())
     }
 
@@ -400,10 +533,10 @@ impl Ctx {
                 Ok(c) => {
                     self.stores
                         .jobs
-                        .checkpoint(id, Checkpoint::Classification(c.clone()))
+                        .checkpoint(id, job.lease_epoch, Checkpoint::Classification(c.clone()))
                         .await?;
                     self.completed(
-                        id,
+                        job,
                         Stage::Vision,
                         "classified",
                         Payload::Classification(c.clone()),
@@ -424,9 +557,9 @@ impl Ctx {
                 Ok(r) => {
                     self.stores
                         .jobs
-                        .checkpoint(id, Checkpoint::Rules(r.clone()))
+                        .checkpoint(id, job.lease_epoch, Checkpoint::Rules(r.clone()))
                         .await?;
-                    self.completed(id, Stage::Rule, "rules found", Payload::Rules(r.clone()))
+                    self.completed(job, Stage::Rule, "rules found", Payload::Rules(r.clone()))
                         .await?;
                     r
                 }
@@ -444,9 +577,9 @@ impl Ctx {
                 Ok(a) => {
                     self.stores
                         .jobs
-                        .checkpoint(id, Checkpoint::Answer(a.clone()))
+                        .checkpoint(id, job.lease_epoch, Checkpoint::Answer(a.clone()))
                         .await?;
-                    self.completed(id, Stage::Answer, "answer written", Payload::Answer(a))
+                    self.completed(job, Stage::Answer, "answer written", Payload::Answer(a))
                         .await?;
                 }
                 Err(f) => return Ok(Err(f)),
@@ -464,10 +597,10 @@ impl Ctx {
                 Ok(r) => {
                     self.stores
                         .jobs
-                        .checkpoint(id, Checkpoint::Reward(r.clone()))
+                        .checkpoint(id, job.lease_epoch, Checkpoint::Reward(r.clone()))
                         .await?;
                     self.completed(
-                        id,
+                        job,
                         Stage::Reward,
                         "reward evaluated",
                         Payload::Reward(r.clone()),
@@ -485,20 +618,23 @@ impl Ctx {
 
     async fn completed(
         &self,
-        id: &str,
+        job: &Job,
         stage: Stage,
         message: &str,
         payload: Payload,
     ) -> Result<(), StoreError> {
         let (_, hi) = progress_range(stage);
-        self.append(event(
-            id,
-            stage,
-            EventStatus::Completed,
-            hi,
-            message,
-            Some(payload),
-        ))
+        self.append(
+            job.lease_epoch,
+            event(
+                &job.id,
+                stage,
+                EventStatus::Completed,
+                hi,
+                message,
+                Some(payload),
+            ),
+        )
         .await?;
         Ok(())
     }
@@ -525,11 +661,22 @@ impl Ctx {
         );
         let started = std::time::Instant::now();
         let result = async {
-            self.stores.jobs.mark_running(&job.id, stage, false).await?;
+            self.stores.jobs.mark_running(&job.id, job.lease_epoch, stage).await?;
             let (lo, _) = progress_range(stage);
-            self.append(event(&job.id, stage, EventStatus::Started, lo, &format!("{} started", stage_name(stage)), None))
+            self.append(job.lease_epoch, event(&job.id, stage, EventStatus::Started, lo, &format!("{} started", stage_name(stage)), None))
                 .await?;
-            let result = call
+            // Each attempt within the stage deadline, its whole response stream included.
+            let timeout = self.config.stage_timeout;
+            let attempt = || async {
+                tokio::time::timeout(timeout, call()).await.unwrap_or_else(|_| {
+                    Err(StageError::Call(Status::deadline_exceeded(format!(
+                        "{} did not finish within {} s",
+                        stage_name(stage),
+                        timeout.as_secs_f64()
+                    ))))
+                })
+            };
+            let result = attempt
                 .retry(
                     ExponentialBuilder::default()
                         .with_min_delay(Duration::from_millis(200))
@@ -537,7 +684,7 @@ impl Ctx {
                         .with_max_times(self.config.stage_retries)
                         .with_jitter(),
                 )
-                .when(|e: &StageError| matches!(e, StageError::Call(s) if codes::retryable(s.code())))
+                .when(|e: &StageError| matches!(e, StageError::Call(s) if codes::worth_retrying(s)))
                 .notify(|e, after| tracing::warn!(stage = stage_name(stage), error = %e, retry_in = ?after, "stage call failed; retrying"))
                 .await;
             match result {
@@ -561,18 +708,21 @@ impl Ctx {
         result
     }
 
-    async fn progress(&self, id: &str, stage: Stage, p: &Progress) -> Result<(), StoreError> {
+    async fn progress(&self, job: &Job, stage: Stage, p: &Progress) -> Result<(), StoreError> {
         let (lo, hi) = progress_range(stage);
         let fraction = lo + (hi - lo) * p.fraction.clamp(0.0, 1.0);
         tracing::debug!(stage = stage_name(stage), step = %p.step, "stage progress");
-        self.append(event(
-            id,
-            stage,
-            EventStatus::Progress,
-            fraction,
-            &p.message,
-            None,
-        ))
+        self.append(
+            job.lease_epoch,
+            event(
+                &job.id,
+                stage,
+                EventStatus::Progress,
+                fraction,
+                &p.message,
+                None,
+            ),
+        )
         .await?;
         Ok(())
     }
@@ -600,14 +750,16 @@ impl Ctx {
             .stages
             .vision
             .clone()
-            .classify(request_as(req, self.config.stage_timeout, &job.user_id))
+            .classify(request_as(req, self.call_deadline(), &job.user_id))
             .await?
             .into_inner();
         let mut out = None;
-        while let Some(msg) = next(&mut stream).await? {
+        while let Some(msg) =
+            next(&mut stream, self.config.stage_idle_timeout, Stage::Vision).await?
+        {
             match msg.event {
                 Some(classify_response::Event::Progress(p)) => {
-                    self.progress(&job.id, Stage::Vision, &p).await?
+                    self.progress(job, Stage::Vision, &p).await?
                 }
                 Some(classify_response::Event::Classification(c)) => out = Some(c),
                 None => {}
@@ -633,14 +785,15 @@ impl Ctx {
             .stages
             .rule
             .clone()
-            .lookup(request_as(req, self.config.stage_timeout, &job.user_id))
+            .lookup(request_as(req, self.call_deadline(), &job.user_id))
             .await?
             .into_inner();
         let mut out = None;
-        while let Some(msg) = next(&mut stream).await? {
+        while let Some(msg) = next(&mut stream, self.config.stage_idle_timeout, Stage::Rule).await?
+        {
             match msg.event {
                 Some(lookup_response::Event::Progress(p)) => {
-                    self.progress(&job.id, Stage::Rule, &p).await?
+                    self.progress(job, Stage::Rule, &p).await?
                 }
                 Some(lookup_response::Event::Rules(r)) => out = Some(r),
                 None => {}
@@ -665,7 +818,7 @@ impl Ctx {
             .stages
             .answer
             .clone()
-            .generate(request_as(req, self.config.stage_timeout, &job.user_id))
+            .generate(request_as(req, self.call_deadline(), &job.user_id))
             .await?
             .into_inner();
         let (lo, hi) = progress_range(Stage::Answer);
@@ -676,15 +829,15 @@ impl Ctx {
         loop {
             // Deltas are buffered and flushed at most every `delta_interval`.
             let msg = if pending.is_empty() {
-                next(&mut stream).await?
+                next(&mut stream, self.config.stage_idle_timeout, Stage::Answer).await?
             } else {
                 tokio::select! {
-                    m = next(&mut stream) => m?,
+                    m = next(&mut stream, self.config.stage_idle_timeout, Stage::Answer) => m?,
                     () = tokio::time::sleep_until(flush_at) => {
                         streamed_chars += pending.chars().count();
                         let text = std::mem::take(&mut pending);
                         let p = (lo + (hi - lo) * (streamed_chars as f32 / 600.0).min(0.95)).min(hi);
-                        self.append(event(&job.id, Stage::Answer, EventStatus::Delta, p, "", Some(Payload::Delta(text)))).await?;
+                        self.append(job.lease_epoch, event(&job.id, Stage::Answer, EventStatus::Delta, p, "", Some(Payload::Delta(text)))).await?;
                         flush_at = tokio::time::Instant::now() + self.config.delta_interval;
                         continue;
                     }
@@ -693,7 +846,7 @@ impl Ctx {
             let Some(msg) = msg else { break };
             match msg.event {
                 Some(generate_response::Event::Progress(p)) => {
-                    self.progress(&job.id, Stage::Answer, &p).await?
+                    self.progress(job, Stage::Answer, &p).await?
                 }
                 Some(generate_response::Event::Delta(d)) => {
                     if pending.is_empty() {
@@ -706,14 +859,17 @@ impl Ctx {
             }
         }
         if !pending.is_empty() {
-            self.append(event(
-                &job.id,
-                Stage::Answer,
-                EventStatus::Delta,
-                hi,
-                "",
-                Some(Payload::Delta(pending)),
-            ))
+            self.append(
+                job.lease_epoch,
+                event(
+                    &job.id,
+                    Stage::Answer,
+                    EventStatus::Delta,
+                    hi,
+                    "",
+                    Some(Payload::Delta(pending)),
+                ),
+            )
             .await?;
         }
         out.ok_or_else(|| {
@@ -738,7 +894,7 @@ impl Ctx {
             .stages
             .reward
             .clone()
-            .evaluate(request_as(req, self.config.stage_timeout, &job.user_id))
+            .evaluate(request_as(req, self.call_deadline(), &job.user_id))
             .await?
             .into_inner()
             .decision
@@ -820,6 +976,19 @@ impl From<Status> for StageError {
     }
 }
 
-async fn next<T>(stream: &mut Streaming<T>) -> Result<Option<T>, StageError> {
-    Ok(stream.next().await.transpose()?)
+/// The stream's next message, or `DEADLINE_EXCEEDED` when the stage stays silent for `idle`
+/// (a stalled stage must not hold its job forever while the lease keeper keeps it alive).
+async fn next<T>(
+    stream: &mut Streaming<T>,
+    idle: Duration,
+    stage: Stage,
+) -> Result<Option<T>, StageError> {
+    match tokio::time::timeout(idle, stream.next()).await {
+        Ok(item) => Ok(item.transpose()?),
+        Err(_) => Err(StageError::Call(Status::deadline_exceeded(format!(
+            "{} sent nothing for {} s",
+            stage_name(stage),
+            idle.as_secs_f64()
+        )))),
+    }
 }

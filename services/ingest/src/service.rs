@@ -220,7 +220,7 @@ fn hex(bytes: &[u8]) -> String {
         })
 }
 
-fn result_of(job: Job) -> ScanResult {
+pub(crate) fn result_of(job: Job) -> ScanResult {
     ScanResult {
         job_id: job.id,
         user_id: job.user_id,

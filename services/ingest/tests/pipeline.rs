@@ -17,7 +17,8 @@ use ecoscan_ingest::{
     store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
 };
 use ecoscan_proto::v1::{
-    DisposalRules, EventStatus, GetResultRequest, JobStatus, Stage, SubmitRequest, WatchRequest,
+    DisposalRules, EventStatus, GetResultRequest, JobStatus, ScanEvent, Stage, SubmitRequest,
+    WatchRequest,
 };
 use support::*;
 use tokio_stream::StreamExt;
@@ -49,17 +50,17 @@ async fn a_resumed_job_runs_only_the_stages_without_a_checkpoint() {
         .unwrap();
     env.stores
         .jobs
-        .mark_running(&job.id, Stage::Rule, true)
+        .mark_running(&job.id, 0, Stage::Rule)
         .await
         .unwrap();
     env.stores
         .jobs
-        .checkpoint(&job.id, Checkpoint::Classification(classification()))
+        .checkpoint(&job.id, 0, Checkpoint::Classification(classification()))
         .await
         .unwrap();
     env.stores
         .jobs
-        .checkpoint(&job.id, Checkpoint::Rules(DisposalRules::default()))
+        .checkpoint(&job.id, 0, Checkpoint::Rules(DisposalRules::default()))
         .await
         .unwrap();
     env.stores
@@ -81,8 +82,29 @@ async fn a_resumed_job_runs_only_the_stages_without_a_checkpoint() {
     assert_eq!(env.stages.count("reward"), 1);
     assert_eq!(env.stages.count("notify"), 1, "the owner is told once");
     let stages: Vec<i32> = events.iter().map(|e| e.stage).collect();
-    assert_eq!(stages.first(), Some(&(Stage::Answer as i32)), "{events:?}");
     assert_eq!(stages.last(), Some(&(Stage::Done as i32)));
+    // The log had nothing of the checkpointed stages (the previous worker stopped before
+    // appending): the resumed worker sends their stored outputs, once each, before going on.
+    for stage in [Stage::Vision, Stage::Rule, Stage::Answer, Stage::Reward] {
+        let completed: Vec<&ScanEvent> = events
+            .iter()
+            .filter(|e| e.stage == stage as i32 && e.status == EventStatus::Completed as i32)
+            .collect();
+        assert_eq!(completed.len(), 1, "{stage:?} completes once: {events:?}");
+    }
+    assert_eq!(
+        events[0].payload,
+        Some(ecoscan_proto::v1::scan_event::Payload::Classification(
+            classification()
+        )),
+        "the stored classification, not a new one"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.stage == Stage::Vision as i32 && e.status == EventStatus::Started as i32),
+        "vision does not run again"
+    );
     let text: String = events
         .iter()
         .filter(|e| e.status == EventStatus::Delta as i32)

@@ -22,7 +22,9 @@ use ecoscan_ingest::{
     },
     sweeper::sweep_once,
 };
-use ecoscan_proto::v1::{Classification, ErrorInfo, EventStatus, JobStatus, ScanEvent, Stage};
+use ecoscan_proto::v1::{
+    Classification, DisposalRules, ErrorInfo, EventStatus, JobStatus, ScanEvent, Stage,
+};
 use ecoscan_redis::{Redis, Settings, redis, testing::PrivateCluster};
 
 /// The next event of `job` on `feed`, skipping resyncs (a feed says one when it starts).
@@ -275,7 +277,17 @@ async fn job_store_conformance(jobs: Arc<dyn JobStore>) {
             .is_none()
     );
 
-    jobs.mark_running(&job.id, Stage::Vision, true)
+    let claimed = jobs.claim(&job.id).await.unwrap().unwrap();
+    assert_eq!(claimed.lease_epoch, 1, "the first claim is epoch 1");
+    assert_eq!(claimed.attempts, 1);
+    assert!(
+        jobs.claim(&uuid::Uuid::now_v7().to_string())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let epoch = claimed.lease_epoch;
+    jobs.mark_running(&job.id, epoch, Stage::Vision)
         .await
         .unwrap();
     let c = Classification {
@@ -283,14 +295,14 @@ async fn job_store_conformance(jobs: Arc<dyn JobStore>) {
         middle_category: "무색페트병".into(),
         ..Default::default()
     };
-    jobs.checkpoint(&job.id, Checkpoint::Classification(c.clone()))
+    jobs.checkpoint(&job.id, epoch, Checkpoint::Classification(c.clone()))
         .await
         .unwrap();
     let other = Classification {
         major_category: "일반종량제폐기물".into(),
         ..Default::default()
     };
-    jobs.checkpoint(&job.id, Checkpoint::Classification(other))
+    jobs.checkpoint(&job.id, epoch, Checkpoint::Classification(other))
         .await
         .unwrap();
     let got = jobs.get(&job.id).await.unwrap().unwrap();
@@ -304,10 +316,10 @@ async fn job_store_conformance(jobs: Arc<dyn JobStore>) {
         message: "x".into(),
         retryable: true,
     };
-    jobs.finish(&job.id, JobStatus::Failed, Some(err.clone()))
+    jobs.finish(&job.id, epoch, JobStatus::Failed, Some(err.clone()))
         .await
         .unwrap();
-    jobs.finish(&job.id, JobStatus::Succeeded, None)
+    jobs.finish(&job.id, epoch, JobStatus::Succeeded, None)
         .await
         .unwrap();
     let got = jobs.get(&job.id).await.unwrap().unwrap();
@@ -345,6 +357,193 @@ async fn job_store_conformance(jobs: Arc<dyn JobStore>) {
             .unwrap()
             .is_empty(),
         "jobs created after the cut-off are left alone"
+    );
+
+    fencing_conformance(jobs.as_ref()).await;
+    dead_letter_conformance(jobs.as_ref()).await;
+}
+
+fn fenced(r: Result<(), StoreError>) -> bool {
+    matches!(r, Err(StoreError::Fenced { .. }))
+}
+
+/// A worker whose claim was taken over cannot write: every write carries its epoch.
+async fn fencing_conformance(jobs: &dyn JobStore) {
+    let (job, _) = jobs.insert(new_job("u3", None)).await.unwrap();
+    let first = jobs.claim(&job.id).await.unwrap().unwrap();
+    jobs.mark_running(&job.id, first.lease_epoch, Stage::Vision)
+        .await
+        .unwrap();
+    // The lease was lost; another worker claims the job.
+    let second = jobs.claim(&job.id).await.unwrap().unwrap();
+    assert_eq!(second.lease_epoch, first.lease_epoch + 1);
+    assert_eq!(second.attempts, 2, "each claim counts one attempt");
+
+    let stale = Classification {
+        major_category: "stale".into(),
+        ..Default::default()
+    };
+    assert!(fenced(
+        jobs.checkpoint(
+            &job.id,
+            first.lease_epoch,
+            Checkpoint::Classification(stale)
+        )
+        .await
+    ));
+    assert!(fenced(
+        jobs.mark_running(&job.id, first.lease_epoch, Stage::Rule)
+            .await
+    ));
+    assert!(fenced(
+        jobs.finish(&job.id, first.lease_epoch, JobStatus::Succeeded, None)
+            .await
+    ));
+    let err = ErrorInfo {
+        code: "INTERNAL".into(),
+        http_status: 500,
+        message: "stale".into(),
+        retryable: false,
+    };
+    assert!(fenced(
+        jobs.dead_letter(&job.id, first.lease_epoch, err).await
+    ));
+    let got = jobs.get(&job.id).await.unwrap().unwrap();
+    assert_eq!(got.classification, None, "the stale checkpoint was refused");
+    assert_eq!(got.status, JobStatus::Running);
+    assert!(got.dead_at.is_none());
+
+    // The current claim writes.
+    let current = Classification {
+        major_category: "current".into(),
+        ..Default::default()
+    };
+    jobs.checkpoint(
+        &job.id,
+        second.lease_epoch,
+        Checkpoint::Classification(current.clone()),
+    )
+    .await
+    .unwrap();
+    jobs.finish(&job.id, second.lease_epoch, JobStatus::Succeeded, None)
+        .await
+        .unwrap();
+    let got = jobs.get(&job.id).await.unwrap().unwrap();
+    assert_eq!(got.classification, Some(current));
+    assert_eq!(got.status, JobStatus::Succeeded);
+    assert_eq!(got.stage, Stage::Done);
+}
+
+/// Poison jobs are set aside, listed newest first, and an operator can requeue them.
+async fn dead_letter_conformance(jobs: &dyn JobStore) {
+    let err = |m: &str| ErrorInfo {
+        code: "INTERNAL".into(),
+        http_status: 500,
+        message: m.into(),
+        retryable: false,
+    };
+    let mut dead = Vec::new();
+    for i in 0..3 {
+        let (job, _) = jobs.insert(new_job("u4", None)).await.unwrap();
+        let claimed = jobs.claim(&job.id).await.unwrap().unwrap();
+        if i == 0 {
+            jobs.checkpoint(
+                &job.id,
+                claimed.lease_epoch,
+                Checkpoint::Rules(DisposalRules::default()),
+            )
+            .await
+            .unwrap();
+        }
+        jobs.dead_letter(&job.id, claimed.lease_epoch, err(&format!("poison {i}")))
+            .await
+            .unwrap();
+        // A later finish changes nothing: the first terminal status stands.
+        jobs.finish(&job.id, claimed.lease_epoch, JobStatus::Succeeded, None)
+            .await
+            .unwrap();
+        let got = jobs.get(&job.id).await.unwrap().unwrap();
+        assert_eq!(got.status, JobStatus::Failed);
+        assert_eq!(got.error, Some(err(&format!("poison {i}"))));
+        assert!(got.dead_at.is_some() && got.finished_at.is_some());
+        dead.push(got);
+        // Distinct times, so the order is defined (the stores keep milliseconds).
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Another failed, not dead-lettered, job is not listed.
+    let (plain, _) = jobs.insert(new_job("u4", None)).await.unwrap();
+    let c = jobs.claim(&plain.id).await.unwrap().unwrap();
+    jobs.finish(
+        &plain.id,
+        c.lease_epoch,
+        JobStatus::Failed,
+        Some(err("plain")),
+    )
+    .await
+    .unwrap();
+
+    let listed: Vec<String> = jobs
+        .dead_letters(None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .filter(|id| dead.iter().any(|d| &d.id == id))
+        .collect();
+    let newest_first: Vec<String> = dead.iter().rev().map(|j| j.id.clone()).collect();
+    assert_eq!(listed, newest_first);
+    assert!(
+        !jobs
+            .dead_letters(None, 100)
+            .await
+            .unwrap()
+            .iter()
+            .any(|j| j.id == plain.id)
+    );
+    // Paging back in time: before the newest one's time, the two older ones.
+    let page: Vec<String> = jobs
+        .dead_letters(dead[2].dead_at, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .filter(|id| dead.iter().any(|d| &d.id == id))
+        .collect();
+    assert_eq!(page, vec![dead[1].id.clone(), dead[0].id.clone()]);
+    assert_eq!(jobs.dead_letters(None, 1).await.unwrap().len(), 1);
+
+    // Requeue: back to queued, attempts reset, checkpoints kept, no longer listed.
+    let back = jobs.requeue(&dead[0].id).await.unwrap().unwrap();
+    assert_eq!(back.status, JobStatus::Queued);
+    assert_eq!(back.attempts, 0);
+    assert!(back.dead_at.is_none() && back.error.is_none() && back.finished_at.is_none());
+    assert_eq!(
+        back.rules,
+        Some(DisposalRules::default()),
+        "checkpoints are kept"
+    );
+    assert!(
+        jobs.requeue(&dead[0].id).await.unwrap().is_none(),
+        "a job not dead-lettered is not requeued"
+    );
+    assert!(jobs.requeue(&plain.id).await.unwrap().is_none());
+    assert!(
+        !jobs
+            .dead_letters(None, 100)
+            .await
+            .unwrap()
+            .iter()
+            .any(|j| j.id == dead[0].id)
+    );
+    // The requeued job runs again under a new claim.
+    let again = jobs.claim(&dead[0].id).await.unwrap().unwrap();
+    assert!(again.lease_epoch > dead[0].lease_epoch);
+    jobs.finish(&dead[0].id, again.lease_epoch, JobStatus::Succeeded, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        jobs.get(&dead[0].id).await.unwrap().unwrap().status,
+        JobStatus::Succeeded
     );
 }
 
@@ -844,7 +1043,7 @@ async fn sweeper_conformance(stores: Stores) {
     let (done, _) = stores.jobs.insert(new_job("u", None)).await.unwrap();
     stores
         .jobs
-        .finish(&done.id, JobStatus::Succeeded, None)
+        .finish(&done.id, 0, JobStatus::Succeeded, None)
         .await
         .unwrap();
 

@@ -90,15 +90,40 @@ pub trait Feed: Send {
 }
 
 /// Append-only event log per job, and the live feed of what is appended.
+///
+/// Writers are fenced: a worker raises its job's fence to the epoch of its claim
+/// ([`EventLog::fence`]) and appends with that epoch, and an append with an epoch below the
+/// job's fence is refused ([`StoreError::Fenced`]). A worker that lost its job to a newer
+/// claim can so never add to the job's log. Epoch 0 is the writer before any claim (the
+/// `queued` event at submit).
 #[async_trait]
 pub trait EventLog: Send + Sync + 'static {
-    /// Appends `event` to its job's log, assigning `event_id` and `seq`; returns the stored event.
-    async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError>;
+    /// Appends `event` to its job's log as the writer of claim `epoch`, assigning `event_id`
+    /// and `seq`; returns the stored event.
+    async fn append_as(&self, event: ScanEvent, epoch: u64) -> Result<ScanEvent, StoreError>;
+    /// [`EventLog::append_as`] before any claim (epoch 0).
+    async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError> {
+        self.append_as(event, 0).await
+    }
     /// Appends the job's final (`done`) event unless its log already has one, atomically:
     /// `None` when one was there. However many workers finish the same job (a resumed job
     /// whose first worker was only slow, a redelivery after a crash between the row and the
     /// log), its log holds one final event.
-    async fn append_final(&self, event: ScanEvent) -> Result<Option<ScanEvent>, StoreError>;
+    async fn append_final_as(
+        &self,
+        event: ScanEvent,
+        epoch: u64,
+    ) -> Result<Option<ScanEvent>, StoreError>;
+    /// [`EventLog::append_final_as`] before any claim (epoch 0).
+    async fn append_final(&self, event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
+        self.append_final_as(event, 0).await
+    }
+    /// Raises the job's fence to `epoch`: appends of older claims are refused from now on.
+    /// `Fenced` when a newer claim raised it past `epoch` already.
+    async fn fence(&self, job_id: &str, epoch: u64) -> Result<(), StoreError>;
+    /// Empties the job's log and starts it again with `event` (an operator requeued the job):
+    /// watchers from the start see the new run only, and ids keep increasing.
+    async fn restart(&self, event: ScanEvent) -> Result<ScanEvent, StoreError>;
     /// The job's events strictly after `after` (all of them when `None`), in order.
     async fn read_after(
         &self,
@@ -131,7 +156,22 @@ struct JobLog {
     seq: u64,
     /// Whether the final event was appended (it may have left the ring since).
     finished: bool,
+    /// The newest claim's epoch; appends of older ones are refused.
+    fence: u64,
     expires_at: Option<Instant>,
+}
+
+impl JobLog {
+    fn new() -> Self {
+        Self {
+            events: Default::default(),
+            last_id: EventId { ms: 0, n: 0 },
+            seq: 0,
+            finished: false,
+            fence: 0,
+            expires_at: None,
+        }
+    }
 }
 
 impl MemoryEventLog {
@@ -151,20 +191,32 @@ impl MemoryEventLog {
         }
     }
 
-    /// Appends `event`; when `is_final`, only if the job has no final event yet (else `None`).
-    fn push(&self, mut event: ScanEvent, is_final: bool) -> Option<ScanEvent> {
+    /// Appends `event` as claim `epoch`; when `is_final`, only if the job has no final event
+    /// yet (else `None`); when `restart`, after emptying the log.
+    fn push(
+        &self,
+        mut event: ScanEvent,
+        epoch: u64,
+        is_final: bool,
+        restart: bool,
+    ) -> Result<Option<ScanEvent>, StoreError> {
         {
             let mut map = self.inner.lock().expect("event log lock poisoned");
-            let log = map.entry(event.job_id.clone()).or_insert_with(|| JobLog {
-                events: Default::default(),
-                last_id: EventId { ms: 0, n: 0 },
-                seq: 0,
-                finished: false,
-                expires_at: None,
-            });
+            let log = map.entry(event.job_id.clone()).or_insert_with(JobLog::new);
+            if epoch < log.fence {
+                return Err(StoreError::Fenced {
+                    job: event.job_id,
+                    epoch,
+                });
+            }
+            if restart {
+                log.events.clear();
+                log.finished = false;
+                log.expires_at = None;
+            }
             if is_final {
                 if log.finished {
-                    return None;
+                    return Ok(None);
                 }
                 log.finished = true;
             }
@@ -180,7 +232,7 @@ impl MemoryEventLog {
         }
         // No receiver simply means no one is watching right now.
         let _ = self.feed.send(event.clone());
-        Some(event)
+        Ok(Some(event))
     }
 
     fn sweep(map: &mut HashMap<String, JobLog>) {
@@ -191,14 +243,43 @@ impl MemoryEventLog {
 
 #[async_trait]
 impl EventLog for MemoryEventLog {
-    async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError> {
+    async fn append_as(&self, event: ScanEvent, epoch: u64) -> Result<ScanEvent, StoreError> {
         Ok(self
-            .push(event, false)
+            .push(event, epoch, false, false)?
             .expect("a plain append always appends"))
     }
 
-    async fn append_final(&self, event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
-        Ok(self.push(event, true))
+    async fn append_final_as(
+        &self,
+        event: ScanEvent,
+        epoch: u64,
+    ) -> Result<Option<ScanEvent>, StoreError> {
+        self.push(event, epoch, true, false)
+    }
+
+    async fn fence(&self, job_id: &str, epoch: u64) -> Result<(), StoreError> {
+        let mut map = self.inner.lock().expect("event log lock poisoned");
+        let log = map.entry(job_id.to_owned()).or_insert_with(JobLog::new);
+        if epoch < log.fence {
+            return Err(StoreError::Fenced {
+                job: job_id.to_owned(),
+                epoch,
+            });
+        }
+        log.fence = epoch;
+        Ok(())
+    }
+
+    async fn restart(&self, event: ScanEvent) -> Result<ScanEvent, StoreError> {
+        let fence = self
+            .inner
+            .lock()
+            .expect("event log lock poisoned")
+            .get(&event.job_id)
+            .map_or(0, |log| log.fence);
+        Ok(self
+            .push(event, fence, false, true)?
+            .expect("a restart always appends"))
     }
 
     async fn read_after(

@@ -33,9 +33,15 @@ pub struct Job {
     pub answer: Option<Answer>,
     pub reward: Option<RewardDecision>,
     pub error: Option<ErrorInfo>,
+    /// Runs of the job so far (each claim counts one).
     pub attempts: u32,
+    /// The epoch of the job's latest claim: every write a worker makes carries the epoch it
+    /// claimed with, and a stale one is refused ([`StoreError::Fenced`]).
+    pub lease_epoch: u64,
     pub created_at: SystemTime,
     pub finished_at: Option<SystemTime>,
+    /// When the job was set aside for an operator (see [`JobStore::dead_letter`]).
+    pub dead_at: Option<SystemTime>,
 }
 
 impl Job {
@@ -89,23 +95,40 @@ pub trait JobStore: Send + Sync + 'static {
         user_id: &str,
         key: &str,
     ) -> Result<Option<Job>, StoreError>;
-    /// Marks the job running at `stage` and counts the attempt when `new_attempt`.
-    async fn mark_running(
-        &self,
-        id: &str,
-        stage: Stage,
-        new_attempt: bool,
-    ) -> Result<(), StoreError>;
+    /// Claims the job for a worker: a new lease epoch (the fencing token of every write this
+    /// worker makes) and one more attempt. `None` when there is no such job.
+    async fn claim(&self, id: &str) -> Result<Option<Job>, StoreError>;
+    /// Marks the job running at `stage`.
+    async fn mark_running(&self, id: &str, epoch: u64, stage: Stage) -> Result<(), StoreError>;
     /// Stores a stage's output. Only the first checkpoint of a stage is kept, so a resumed
     /// worker can never overwrite an output that watchers have already seen.
-    async fn checkpoint(&self, id: &str, checkpoint: Checkpoint) -> Result<(), StoreError>;
+    async fn checkpoint(
+        &self,
+        id: &str,
+        epoch: u64,
+        checkpoint: Checkpoint,
+    ) -> Result<(), StoreError>;
     /// Moves the job to a terminal status (once; later calls change nothing).
     async fn finish(
         &self,
         id: &str,
+        epoch: u64,
         status: JobStatus,
         error: Option<ErrorInfo>,
     ) -> Result<(), StoreError>;
+    /// Fails the job with `error` and sets it aside for an operator (a poison job: it failed
+    /// too often, or on a record that cannot be read). Once, like [`JobStore::finish`].
+    async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError>;
+    /// Dead-lettered jobs, newest first: up to `limit` set aside before `before` (all when
+    /// `None`), so callers page back in time.
+    async fn dead_letters(
+        &self,
+        before: Option<SystemTime>,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError>;
+    /// Puts a dead-lettered job back to `queued` (its checkpoints kept, its attempts reset);
+    /// `None` when the job is not dead-lettered.
+    async fn requeue(&self, id: &str) -> Result<Option<Job>, StoreError>;
     /// Up to `limit` jobs not yet terminal that were created before `created_before`, newest
     /// first, so callers page back in time (the sweeper re-enqueues those whose queue entry is
     /// gone).
@@ -135,7 +158,84 @@ impl SqliteJobStore {
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         let pool =
             ecoscan_sql::open_sqlite(url, include_str!("../../migrations/0001_init.sql")).await?;
+        // Columns added after the first release: a database made before them gets them here
+        // (SQLite has no `ADD COLUMN IF NOT EXISTS`).
+        let columns: Vec<String> = sqlx::query("SELECT name FROM pragma_table_info('jobs')")
+            .fetch_all(&pool)
+            .await?
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()?;
+        for (name, ddl) in [
+            (
+                "lease_epoch",
+                "ALTER TABLE jobs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0",
+            ),
+            (
+                "dead_at_ms",
+                "ALTER TABLE jobs ADD COLUMN dead_at_ms INTEGER",
+            ),
+        ] {
+            if !columns.iter().any(|c| c == name) {
+                sqlx::query(ddl).execute(&pool).await?;
+            }
+        }
+        sqlx::query(
+            "CREATE INDEX IF NOT EXISTS jobs_dead ON jobs (dead_at_ms) WHERE dead_at_ms IS NOT NULL",
+        )
+        .execute(&pool)
+        .await?;
         Ok(Self { pool })
+    }
+
+    /// After an update that changed nothing: refused because another claim came since
+    /// (`Fenced`), or a no-op (the stage's checkpoint was there, the job had finished).
+    async fn fenced(&self, id: &str, epoch: u64) -> Result<(), StoreError> {
+        let current: Option<i64> = sqlx::query_scalar("SELECT lease_epoch FROM jobs WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match current {
+            None => Err(StoreError::Corrupt(format!("job {id} vanished"))),
+            Some(e) if e as u64 != epoch => Err(StoreError::Fenced {
+                job: id.to_owned(),
+                epoch,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `finish` and `dead_letter`: the first terminal status stands.
+    async fn end(
+        &self,
+        id: &str,
+        epoch: u64,
+        status: JobStatus,
+        error: Option<ErrorInfo>,
+        dead: bool,
+    ) -> Result<(), StoreError> {
+        let now = ms(SystemTime::now());
+        let done = sqlx::query(
+            "UPDATE jobs SET status = ?, stage = COALESCE(?, stage), error = ?, finished_at_ms = ?, \
+             dead_at_ms = ?, updated_at_ms = ? WHERE id = ? AND lease_epoch = ? AND status IN (?, ?)",
+        )
+        .bind(status as i32)
+        // A failed job keeps the stage it failed at.
+        .bind((status == JobStatus::Succeeded).then_some(Stage::Done as i32))
+        .bind(error.map(|e| e.encode_to_vec()))
+        .bind(now)
+        .bind(dead.then_some(now))
+        .bind(now)
+        .bind(id)
+        .bind(epoch as i64)
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            self.fenced(id, epoch).await?;
+        }
+        Ok(())
     }
 
     /// Opens a file database inside `dir` (for tests and the suite).
@@ -160,7 +260,9 @@ fn job_from_row(row: &SqliteRow) -> Result<Job, StoreError> {
     let status: i32 = row.try_get("status")?;
     let stage: i32 = row.try_get("stage")?;
     let attempts: i64 = row.try_get("attempts")?;
+    let epoch: i64 = row.try_get("lease_epoch")?;
     let finished: Option<i64> = row.try_get("finished_at_ms")?;
+    let dead: Option<i64> = row.try_get("dead_at_ms")?;
     Ok(Job {
         id: row.try_get("id")?,
         user_id: row.try_get("user_id")?,
@@ -180,8 +282,10 @@ fn job_from_row(row: &SqliteRow) -> Result<Job, StoreError> {
         reward: decode(row, "reward")?,
         error: decode(row, "error")?,
         attempts: attempts.max(0) as u32,
+        lease_epoch: epoch.max(0) as u64,
         created_at: from_ms(row.try_get("created_at_ms")?),
         finished_at: finished.map(from_ms),
+        dead_at: dead.map(from_ms),
     })
 }
 
@@ -268,28 +372,46 @@ impl JobStore for SqliteJobStore {
     #[tracing::instrument(
         name = "db",
         skip_all,
+        fields(otel.name = "UPDATE jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "jobs", job.id = %id),
+        err
+    )]
+    async fn claim(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        sqlx::query(
+            "UPDATE jobs SET lease_epoch = lease_epoch + 1, attempts = attempts + 1, \
+             updated_at_ms = ? WHERE id = ? RETURNING *",
+        )
+        .bind(ms(SystemTime::now()))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(job_from_row)
+        .transpose()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
         fields(otel.name = "UPDATE jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "jobs", job.id = %id, job.stage = ?stage),
         err
     )]
-    async fn mark_running(
-        &self,
-        id: &str,
-        stage: Stage,
-        new_attempt: bool,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE jobs SET status = ?, stage = ?, attempts = attempts + ?, updated_at_ms = ? \
-             WHERE id = ? AND status IN (?, ?)",
+    async fn mark_running(&self, id: &str, epoch: u64, stage: Stage) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE jobs SET status = ?, stage = ?, updated_at_ms = ? \
+             WHERE id = ? AND lease_epoch = ? AND status IN (?, ?)",
         )
         .bind(JobStatus::Running as i32)
         .bind(stage as i32)
-        .bind(i64::from(new_attempt))
         .bind(ms(SystemTime::now()))
         .bind(id)
+        .bind(epoch as i64)
         .bind(JobStatus::Queued as i32)
         .bind(JobStatus::Running as i32)
         .execute(&self.pool)
         .await?;
+        if done.rows_affected() == 0 {
+            self.fenced(id, epoch).await?;
+        }
         Ok(())
     }
 
@@ -299,32 +421,42 @@ impl JobStore for SqliteJobStore {
         fields(otel.name = "UPDATE jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "jobs", job.id = %id, job.checkpoint = checkpoint.name()),
         err
     )]
-    async fn checkpoint(&self, id: &str, checkpoint: Checkpoint) -> Result<(), StoreError> {
-        // Only the first checkpoint of a stage is kept (`IS NULL`).
+    async fn checkpoint(
+        &self,
+        id: &str,
+        epoch: u64,
+        checkpoint: Checkpoint,
+    ) -> Result<(), StoreError> {
+        // Only the first checkpoint of a stage is kept (`IS NULL`), and only from the worker
+        // holding the latest claim.
         let (sql, bytes) = match &checkpoint {
             Checkpoint::Classification(m) => (
-                "UPDATE jobs SET classification = ?, updated_at_ms = ? WHERE id = ? AND classification IS NULL",
+                "UPDATE jobs SET classification = ?, updated_at_ms = ? WHERE id = ? AND lease_epoch = ? AND classification IS NULL",
                 m.encode_to_vec(),
             ),
             Checkpoint::Rules(m) => (
-                "UPDATE jobs SET rules = ?, updated_at_ms = ? WHERE id = ? AND rules IS NULL",
+                "UPDATE jobs SET rules = ?, updated_at_ms = ? WHERE id = ? AND lease_epoch = ? AND rules IS NULL",
                 m.encode_to_vec(),
             ),
             Checkpoint::Answer(m) => (
-                "UPDATE jobs SET answer = ?, updated_at_ms = ? WHERE id = ? AND answer IS NULL",
+                "UPDATE jobs SET answer = ?, updated_at_ms = ? WHERE id = ? AND lease_epoch = ? AND answer IS NULL",
                 m.encode_to_vec(),
             ),
             Checkpoint::Reward(m) => (
-                "UPDATE jobs SET reward = ?, updated_at_ms = ? WHERE id = ? AND reward IS NULL",
+                "UPDATE jobs SET reward = ?, updated_at_ms = ? WHERE id = ? AND lease_epoch = ? AND reward IS NULL",
                 m.encode_to_vec(),
             ),
         };
-        sqlx::query(sql)
+        let done = sqlx::query(sql)
             .bind(bytes)
             .bind(ms(SystemTime::now()))
             .bind(id)
+            .bind(epoch as i64)
             .execute(&self.pool)
             .await?;
+        if done.rows_affected() == 0 {
+            self.fenced(id, epoch).await?;
+        }
         Ok(())
     }
 
@@ -337,26 +469,63 @@ impl JobStore for SqliteJobStore {
     async fn finish(
         &self,
         id: &str,
+        epoch: u64,
         status: JobStatus,
         error: Option<ErrorInfo>,
     ) -> Result<(), StoreError> {
-        let now = ms(SystemTime::now());
+        self.end(id, epoch, status, error, false).await
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "jobs", job.id = %id),
+        err
+    )]
+    async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError> {
+        self.end(id, epoch, JobStatus::Failed, Some(error), true)
+            .await
+    }
+
+    async fn dead_letters(
+        &self,
+        before: Option<SystemTime>,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError> {
         sqlx::query(
-            "UPDATE jobs SET status = ?, stage = COALESCE(?, stage), error = ?, finished_at_ms = ?, updated_at_ms = ? \
-             WHERE id = ? AND status IN (?, ?)",
+            "SELECT * FROM jobs WHERE dead_at_ms IS NOT NULL AND dead_at_ms < ? \
+             ORDER BY dead_at_ms DESC LIMIT ?",
         )
-        .bind(status as i32)
-        // A failed job keeps the stage it failed at.
-        .bind((status == JobStatus::Succeeded).then_some(Stage::Done as i32))
-        .bind(error.map(|e| e.encode_to_vec()))
-        .bind(now)
-        .bind(now)
-        .bind(id)
+        .bind(before.map_or(i64::MAX, ms))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_from_row)
+        .collect()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE jobs", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "jobs", job.id = %id),
+        err
+    )]
+    async fn requeue(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        sqlx::query(
+            "UPDATE jobs SET status = ?, stage = ?, error = NULL, finished_at_ms = NULL, \
+             dead_at_ms = NULL, attempts = 0, updated_at_ms = ? \
+             WHERE id = ? AND dead_at_ms IS NOT NULL RETURNING *",
+        )
         .bind(JobStatus::Queued as i32)
-        .bind(JobStatus::Running as i32)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        .bind(Stage::Queued as i32)
+        .bind(ms(SystemTime::now()))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(job_from_row)
+        .transpose()
     }
 
     async fn unfinished(

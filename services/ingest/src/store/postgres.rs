@@ -26,11 +26,18 @@ const MAX_CONNECTIONS: u32 = 16;
 pub fn migrator() -> Migrator {
     ecoscan_sql::migrator(
         "_ingest_migrations",
-        &[(
-            1,
-            "init",
-            include_str!("../../migrations/postgres/0001_init.sql"),
-        )],
+        &[
+            (
+                1,
+                "init",
+                include_str!("../../migrations/postgres/0001_init.sql"),
+            ),
+            (
+                2,
+                "fencing dead letters",
+                include_str!("../../migrations/postgres/0002_fencing_dead_letters.sql"),
+            ),
+        ],
     )
 }
 
@@ -88,6 +95,57 @@ impl PgJobStore {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+
+    /// After an update that changed nothing: refused because another claim came since
+    /// (`Fenced`), or a no-op (the stage's checkpoint was there, the job had finished).
+    async fn fenced(&self, id: &str, epoch: u64) -> Result<(), StoreError> {
+        let current: Option<i64> =
+            sqlx::query_scalar("SELECT lease_epoch FROM scan_jobs WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        match current {
+            None => Err(StoreError::Corrupt(format!("job {id} vanished"))),
+            Some(e) if e as u64 != epoch => Err(StoreError::Fenced {
+                job: id.to_owned(),
+                epoch,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `finish` and `dead_letter`: the first terminal status stands.
+    async fn end(
+        &self,
+        id: &str,
+        epoch: u64,
+        status: JobStatus,
+        error: Option<ErrorInfo>,
+        dead: bool,
+    ) -> Result<(), StoreError> {
+        let now = ms(SystemTime::now());
+        let done = sqlx::query(
+            "UPDATE scan_jobs SET status = $1, stage = COALESCE($2, stage), error = $3, \
+             finished_at_ms = $4, updated_at_ms = $4, dead_at_ms = $5 \
+             WHERE id = $6 AND lease_epoch = $7 AND status IN ($8, $9)",
+        )
+        .bind(status as i32)
+        // A failed job keeps the stage it failed at.
+        .bind((status == JobStatus::Succeeded).then_some(Stage::Done as i32))
+        .bind(error.map(|e| e.encode_to_vec()))
+        .bind(now)
+        .bind(dead.then_some(now))
+        .bind(id)
+        .bind(epoch as i64)
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            self.fenced(id, epoch).await?;
+        }
+        Ok(())
+    }
 }
 
 fn decode<M: Message + Default>(row: &PgRow, col: &str) -> Result<Option<M>, StoreError> {
@@ -102,7 +160,9 @@ fn job_from_row(row: &PgRow) -> Result<Job, StoreError> {
     let status: i32 = row.try_get("status")?;
     let stage: i32 = row.try_get("stage")?;
     let attempts: i32 = row.try_get("attempts")?;
+    let epoch: i64 = row.try_get("lease_epoch")?;
     let finished: Option<i64> = row.try_get("finished_at_ms")?;
+    let dead: Option<i64> = row.try_get("dead_at_ms")?;
     Ok(Job {
         id: row.try_get("id")?,
         user_id: row.try_get("user_id")?,
@@ -122,8 +182,10 @@ fn job_from_row(row: &PgRow) -> Result<Job, StoreError> {
         reward: decode(row, "reward")?,
         error: decode(row, "error")?,
         attempts: attempts.max(0) as u32,
+        lease_epoch: epoch.max(0) as u64,
         created_at: from_ms(row.try_get("created_at_ms")?),
         finished_at: finished.map(from_ms),
+        dead_at: dead.map(from_ms),
     })
 }
 
@@ -215,25 +277,43 @@ impl JobStore for PgJobStore {
         fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
         err
     )]
-    async fn mark_running(
-        &self,
-        id: &str,
-        stage: Stage,
-        new_attempt: bool,
-    ) -> Result<(), StoreError> {
+    async fn claim(&self, id: &str) -> Result<Option<Job>, StoreError> {
         sqlx::query(
-            "UPDATE scan_jobs SET status = $1, stage = $2, attempts = attempts + $3, \
-             updated_at_ms = $4 WHERE id = $5 AND status IN ($6, $7)",
+            "UPDATE scan_jobs SET lease_epoch = lease_epoch + 1, attempts = attempts + 1, \
+             updated_at_ms = $1 WHERE id = $2 RETURNING *",
+        )
+        .bind(ms(SystemTime::now()))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(job_from_row)
+        .transpose()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
+    async fn mark_running(&self, id: &str, epoch: u64, stage: Stage) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE scan_jobs SET status = $1, stage = $2, updated_at_ms = $3 \
+             WHERE id = $4 AND lease_epoch = $5 AND status IN ($6, $7)",
         )
         .bind(JobStatus::Running as i32)
         .bind(stage as i32)
-        .bind(i32::from(new_attempt))
         .bind(ms(SystemTime::now()))
         .bind(id)
+        .bind(epoch as i64)
         .bind(JobStatus::Queued as i32)
         .bind(JobStatus::Running as i32)
         .execute(&self.pool)
         .await?;
+        if done.rows_affected() == 0 {
+            self.fenced(id, epoch).await?;
+        }
         Ok(())
     }
 
@@ -243,32 +323,42 @@ impl JobStore for PgJobStore {
         fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.checkpoint = checkpoint.name()),
         err
     )]
-    async fn checkpoint(&self, id: &str, checkpoint: Checkpoint) -> Result<(), StoreError> {
-        // Only the first checkpoint of a stage is kept (`IS NULL`).
+    async fn checkpoint(
+        &self,
+        id: &str,
+        epoch: u64,
+        checkpoint: Checkpoint,
+    ) -> Result<(), StoreError> {
+        // Only the first checkpoint of a stage is kept (`IS NULL`), and only from the worker
+        // holding the latest claim.
         let (sql, bytes) = match &checkpoint {
             Checkpoint::Classification(m) => (
-                "UPDATE scan_jobs SET classification = $1, updated_at_ms = $2 WHERE id = $3 AND classification IS NULL",
+                "UPDATE scan_jobs SET classification = $1, updated_at_ms = $2 WHERE id = $3 AND lease_epoch = $4 AND classification IS NULL",
                 m.encode_to_vec(),
             ),
             Checkpoint::Rules(m) => (
-                "UPDATE scan_jobs SET rules = $1, updated_at_ms = $2 WHERE id = $3 AND rules IS NULL",
+                "UPDATE scan_jobs SET rules = $1, updated_at_ms = $2 WHERE id = $3 AND lease_epoch = $4 AND rules IS NULL",
                 m.encode_to_vec(),
             ),
             Checkpoint::Answer(m) => (
-                "UPDATE scan_jobs SET answer = $1, updated_at_ms = $2 WHERE id = $3 AND answer IS NULL",
+                "UPDATE scan_jobs SET answer = $1, updated_at_ms = $2 WHERE id = $3 AND lease_epoch = $4 AND answer IS NULL",
                 m.encode_to_vec(),
             ),
             Checkpoint::Reward(m) => (
-                "UPDATE scan_jobs SET reward = $1, updated_at_ms = $2 WHERE id = $3 AND reward IS NULL",
+                "UPDATE scan_jobs SET reward = $1, updated_at_ms = $2 WHERE id = $3 AND lease_epoch = $4 AND reward IS NULL",
                 m.encode_to_vec(),
             ),
         };
-        sqlx::query(sql)
+        let done = sqlx::query(sql)
             .bind(bytes)
             .bind(ms(SystemTime::now()))
             .bind(id)
+            .bind(epoch as i64)
             .execute(&self.pool)
             .await?;
+        if done.rows_affected() == 0 {
+            self.fenced(id, epoch).await?;
+        }
         Ok(())
     }
 
@@ -281,24 +371,63 @@ impl JobStore for PgJobStore {
     async fn finish(
         &self,
         id: &str,
+        epoch: u64,
         status: JobStatus,
         error: Option<ErrorInfo>,
     ) -> Result<(), StoreError> {
+        self.end(id, epoch, status, error, false).await
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
+    async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError> {
+        self.end(id, epoch, JobStatus::Failed, Some(error), true)
+            .await
+    }
+
+    async fn dead_letters(
+        &self,
+        before: Option<SystemTime>,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError> {
         sqlx::query(
-            "UPDATE scan_jobs SET status = $1, stage = COALESCE($2, stage), error = $3, \
-             finished_at_ms = $4, updated_at_ms = $4 WHERE id = $5 AND status IN ($6, $7)",
+            "SELECT * FROM scan_jobs WHERE dead_at_ms IS NOT NULL AND dead_at_ms < $1 \
+             ORDER BY dead_at_ms DESC LIMIT $2",
         )
-        .bind(status as i32)
-        // A failed job keeps the stage it failed at.
-        .bind((status == JobStatus::Succeeded).then_some(Stage::Done as i32))
-        .bind(error.map(|e| e.encode_to_vec()))
+        .bind(before.map_or(i64::MAX, ms))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_from_row)
+        .collect()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
+    async fn requeue(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        sqlx::query(
+            "UPDATE scan_jobs SET status = $1, stage = $2, error = NULL, finished_at_ms = NULL, \
+             dead_at_ms = NULL, attempts = 0, updated_at_ms = $3 \
+             WHERE id = $4 AND dead_at_ms IS NOT NULL RETURNING *",
+        )
+        .bind(JobStatus::Queued as i32)
+        .bind(Stage::Queued as i32)
         .bind(ms(SystemTime::now()))
         .bind(id)
-        .bind(JobStatus::Queued as i32)
-        .bind(JobStatus::Running as i32)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(job_from_row)
+        .transpose()
     }
 
     #[tracing::instrument(

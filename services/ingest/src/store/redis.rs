@@ -71,20 +71,25 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 /// feed channel, in one step. Each caller numbered its event and gave it its id (`<T>-<seq>`):
 /// `XADD` refuses an id that is not past the stream's last one, so a writer whose view of a log
 /// is stale (another wrote meanwhile) is refused instead of forking the log, and its event is
-/// not published. A final event (flag `1`) is appended only when its job has none yet (the
-/// `finished` key marks it). Published as `<length>:<message>` items, one message per appended
-/// event. Returns per event: 1 appended, 0 the job's final event was there already, -1 refused.
-/// KEYS: per event its stream and its `finished` key, then the channel to publish on.
-/// ARGV: max len, publish command, the whole batch as published (built by the caller, so the
-/// script copies no message), then per event: id, message, final flag. Sent as `EVAL`
-/// (Redis keeps the compiled script; a restarted Redis never answers `NOSCRIPT`).
+/// not published. Each event carries its writer's claim epoch, refused when below the job's
+/// `fence` (a newer claim exists: the writer lost the job). A final event (flag `1`) is
+/// appended only when its job has none yet (the `finished` key marks it). Published as
+/// `<length>:<message>` items, one message per appended event. Returns per event: 1 appended,
+/// 0 the job's final event was there already, -1 refused (stale id), -2 fenced.
+/// KEYS: per event its stream, its `finished` key and its `fence` key, then the channel to
+/// publish on. ARGV: max len, publish command, the whole batch as published (built by the
+/// caller, so the script copies no message), then per event: id, message, final flag, epoch.
+/// Sent as `EVAL` (Redis keeps the compiled script; a restarted Redis never answers
+/// `NOSCRIPT`).
 const APPEND_BATCH: &str = r"
-local n = (#KEYS - 1) / 2
+local n = (#KEYS - 1) / 3
 local out, all = {}, true
 for i = 1, n do
-  local events, finished = KEYS[2 * i - 1], KEYS[2 * i]
-  local id, msg, final = ARGV[3 * i + 1], ARGV[3 * i + 2], ARGV[3 * i + 3]
-  if final == '1' and redis.call('EXISTS', finished) == 1 then
+  local events, finished, fence = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local id, msg, final, epoch = ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2], tonumber(ARGV[4 * i + 3])
+  if epoch < tonumber(redis.call('GET', fence) or '0') then
+    out[i] = -2
+  elseif final == '1' and redis.call('EXISTS', finished) == 1 then
     out[i] = 0
   else
     local added = redis.pcall('XADD', events, 'MAXLEN', '~', ARGV[1], id, 'ev', msg)
@@ -104,13 +109,33 @@ else
   local published = {}
   for i = 1, n do
     if out[i] == 1 then
-      local msg = ARGV[3 * i + 2]
+      local msg = ARGV[4 * i + 1]
       published[#published + 1] = #msg .. ':' .. msg
     end
   end
   if #published > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
 end
 return out
+";
+
+/// Raises a job's fence (KEYS[1]) to ARGV[1] unless a newer claim raised it further: 1, or 0
+/// when fenced.
+const RAISE_FENCE: &str = r"
+if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+";
+
+/// Starts a job's log again (an operator requeued it): empties the stream (it keeps its last
+/// id, so ids go on increasing), forgets the final event, appends ARGV[2] with id ARGV[1] and
+/// publishes it. KEYS: stream, `finished` key, channel. ARGV: id, message, publish command.
+const RESTART_LOG: &str = r"
+redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
+redis.call('DEL', KEYS[2])
+redis.call('PERSIST', KEYS[1])
+redis.call('XADD', KEYS[1], ARGV[1], 'ev', ARGV[2])
+redis.call(ARGV[3], KEYS[3], #ARGV[2] .. ':' .. ARGV[2])
+return 1
 ";
 
 /// How long the first append of a batch waits for others to join it: under load many events
@@ -125,10 +150,12 @@ struct PendingAppend {
     group: u32,
     events_key: String,
     finished_key: String,
+    fence_key: String,
     channel: String,
     id: String,
     message: Vec<u8>,
     is_final: bool,
+    epoch: u64,
     reply: tokio::sync::oneshot::Sender<Result<i64, StoreError>>,
 }
 
@@ -169,9 +196,11 @@ async fn send_batch(
     batch: Vec<PendingAppend>,
 ) {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(APPEND_BATCH).arg(batch.len() * 2 + 1);
+    cmd.arg(APPEND_BATCH).arg(batch.len() * 3 + 1);
     for p in &batch {
-        cmd.arg(&p.events_key).arg(&p.finished_key);
+        cmd.arg(&p.events_key)
+            .arg(&p.finished_key)
+            .arg(&p.fence_key);
     }
     let mut published = Vec::with_capacity(batch.iter().map(|p| p.message.len() + 8).sum());
     for p in &batch {
@@ -185,7 +214,8 @@ async fn send_batch(
     for p in &batch {
         cmd.arg(&p.id)
             .arg(p.message.as_slice())
-            .arg(if p.is_final { "1" } else { "0" });
+            .arg(if p.is_final { "1" } else { "0" })
+            .arg(p.epoch);
     }
     match cmd.query_async::<Vec<i64>>(&mut conn).await {
         Ok(results) => {
@@ -304,6 +334,7 @@ impl RedisEventLog {
     async fn invoke(
         &self,
         mut event: ScanEvent,
+        epoch: u64,
         is_final: bool,
     ) -> Result<Option<ScanEvent>, StoreError> {
         let job_id = event.job_id.clone();
@@ -317,10 +348,12 @@ impl RedisEventLog {
             group: if self.redis.is_cluster() { shard } else { 0 },
             events_key: self.key(&job_id, "events"),
             finished_key: self.key(&job_id, "finished"),
+            fence_key: self.key(&job_id, "fence"),
             channel: self.channel(shard),
             id: event.event_id.clone(),
             message: encode_message(&event),
             is_final,
+            epoch,
             reply,
         };
         let stopped = || StoreError::Unavailable("the event log's writer stopped".into());
@@ -332,6 +365,10 @@ impl RedisEventLog {
                 Ok(Some(event))
             }
             0 => Ok(None),
+            -2 => {
+                self.remember(&job_id, None);
+                Err(StoreError::Fenced { job: job_id, epoch })
+            }
             _ => {
                 // Someone else appended since this process last did: forget what it knew.
                 self.remember(&job_id, None);
@@ -341,6 +378,21 @@ impl RedisEventLog {
             }
         }
     }
+}
+
+/// `last-generated-id` of an `XINFO STREAM` reply.
+fn stream_last_generated(info: &redis::Value) -> Option<EventId> {
+    let redis::Value::Array(items) = info else {
+        return None;
+    };
+    let mut it = items.iter();
+    while let Some(k) = it.next() {
+        let v = it.next()?;
+        if redis::from_redis_value_ref::<String>(k).ok()? == "last-generated-id" {
+            return redis::from_redis_value_ref::<String>(v).ok()?.parse().ok();
+        }
+    }
+    None
 }
 
 /// What the log stores and the feed carries for an event: `<job>\n<id>\n<seq>\n<body>`, the
@@ -378,8 +430,8 @@ impl EventLog for RedisEventLog {
         fields(otel.name = "XADD scan events", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %event.job_id),
         err
     )]
-    async fn append(&self, event: ScanEvent) -> Result<ScanEvent, StoreError> {
-        self.invoke(event, false)
+    async fn append_as(&self, event: ScanEvent, epoch: u64) -> Result<ScanEvent, StoreError> {
+        self.invoke(event, epoch, false)
             .await?
             .ok_or_else(|| StoreError::Corrupt("the append script appended nothing".into()))
     }
@@ -390,8 +442,68 @@ impl EventLog for RedisEventLog {
         fields(otel.name = "XADD scan events (final)", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %event.job_id),
         err
     )]
-    async fn append_final(&self, event: ScanEvent) -> Result<Option<ScanEvent>, StoreError> {
-        self.invoke(event, true).await
+    async fn append_final_as(
+        &self,
+        event: ScanEvent,
+        epoch: u64,
+    ) -> Result<Option<ScanEvent>, StoreError> {
+        self.invoke(event, epoch, true).await
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SET scan fence", otel.kind = "client", db.system = "redis", db.operation.name = "EVAL", job.id = %job_id),
+        err
+    )]
+    async fn fence(&self, job_id: &str, epoch: u64) -> Result<(), StoreError> {
+        // Whoever wrote the log last, this writer reads its end again before appending.
+        self.remember(job_id, None);
+        let raised: i64 = redis::cmd("EVAL")
+            .arg(RAISE_FENCE)
+            .arg(1)
+            .arg(self.key(job_id, "fence"))
+            .arg(epoch)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if raised == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced {
+                job: job_id.to_owned(),
+                epoch,
+            })
+        }
+    }
+
+    async fn restart(&self, mut event: ScanEvent) -> Result<ScanEvent, StoreError> {
+        let job_id = event.job_id.clone();
+        self.remember(&job_id, None);
+        // Past the last id the stream ever had, even if it was trimmed.
+        let info: redis::Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(self.key(&job_id, "events"))
+            .query_async(&mut self.conn.clone())
+            .await
+            .unwrap_or(redis::Value::Nil);
+        let last = stream_last_generated(&info).unwrap_or(EventId { ms: 0, n: 0 });
+        let seq = last.n + 1;
+        let id = EventId::of(&job_id, seq);
+        event.event_id = id.to_string();
+        event.seq = seq;
+        let shard = self.tag(&job_id);
+        redis::cmd("EVAL")
+            .arg(RESTART_LOG)
+            .arg(3)
+            .arg(self.key(&job_id, "events"))
+            .arg(self.key(&job_id, "finished"))
+            .arg(self.channel(shard))
+            .arg(&event.event_id)
+            .arg(encode_message(&event))
+            .arg(publish_command(self.redis.is_cluster()))
+            .query_async::<i64>(&mut self.conn.clone())
+            .await?;
+        Ok(event)
     }
 
     #[tracing::instrument(
@@ -431,7 +543,7 @@ impl EventLog for RedisEventLog {
         self.remember(job_id, None);
         let ttl_ms = ttl.as_millis().min(i64::MAX as u128) as i64;
         let mut pipe = redis::pipe();
-        for what in ["events", "finished"] {
+        for what in ["events", "finished", "fence"] {
             pipe.cmd("PEXPIRE")
                 .arg(self.key(job_id, what))
                 .arg(ttl_ms)

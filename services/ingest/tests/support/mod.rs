@@ -28,7 +28,8 @@ use ecoscan_proto::v1::{
     ScanEvent, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest, SubscribeRequest,
     SubscribeResponse, WatchRequest, answer_service_server, classify_response, generate_response,
     lookup_response, notification_service_server, reward_service_server, rule_service_server,
-    scan_service_client::ScanServiceClient, vision_service_server,
+    scan_admin_service_client::ScanAdminServiceClient, scan_service_client::ScanServiceClient,
+    vision_service_server,
 };
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Request, Response, Status};
@@ -48,6 +49,8 @@ pub struct Stages {
     pub vision_fails_with: Option<Code>,
     /// How long answer thinks before it writes.
     pub answer_delay: Duration,
+    /// Answer sends its first delta and then nothing, never ending its stream.
+    pub answer_stalls: bool,
 }
 
 impl Stages {
@@ -60,6 +63,7 @@ impl Stages {
             calls: Arc::new(calls),
             vision_fails_with,
             answer_delay: Duration::ZERO,
+            answer_stalls: false,
         }
     }
 
@@ -143,6 +147,12 @@ impl answer_service_server::AnswerService for Stages {
         let delta = |d: &str| GenerateResponse {
             event: Some(generate_response::Event::Delta(d.into())),
         };
+        if self.answer_stalls {
+            let first = stream_of(vec![delta("Remove the label, ")]);
+            return Ok(Response::new(Box::pin(
+                first.chain(tokio_stream::pending()),
+            )));
+        }
         Ok(Response::new(stream_of(vec![
             delta("Remove the label, "),
             delta("rinse, "),
@@ -229,6 +239,7 @@ pub struct Env {
     pub stages: Stages,
     pub stores: Stores,
     pub ingest: ScanServiceClient<ecoscan_common::client::TracedChannel>,
+    pub admin: ScanAdminServiceClient<ecoscan_common::client::TracedChannel>,
     pub dir: tempfile::TempDir,
     pub _servers: Vec<ecoscan_common::testing::Spawned>,
 }
@@ -279,11 +290,12 @@ pub async fn start_with(
     let stores = wrap(Stores::from_config(&config).await.unwrap());
     let st = stores.clone();
     let ingest = spawn(move |l, sd| ecoscan_ingest::serve_with(config, st, l, sd)).await;
-    let client = ScanServiceClient::new(ecoscan_common::client::channel(&ingest.uri()).unwrap());
+    let channel = ecoscan_common::client::channel(&ingest.uri()).unwrap();
     Env {
         stages,
         stores,
-        ingest: client,
+        ingest: ScanServiceClient::new(channel.clone()),
+        admin: ScanAdminServiceClient::new(channel),
         dir,
         _servers: vec![upstream, ingest],
     }
