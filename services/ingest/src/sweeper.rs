@@ -13,6 +13,9 @@ use crate::{Stores, error::StoreError, store::QueueEntry};
 /// Rows read per page, and pages per pass (the rest waits for the next pass).
 const PAGE: u32 = 1000;
 const MAX_PAGES: usize = 10;
+/// The shortest a re-enqueue reservation lasts: long enough for the entry to be in the queue,
+/// where other sweepers see it, before the reservation lapses.
+const MIN_HOLD: Duration = Duration::from_secs(30);
 
 /// One pass: re-enqueues unfinished jobs older than `grace` that have no queue entry. Returns
 /// how many were re-enqueued.
@@ -33,6 +36,14 @@ pub async fn sweep_once(stores: &Stores, grace: Duration) -> Result<usize, Store
             match stores.jobs.get(&job.id).await? {
                 Some(row) if !row.is_terminal() => {}
                 _ => continue,
+            }
+            // Another replica's sweeper found it too and is putting it back.
+            if !stores
+                .queue
+                .reserve_requeue(&job.id, grace.max(MIN_HOLD))
+                .await?
+            {
+                continue;
             }
             stores
                 .queue

@@ -266,6 +266,9 @@ impl Queue for LosesFirstLease {
     async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError> {
         self.0.queued(job_ids).await
     }
+    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
+        self.0.reserve_requeue(job_id, hold).await
+    }
 }
 
 /// A worker that finds its lease lost stops: the job's new owner alone finishes it, so its log

@@ -1079,6 +1079,90 @@ async fn sweeper_conformance(stores: Stores) {
     }
 }
 
+/// Sweepers of two replicas that find the same lost job at once put it back once.
+async fn concurrent_sweepers_requeue_once(stores: Stores, other: Arc<dyn Queue>) {
+    let (lost, _) = stores.jobs.insert(new_job("u", None)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let twin = Stores {
+        queue: other,
+        ..stores.clone()
+    };
+    let (a, b) = tokio::join!(
+        sweep_once(&stores, Duration::ZERO),
+        sweep_once(&twin, Duration::ZERO)
+    );
+    assert_eq!(a.unwrap() + b.unwrap(), 1, "one of the two re-enqueued it");
+    assert_eq!(stores.queue.backlog().await.unwrap(), 1);
+    let l = stores
+        .queue
+        .claim(Duration::from_secs(5), Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(l.entry.job_id, lost.id);
+    stores.queue.ack(&l).await.unwrap();
+    // A reservation is one job's: another job is not held back by it.
+    assert!(
+        stores
+            .queue
+            .reserve_requeue("x", Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !twin
+            .queue
+            .reserve_requeue("x", Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
+    assert!(
+        twin.queue
+            .reserve_requeue("y", Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn concurrent_sweepers_on_redis_requeue_a_lost_job_once() {
+    let redis = RedisScope::new().await;
+    let pg = PgScope::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let queue = |name: &'static str| {
+        let (r, p) = (redis.redis.clone(), redis.prefix.clone());
+        async move { Arc::new(RedisQueue::open(&r, &p, name).await.unwrap()) as Arc<dyn Queue> }
+    };
+    concurrent_sweepers_requeue_once(
+        Stores {
+            jobs: Arc::new(pg.store.clone()),
+            events: Arc::new(RedisEventLog::open(&redis.redis, &redis.prefix, 10)),
+            queue: queue("c1").await,
+            objects: Arc::new(LocalObjectStore::open(dir.path()).await.unwrap()),
+        },
+        queue("c2").await,
+    )
+    .await;
+    pg.cleanup().await;
+    redis.cleanup().await;
+}
+
+#[tokio::test]
+async fn concurrent_sweepers_on_the_embedded_stores_requeue_a_lost_job_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new());
+    concurrent_sweepers_requeue_once(
+        Stores {
+            jobs: Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap()),
+            events: Arc::new(MemoryEventLog::new(10)),
+            queue: queue.clone(),
+            objects: Arc::new(LocalObjectStore::open(dir.path()).await.unwrap()),
+        },
+        queue,
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn sweeper_requeues_lost_jobs_on_the_embedded_stores() {
     let dir = tempfile::tempdir().unwrap();

@@ -67,6 +67,10 @@ pub trait Queue: Send + Sync + 'static {
     async fn backlog(&self) -> Result<u64, StoreError>;
     /// Which of `job_ids` have an entry in the queue, waiting or claimed (for the sweeper).
     async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError>;
+    /// Reserves, for `hold`, the right to re-enqueue `job_id`: true for the one caller that
+    /// got it. Sweepers of several replicas may find the same lost job at once; only the one
+    /// holding the reservation enqueues it, so a job is not put back twice.
+    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError>;
     /// Forgets claimers (other processes) that hold nothing and have not claimed for `idle`:
     /// processes that are gone. Returns how many. Queues without named claimers have none.
     async fn forget_idle_claimers(&self, _idle: Duration) -> Result<usize, StoreError> {
@@ -86,6 +90,8 @@ struct State {
     waiting: VecDeque<QueueEntry>,
     claimed: HashMap<String, (QueueEntry, Instant)>,
     next_id: u64,
+    /// Re-enqueue reservations and when they lapse.
+    requeues: HashMap<String, Instant>,
 }
 
 impl MemoryQueue {
@@ -123,6 +129,17 @@ impl MemoryQueue {
 
 #[async_trait]
 impl Queue for MemoryQueue {
+    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("queue lock poisoned");
+        state.requeues.retain(|_, until| *until > now);
+        if state.requeues.contains_key(job_id) {
+            return Ok(false);
+        }
+        state.requeues.insert(job_id.to_owned(), now + hold);
+        Ok(true)
+    }
+
     async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError> {
         self.state
             .lock()

@@ -1015,6 +1015,25 @@ impl Queue for RedisQueue {
         }
     }
 
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SET scan:dispatch:requeue", otel.kind = "client", db.system = "redis", db.operation.name = "SET", job.id = %job_id),
+        err
+    )]
+    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
+        // One key per job (any slot on a cluster); NX makes the first sweeper the only one.
+        let set: Option<String> = redis::cmd("SET")
+            .arg(format!("{}:requeue:{job_id}", self.key))
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(hold.as_millis().max(1) as u64)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(set.is_some())
+    }
+
     async fn forget_idle_claimers(&self, idle: Duration) -> Result<usize, StoreError> {
         let forgotten: i64 = match Script::new(FORGET_IDLE)
             .key(&self.key)
