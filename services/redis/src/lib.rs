@@ -3,9 +3,12 @@
 //! - [`Redis`] is a process's handle: one shared multiplexed connection ([`Conn`]) for commands
 //!   that answer at once, dedicated connections for blocking commands, and [`Subscriber`]s
 //!   for Pub/Sub. Connections per process stay constant whatever the load.
-//! - Every connection has a connect timeout, a response timeout, TCP keepalive and
-//!   `TCP_USER_TIMEOUT`, so a peer that stops answering is noticed and the connection replaced
-//!   instead of hanging its callers.
+//! - Every connection has a connect timeout, a response timeout ([`Settings::response_timeout`];
+//!   blocking connections: their block time plus it), TCP keepalive and `TCP_USER_TIMEOUT`.
+//!   A command that gets no answer in time fails, and its connection is replaced ([`Conn`]);
+//!   a subscription's connection is checked with a `PING` and replaced likewise. So a peer
+//!   that stops answering — a paused server, a proxy that stopped forwarding, a half-open
+//!   path — costs its callers one timeout, never a hang.
 //! - Every connection carries the process's name, so `CLIENT LIST` tells an operator whose
 //!   connections they are: on one server as its `name=` (`CLIENT SETNAME`, set again every few
 //!   seconds so a reconnected connection gets it back), and as its library name (`CLIENT
@@ -15,6 +18,7 @@
 //! same way for both. Keys that one command or script uses together must share a hash tag
 //! (`{…}`), which the stores take care of.
 
+mod conn;
 mod subscriber;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -22,20 +26,20 @@ pub mod testing;
 use std::time::Duration;
 
 use redis::{
-    Client, ProtocolVersion, RedisError, RedisFuture, Value,
-    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    Client, ProtocolVersion, RedisError,
+    aio::{ConnectionLike, ConnectionManagerConfig},
     cluster::{ClusterClient, ClusterClientBuilder},
-    cluster_async::ClusterConnection,
     io::tcp::{TcpSettings, socket2::TcpKeepalive},
 };
 
+pub use conn::Conn;
+use conn::Opener;
 pub use redis;
 pub use subscriber::{Delivery, Subscriber};
 
 /// How long connecting may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a command on a shared connection may take before it fails; blocking commands run
-/// on dedicated connections whose timeout is their block time plus this.
+/// The default of [`Settings::response_timeout`] (`REDIS_RESPONSE_TIMEOUT`).
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle time before TCP keepalive probes start, the interval between probes, and how many
 /// unanswered probes drop the connection: a dead peer is noticed within ~25 s even on a
@@ -53,6 +57,9 @@ pub struct Settings {
     pub urls: Vec<String>,
     /// Talk Redis Cluster (slots, redirects) instead of one server.
     pub cluster: bool,
+    /// How long a command may wait for its answer before it fails and its connection is
+    /// replaced; blocking commands get their block time on top ([`Redis::blocking`]).
+    pub response_timeout: Duration,
 }
 
 impl Settings {
@@ -61,6 +68,7 @@ impl Settings {
         Self {
             urls: vec![url.into()],
             cluster: false,
+            response_timeout: RESPONSE_TIMEOUT,
         }
     }
 
@@ -69,11 +77,21 @@ impl Settings {
         Self {
             urls: seeds.into_iter().map(Into::into).collect(),
             cluster: true,
+            response_timeout: RESPONSE_TIMEOUT,
         }
     }
 
+    /// These settings with another [`Self::response_timeout`].
+    #[must_use]
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
     /// From the environment: `REDIS_URL` (for a Cluster, a comma-separated list of seed
-    /// nodes) and `REDIS_CLUSTER` (`true`/`1` for a Cluster). `None` when `REDIS_URL` is unset.
+    /// nodes), `REDIS_CLUSTER` (`true`/`1` for a Cluster) and `REDIS_RESPONSE_TIMEOUT` (`10s`
+    /// unless set; `ms`, `s` or `m`, a bare number is milliseconds). `None` when `REDIS_URL`
+    /// is unset.
     pub fn from_env() -> Result<Option<Self>, Error> {
         let Some(url) = std::env::var("REDIS_URL")
             .ok()
@@ -95,7 +113,18 @@ impl Settings {
                 )));
             }
         };
-        Self::parse(&url, cluster).map(Some)
+        let mut settings = Self::parse(&url, cluster)?;
+        if let Some(v) = std::env::var("REDIS_RESPONSE_TIMEOUT")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            settings.response_timeout = parse_timeout(&v).ok_or_else(|| {
+                Error::Config(format!(
+                    "REDIS_RESPONSE_TIMEOUT={v:?} is not a positive duration; use e.g. 10s or 2500ms"
+                ))
+            })?;
+        }
+        Ok(Some(settings))
     }
 
     /// `urls` as `REDIS_URL` writes them: one URL, or comma-separated seeds for a Cluster.
@@ -122,8 +151,29 @@ impl Settings {
                 ))
             })?;
         }
-        Ok(Self { urls, cluster })
+        Ok(Self {
+            urls,
+            cluster,
+            response_timeout: RESPONSE_TIMEOUT,
+        })
     }
+}
+
+/// A positive duration as the services' settings write them: `250ms`, `2s`, `1m`, or a bare
+/// number of milliseconds.
+fn parse_timeout(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    let (num, unit) = v
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((v, "ms"), |i| v.split_at(i));
+    let n: f64 = num.parse().ok()?;
+    let ms = match unit {
+        "ms" => n,
+        "s" => n * 1_000.0,
+        "m" => n * 60_000.0,
+        _ => return None,
+    };
+    (ms.is_finite() && ms >= 1.0).then(|| Duration::from_secs_f64(ms / 1_000.0))
 }
 
 /// Failures of this crate.
@@ -133,42 +183,6 @@ pub enum Error {
     Config(String),
     #[error(transparent)]
     Redis(#[from] RedisError),
-}
-
-/// A connection usable for any command: one server's, or a Cluster's (which routes each
-/// command to the node owning its keys and follows redirects). Clones share the connection.
-#[derive(Clone)]
-pub enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Self::Single(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
-        }
-    }
 }
 
 enum Clients {
@@ -188,7 +202,7 @@ struct Inner {
     name: String,
     settings: Settings,
     /// Single-server connections whose name is set again now and then (a reconnect loses it).
-    named: std::sync::Mutex<Vec<ConnectionManager>>,
+    named: std::sync::Mutex<Vec<conn::WeakConn>>,
 }
 
 /// How often single-server connections get their name set again.
@@ -239,29 +253,22 @@ fn connection_info(
 impl Redis {
     /// Connects to what `settings` names. `name` (no spaces) labels this process's connections.
     pub async fn connect(settings: &Settings, name: &str) -> Result<Self, Error> {
-        let (clients, shared) = if settings.cluster {
+        let clients = if settings.cluster {
             let infos = settings
                 .urls
                 .iter()
                 .map(|u| connection_info(u, name, ProtocolVersion::RESP3))
                 .collect::<Result<Vec<_>, _>>()?;
-            let client = cluster_client(infos.clone(), RESPONSE_TIMEOUT, None)?;
-            let conn = client.get_async_connection().await?;
-            (Clients::Cluster(infos), Conn::Cluster(conn))
+            Clients::Cluster(infos)
         } else {
             let info = connection_info(&settings.urls[0], name, ProtocolVersion::RESP2)?;
-            let client = Client::open(info)?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(Some(RESPONSE_TIMEOUT))
-                .set_number_of_retries(3);
-            let mut conn = client.get_connection_manager_with_config(config).await?;
-            set_name(&mut conn, name).await?;
-            (Clients::Single(client), Conn::Single(conn))
+            Clients::Single(Client::open(info)?)
         };
-        let named = match &shared {
-            Conn::Single(c) => vec![c.clone()],
-            Conn::Cluster(_) => Vec::new(),
+        let shared = Conn::open(opener(&clients, name, settings.response_timeout)).await?;
+        let named = if settings.cluster {
+            Vec::new()
+        } else {
+            vec![shared.downgrade()]
         };
         let redis = Self {
             inner: std::sync::Arc::new(Inner {
@@ -295,30 +302,25 @@ impl Redis {
     }
 
     /// A connection of its own for blocking commands (`BLOCK` up to `longest_block`): its
-    /// response timeout is the block plus [`RESPONSE_TIMEOUT`], so a server that stops
-    /// answering fails the command instead of hanging it. It reconnects by itself.
+    /// response timeout is the block plus [`Settings::response_timeout`], so a server that
+    /// stops answering fails the command instead of hanging it, and the connection is
+    /// replaced ([`Conn`]). It also reconnects by itself after a broken socket.
     pub async fn blocking(&self, longest_block: Duration) -> Result<Conn, Error> {
-        let timeout = longest_block + RESPONSE_TIMEOUT;
-        match &self.inner.clients {
-            Clients::Single(client) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(3);
-                let mut conn = client.get_connection_manager_with_config(config).await?;
-                set_name(&mut conn, &self.inner.name).await?;
-                self.inner
-                    .named
-                    .lock()
-                    .expect("names lock poisoned")
-                    .push(conn.clone());
-                Ok(Conn::Single(conn))
-            }
-            Clients::Cluster(infos) => {
-                let client = cluster_client(infos.clone(), timeout, None)?;
-                Ok(Conn::Cluster(client.get_async_connection().await?))
-            }
+        let timeout = longest_block + self.inner.settings.response_timeout;
+        let conn = Conn::open(opener(&self.inner.clients, &self.inner.name, timeout)).await?;
+        if !self.is_cluster() {
+            self.inner
+                .named
+                .lock()
+                .expect("names lock poisoned")
+                .push(conn.downgrade());
         }
+        Ok(conn)
+    }
+
+    /// How long a command may wait for its answer ([`Settings::response_timeout`]).
+    pub fn response_timeout(&self) -> Duration {
+        self.inner.settings.response_timeout
     }
 
     /// Subscribes to `channels` on a connection of its own: sharded Pub/Sub (`SSUBSCRIBE`) on
@@ -350,12 +352,36 @@ async fn rename_periodically(inner: std::sync::Weak<Inner>) {
     loop {
         tokio::time::sleep(RENAME_EVERY).await;
         let Some(inner) = inner.upgrade() else { return };
-        let conns = inner.named.lock().expect("names lock poisoned").clone();
+        let conns: Vec<Conn> = {
+            let mut named = inner.named.lock().expect("names lock poisoned");
+            // Connections nobody holds any more are closed: forget them.
+            named.retain(|c| c.upgrade().is_some());
+            named.iter().filter_map(conn::WeakConn::upgrade).collect()
+        };
         for mut conn in conns {
             if let Err(e) = set_name(&mut conn, &inner.name).await {
                 tracing::debug!(error = %e, "cannot name a redis connection now");
             }
         }
+    }
+}
+
+/// How to open a connection to what `clients` names, answering within `response_timeout`.
+fn opener(clients: &Clients, name: &str, response_timeout: Duration) -> Opener {
+    match clients {
+        Clients::Single(client) => Opener::Single {
+            client: client.clone(),
+            config: ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(response_timeout))
+                .set_number_of_retries(3),
+            name: name.to_owned(),
+        },
+        Clients::Cluster(infos) => Opener::Cluster {
+            infos: infos.clone(),
+            response_timeout,
+            name: name.to_owned(),
+        },
     }
 }
 
@@ -401,5 +427,22 @@ mod tests {
         assert!(several.to_string().contains("REDIS_CLUSTER=true"));
         assert!(Settings::parse(" , ", true).is_err());
         assert!(Settings::parse("http://x", false).is_err());
+    }
+
+    #[test]
+    fn response_timeouts_read_like_the_other_durations_and_must_be_positive() {
+        assert_eq!(parse_timeout("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_timeout("2500ms"), Some(Duration::from_millis(2500)));
+        assert_eq!(parse_timeout("750"), Some(Duration::from_millis(750)));
+        assert_eq!(parse_timeout("1m"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_timeout("0"), None);
+        assert_eq!(parse_timeout("5h"), None);
+        assert_eq!(parse_timeout("soon"), None);
+        assert_eq!(
+            Settings::parse("redis://127.0.0.1:6379", false)
+                .unwrap()
+                .response_timeout,
+            RESPONSE_TIMEOUT
+        );
     }
 }

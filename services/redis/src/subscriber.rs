@@ -21,14 +21,15 @@ use redis::{
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::{CONNECT_TIMEOUT, Error, RESPONSE_TIMEOUT, Redis};
+use crate::{CONNECT_TIMEOUT, Error, Redis};
 
 /// Messages buffered between the connection and the reader; past it they are dropped and the
 /// reader is told to resync.
 const BUFFER: usize = 65_536;
 /// How often the subscription's connection is checked with a `PING`.
 const HEALTH_EVERY: Duration = Duration::from_secs(5);
-/// A `PING` slower than this means the connection is stalled: it is replaced.
+/// A `PING` slower than this (or than the response timeout, when shorter) means the
+/// connection is stalled: it is replaced.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a subscription delivers.
@@ -115,7 +116,7 @@ impl SubConn {
             let push = push.clone();
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                .set_response_timeout(Some(redis.response_timeout()))
                 .set_number_of_retries(3)
                 .set_automatic_resubscription()
                 .set_push_sender(move |info| push(info));
@@ -128,7 +129,7 @@ impl SubConn {
                 .cluster_infos()
                 .expect("a redis that is not single is a cluster")
                 .to_vec();
-            let client = crate::cluster_client(infos, RESPONSE_TIMEOUT, Some(push))?;
+            let client = crate::cluster_client(infos, redis.response_timeout(), Some(push))?;
             let mut conn = client.get_async_connection().await?;
             // One command per channel: channels of different slots may not share an SSUBSCRIBE.
             for channel in channels {
@@ -189,7 +190,11 @@ async fn watch_health(
             () = tokio::time::sleep(HEALTH_EVERY) => {}
         }
         let healthy = matches!(
-            tokio::time::timeout(HEALTH_TIMEOUT, conn.check(redis.name())).await,
+            tokio::time::timeout(
+                HEALTH_TIMEOUT.min(redis.response_timeout()),
+                conn.check(redis.name())
+            )
+            .await,
             Ok(Ok(()))
         );
         if healthy {
