@@ -1,5 +1,6 @@
 //! Everything `Generate` can fail with, and its one mapping to a gRPC status.
 
+use ecoscan_common::codes;
 use ecoscan_llm::LlmError;
 use tonic::Status;
 
@@ -31,10 +32,15 @@ impl From<Error> for Status {
                 Status::internal(e.to_string())
             }
             // Transient provider trouble (429, 5xx, timeouts, connection failures): worth a
-            // retry by the caller.
+            // retry by the caller, unless the model client already spent its retries on it.
             Error::Llm(ref llm) if llm.is_retryable() => {
                 tracing::warn!(error = %llm, "model call failed");
-                Status::unavailable(format!("model provider unavailable: {llm}"))
+                let status = Status::unavailable(format!("model provider unavailable: {llm}"));
+                if llm.retries_exhausted() {
+                    codes::mark_retried(status)
+                } else {
+                    status
+                }
             }
             Error::Llm(ref llm) => {
                 tracing::error!(error = %llm, "model call failed");
@@ -68,5 +74,23 @@ mod tests {
             let text = error.to_string();
             assert_eq!(Status::from(error).code(), code, "{text}");
         }
+    }
+
+    #[test]
+    fn a_provider_failure_the_client_already_retried_is_unavailable_and_marked_as_retried() {
+        let exhausted = Status::from(Error::Llm(LlmError::RetriesExhausted {
+            attempts: 4,
+            last: Box::new(LlmError::Upstream {
+                status: 503,
+                body: "overloaded".into(),
+            }),
+        }));
+        assert_eq!(exhausted.code(), Code::Unavailable);
+        assert!(!codes::worth_retrying(&exhausted));
+
+        // A stream that broke mid-answer was not retried by the client: the caller may.
+        let broken = Status::from(Error::Llm(LlmError::Transport("reset".into())));
+        assert_eq!(broken.code(), Code::Unavailable);
+        assert!(codes::worth_retrying(&broken));
     }
 }

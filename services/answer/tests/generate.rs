@@ -269,6 +269,11 @@ async fn an_unreachable_model_provider_is_unavailable() {
         "{}",
         status.message()
     );
+    // The model client spent its retries (none, here): the caller is told not to add its own.
+    assert!(
+        ecoscan_common::codes::already_retried(&status),
+        "{status:?}"
+    );
     assert!(
         !events
             .iter()
@@ -283,5 +288,96 @@ async fn answer_serves_health_and_reflection() {
     let (server, _client) = start(mock()).await;
 
     assert_health_and_reflection(&server.uri(), "ecoscan.v1.AnswerService").await;
+    server.stop().await.unwrap();
+}
+
+/// A loopback Chat Completions provider that answers every request 429 with `Retry-After: 0.1`
+/// (plain HTTP/1.1 over a socket, one request per connection), counting the requests.
+async fn start_rate_limited_provider() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let hits = counted.clone();
+            tokio::spawn(async move {
+                // Read the head and the body it announces, then answer.
+                let mut request = Vec::new();
+                let mut buf = [0u8; 8192];
+                loop {
+                    let Ok(n) = socket.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&request);
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                let (name, value) = l.split_once(':')?;
+                                name.eq_ignore_ascii_case("content-length")
+                                    .then(|| value.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if request.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                hits.fetch_add(1, Ordering::SeqCst);
+                let body = "rate limit reached";
+                let response = format!(
+                    "HTTP/1.1 429 Too Many Requests\r\nretry-after: 0.1\r\ncontent-type: text/plain\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}"), hits)
+}
+
+#[tokio::test]
+async fn a_provider_rate_limit_outlasting_the_retries_costs_one_plus_max_retries_calls_and_is_marked_as_retried()
+ {
+    let (base, hits) = start_rate_limited_provider().await;
+    let (server, mut client) = start(LlmConfig {
+        provider: Provider::OpenAi,
+        base_url: format!("{base}/v1"),
+        max_retries: 2,
+        retry_base_delay: Duration::from_millis(10),
+        retry_budget: Duration::from_secs(600),
+        ..LlmConfig::default()
+    })
+    .await;
+
+    let (_, error) = generate(&mut client, request("en")).await;
+
+    let status = error.expect("a rate limit that never lifts fails the call");
+    // One model call per Generate: the first try and LLM_MAX_RETRIES retries, no more.
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1 + 2);
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        ecoscan_common::codes::already_retried(&status),
+        "the caller is told not to retry on top: {status:?}"
+    );
+    assert!(!ecoscan_common::codes::worth_retrying(&status));
+    assert!(
+        status.message().contains("rate limit") && status.message().contains("3 attempts"),
+        "{}",
+        status.message()
+    );
     server.stop().await.unwrap();
 }

@@ -1,7 +1,13 @@
 //! The one table from gRPC status codes to HTTP statuses (the mapping grpc-gateway uses), and
 //! which codes are worth retrying.
 
-use tonic::Code;
+use tonic::{Code, Status};
+
+/// Metadata key a service sets (to `"true"`) on a failed call's status when it already retried
+/// the failure itself, e.g. a stage whose model client spent its retries on a provider 429:
+/// the code stays what it is (`UNAVAILABLE`: trying later may work), but a caller retrying at
+/// once would only multiply the attempts. See [`mark_retried`] and [`worth_retrying`].
+pub const RETRIED_METADATA: &str = "ecoscan-retried";
 
 /// HTTP status a REST caller sees for a gRPC code (grpc-gateway's `HTTPStatusFromCode`).
 pub fn http_status(code: Code) -> u16 {
@@ -57,9 +63,55 @@ pub fn retryable(code: Code) -> bool {
     )
 }
 
+/// Marks `status` as already retried by the service that returns it (see [`RETRIED_METADATA`]).
+pub fn mark_retried(mut status: Status) -> Status {
+    status.metadata_mut().insert(
+        RETRIED_METADATA,
+        tonic::metadata::MetadataValue::from_static("true"),
+    );
+    status
+}
+
+/// Whether the service that returned `status` already retried the failure (see
+/// [`mark_retried`]).
+pub fn already_retried(status: &Status) -> bool {
+    status
+        .metadata()
+        .get(RETRIED_METADATA)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+}
+
+/// Whether a caller should try a failed call again at once: its code is transient
+/// ([`retryable`]) and the service that answered did not already retry it ([`already_retried`]).
+/// What a user is told stays [`retryable`]: a later try may well work.
+pub fn worth_retrying(status: &Status) -> bool {
+    retryable(status.code()) && !already_retried(status)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_marked_as_retried_is_not_worth_retrying_but_stays_retryable() {
+        let plain = Status::unavailable("connection reset");
+        assert!(worth_retrying(&plain));
+        let marked = mark_retried(Status::unavailable("model provider rate limit reached"));
+        assert!(already_retried(&marked));
+        assert!(!worth_retrying(&marked));
+        assert!(retryable(marked.code()), "a later try may still work");
+        assert!(!worth_retrying(&Status::invalid_argument("bad image")));
+    }
+
+    #[test]
+    fn the_retried_mark_survives_the_wire_format() {
+        let marked = mark_retried(Status::unavailable("x"));
+        let mut headers = http::HeaderMap::new();
+        marked.add_header(&mut headers).unwrap();
+        let parsed = Status::from_header_map(&headers).unwrap();
+        assert!(already_retried(&parsed));
+        assert_eq!(parsed.code(), Code::Unavailable);
+    }
 
     #[test]
     fn client_errors_map_to_4xx_and_server_errors_to_5xx() {

@@ -52,9 +52,17 @@ impl FromStr for Provider {
 /// - `LLM_ANSWER_MODEL` — model for the written answer [gpt-4o-mini]
 /// - `LLM_TIMEOUT` — per-call timeout; for streams, the longest wait for the response head and
 ///   for each next chunk [60s]
-/// - `LLM_MAX_RETRIES` — retries after the first attempt on 429, 5xx and connect errors [3]
-/// - `LLM_RETRY_BASE_DELAY` — first backoff delay, doubled per retry, with jitter [500ms]
-/// - `LLM_MAX_CONCURRENCY` — calls in flight to the provider at once [20]
+/// - `LLM_MAX_RETRIES` — retries after the first attempt on 429, 5xx and connect errors [3];
+///   a model call makes at most `1 + LLM_MAX_RETRIES` provider requests, and so does a stage
+///   (vision, answer): once they are spent, the stage answers `UNAVAILABLE` marked as already
+///   retried and ingest does not retry it on top
+/// - `LLM_RETRY_BASE_DELAY` — first backoff delay, doubled per retry, with jitter [500ms]; a
+///   provider's `retry-after-ms` or `Retry-After` (seconds) replaces it
+/// - `LLM_RETRY_BUDGET` — the longest a model call keeps retrying: a wait that would end later
+///   than this after the first attempt began is not started, the call fails at once as out of
+///   retries [30s]. With `LLM_TIMEOUT` it bounds a call: about budget + one timeout
+/// - `LLM_MAX_CONCURRENCY` — requests in flight to the provider at once [20]; a call waiting
+///   between retries gives its slot up and queues again for the next attempt
 /// - `LLM_TOKENS_PER_MINUTE` — provider token budget per minute, 0 = unlimited [0]
 /// - `LLM_MOCK_LATENCY` — mean latency of a mock call [300ms]
 /// - `LLM_MOCK_JITTER` — mock latency spread, ± fraction of the mean, uniform [0.2]
@@ -71,6 +79,7 @@ pub struct LlmConfig {
     pub timeout: Duration,
     pub max_retries: usize,
     pub retry_base_delay: Duration,
+    pub retry_budget: Duration,
     pub max_concurrency: usize,
     pub tokens_per_minute: u32,
     pub mock_latency: Duration,
@@ -89,6 +98,7 @@ impl Default for LlmConfig {
             timeout: Duration::from_secs(60),
             max_retries: 3,
             retry_base_delay: Duration::from_millis(500),
+            retry_budget: Duration::from_secs(30),
             max_concurrency: 20,
             tokens_per_minute: 0,
             mock_latency: Duration::from_millis(300),
@@ -109,6 +119,7 @@ impl fmt::Debug for LlmConfig {
             .field("timeout", &self.timeout)
             .field("max_retries", &self.max_retries)
             .field("retry_base_delay", &self.retry_base_delay)
+            .field("retry_budget", &self.retry_budget)
             .field("max_concurrency", &self.max_concurrency)
             .field("tokens_per_minute", &self.tokens_per_minute)
             .field("mock_latency", &self.mock_latency)
@@ -130,6 +141,7 @@ impl LlmConfig {
             timeout: env_duration("LLM_TIMEOUT", d.timeout)?,
             max_retries: env_or("LLM_MAX_RETRIES", d.max_retries)?,
             retry_base_delay: env_duration("LLM_RETRY_BASE_DELAY", d.retry_base_delay)?,
+            retry_budget: env_duration("LLM_RETRY_BUDGET", d.retry_budget)?,
             max_concurrency: env_or("LLM_MAX_CONCURRENCY", d.max_concurrency)?,
             tokens_per_minute: env_or("LLM_TOKENS_PER_MINUTE", d.tokens_per_minute)?,
             mock_latency: env_duration("LLM_MOCK_LATENCY", d.mock_latency)?,

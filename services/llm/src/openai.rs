@@ -1,9 +1,12 @@
 //! The OpenAI-compatible Chat Completions provider: JSON-schema classification of an image and
 //! streamed answers, with retries, limits and trace-context propagation.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use base64::Engine;
 use futures::StreamExt;
 use serde::Deserialize;
@@ -16,8 +19,8 @@ use crate::{
     types::{AnswerInput, ClassifyInput, ClassifyOutput},
 };
 
-/// The longest `Retry-After` honoured; a provider asking for more is treated as this.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// The longest backoff between two attempts when the provider names no wait.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// How much of an error body is kept in errors and reports.
 const MAX_ERROR_BODY: usize = 2_000;
 /// Tokens budgeted per image before the call (a high-detail 512×512 tile costs ~255 + 85 for
@@ -39,6 +42,7 @@ pub(crate) struct OpenAi {
     timeout: Duration,
     max_retries: usize,
     retry_base_delay: Duration,
+    retry_budget: Duration,
     permits: Arc<Semaphore>,
     bucket: Option<TokenBucket>,
 }
@@ -68,6 +72,7 @@ impl OpenAi {
             timeout: config.timeout,
             max_retries: config.max_retries,
             retry_base_delay: config.retry_base_delay,
+            retry_budget: config.retry_budget,
             permits: Arc::new(Semaphore::new(config.max_concurrency)),
             bucket: (config.tokens_per_minute > 0)
                 .then(|| TokenBucket::per_minute(config.tokens_per_minute)),
@@ -79,46 +84,83 @@ impl OpenAi {
     }
 
     /// Sends `body`, retrying 429, 5xx and connection failures with exponential backoff and
-    /// jitter (honouring `Retry-After`), under the concurrency and token limits. Only the
-    /// response head is awaited, so for a stream nothing has been yielded yet when a retry
-    /// happens.
+    /// jitter, or after the provider's `retry-after-ms` / `Retry-After` when it names a wait,
+    /// under the concurrency and token limits. Only the response head is awaited, so for a
+    /// stream nothing has been yielded yet when a retry happens.
+    ///
+    /// One budget per call: at most `1 + max_retries` requests, and no wait that would end
+    /// past `retry_budget` after the first attempt began. A transient failure that outlasts the
+    /// budget comes back as [`LlmError::RetriesExhausted`]. The concurrency permit is held for
+    /// one attempt at a time: a call waiting to retry lets others use the provider meanwhile.
     pub(crate) async fn send(
         &self,
         body: &Value,
         estimated_tokens: u32,
     ) -> Result<Admitted, LlmError> {
-        let permit = self
-            .permits
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(self.retry_base_delay)
+            .with_max_delay(MAX_BACKOFF)
+            .with_max_times(self.max_retries)
+            .with_jitter()
+            .build();
+        // When the first attempt began: set once its permit (and token budget) is granted.
+        let mut started: Option<Instant> = None;
+        let mut attempts = 0;
+        loop {
+            // A permit per attempt: held through the request (and, on success, the response
+            // body), never through a wait between attempts.
+            let permit = self.permit().await?;
+            let started = *started.get_or_insert_with(Instant::now);
+            if attempts == 0
+                && let Some(bucket) = &self.bucket
+            {
+                bucket.acquire(estimated_tokens).await;
+            }
+            attempts += 1;
+            let failed = match self.attempt(body).await {
+                Ok(response) => return Ok(Admitted { response, permit }),
+                Err(failed) => failed,
+            };
+            // Free the provider slot before deciding anything: whatever happens next (a wait,
+            // or the end of the call) needs no request in flight.
+            drop(permit);
+            if !failed.retryable {
+                return Err(failed.error);
+            }
+            let exhausted = |error: LlmError| LlmError::RetriesExhausted {
+                attempts,
+                last: Box::new(error),
+            };
+            // `None` once `max_retries` retries were made.
+            let Some(delay) = backoff.next() else {
+                return Err(exhausted(failed.error));
+            };
+            let wait = failed.retry_after.unwrap_or(delay);
+            if started.elapsed() + wait > self.retry_budget {
+                tracing::warn!(
+                    error = %failed.error,
+                    wait_ms = wait.as_millis() as u64,
+                    budget_ms = self.retry_budget.as_millis() as u64,
+                    "llm call failed, and waiting to retry would outlast the retry budget"
+                );
+                return Err(exhausted(failed.error));
+            }
+            tracing::warn!(
+                error = %failed.error,
+                attempt = attempts,
+                wait_ms = wait.as_millis() as u64,
+                "llm call failed, retrying"
+            );
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    async fn permit(&self) -> Result<OwnedSemaphorePermit, LlmError> {
+        self.permits
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| LlmError::Transport("llm client is shutting down".into()))?;
-        if let Some(bucket) = &self.bucket {
-            bucket.acquire(estimated_tokens).await;
-        }
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(self.retry_base_delay)
-            .with_max_delay(MAX_RETRY_AFTER)
-            .with_max_times(self.max_retries)
-            .with_jitter();
-        let response = (|| self.attempt(body))
-            .retry(backoff)
-            .sleep(tokio::time::sleep)
-            .when(|a: &Attempt| a.retryable)
-            .adjust(|a: &Attempt, next: Option<Duration>| {
-                // Never extend the number of tries, only the wait before the next one.
-                next.map(|d| a.retry_after.map_or(d, |r| r.min(MAX_RETRY_AFTER)))
-            })
-            .notify(|a: &Attempt, wait: Duration| {
-                tracing::warn!(
-                    error = %a.error,
-                    wait_ms = wait.as_millis() as u64,
-                    "llm call failed, retrying"
-                );
-            })
-            .await
-            .map_err(|a| a.error)?;
-        Ok(Admitted { response, permit })
+            .map_err(|_| LlmError::Transport("llm client is shutting down".into()))
     }
 
     async fn attempt(&self, body: &Value) -> Result<reqwest::Response, Attempt> {
@@ -143,12 +185,7 @@ impl OpenAi {
         if status.is_success() {
             return Ok(response);
         }
-        let retry_after = response
-            .headers()
-            .get(http::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = retry_after(response.headers());
         let body = truncate(response.text().await.unwrap_or_default(), MAX_ERROR_BODY);
         let error = if status == http::StatusCode::TOO_MANY_REQUESTS {
             LlmError::RateLimited { retry_after }
@@ -164,6 +201,27 @@ impl OpenAi {
             retry_after,
         })
     }
+}
+
+/// The wait a provider asks for: `retry-after-ms` (milliseconds, as OpenAI and Azure OpenAI
+/// send it) or else `Retry-After` in seconds (fractions accepted). An HTTP-date, or anything
+/// else, is ignored: the backoff decides.
+fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let number = |name: &str| {
+        headers
+            .get(name)?
+            .to_str()
+            .ok()?
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let micros = number("retry-after-ms")
+        .map(|ms| ms * 1e3)
+        .or_else(|| number(http::header::RETRY_AFTER.as_str()).map(|s| s * 1e6))?;
+    // Days of waiting are as good as forever: the retry budget refuses either.
+    Some(Duration::from_micros(micros.min(86_400e6).round() as u64))
 }
 
 fn transport_attempt(e: &reqwest::Error, timeout: Duration) -> Attempt {
@@ -537,6 +595,38 @@ mod tests {
         let (real, redacted) = image_urls(&input);
         assert_eq!(real, "data:image/png;base64,AQID");
         assert_eq!(redacted, "data:image/png;base64,<3 bytes>");
+    }
+
+    #[test]
+    fn retry_after_reads_milliseconds_first_then_seconds_and_ignores_dates() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = http::HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, http::HeaderValue::from_static(v));
+            }
+            h
+        };
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "2")])),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "0.25")])),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "2"), ("retry-after-ms", "150")])),
+            Some(Duration::from_millis(150))
+        );
+        assert_eq!(
+            retry_after(&headers(&[(
+                "retry-after",
+                "Wed, 21 Oct 2015 07:28:00 GMT"
+            )])),
+            None
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "-1")])), None);
+        assert_eq!(retry_after(&headers(&[])), None);
     }
 
     #[test]

@@ -26,9 +26,14 @@ use tokio_stream::StreamExt;
 #[derive(Default)]
 struct Fake {
     hits: AtomicUsize,
+    /// Requests answered 429 by the `by-hint` scenario.
+    limited_hits: AtomicUsize,
     last_body: Mutex<Option<Value>>,
     last_headers: Mutex<Option<HeaderMap>>,
 }
+
+/// A classify hint that makes the `by-hint` scenario answer 429 with `Retry-After: 120`.
+const RATE_LIMIT_ME: &str = "please-rate-limit-me";
 
 async fn completions(
     State(fake): State<Arc<Fake>>,
@@ -47,6 +52,33 @@ async fn completions(
         )
             .into_response(),
         "down" => (StatusCode::SERVICE_UNAVAILABLE, "overloaded").into_response(),
+        "always-429" => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            "slow down",
+        )
+            .into_response(),
+        "always-429-fast" => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "0.1")],
+            "slow down",
+        )
+            .into_response(),
+        "always-429-long" => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "120")],
+            "slow down",
+        )
+            .into_response(),
+        "by-hint" if body.to_string().contains(RATE_LIMIT_ME) => {
+            fake.limited_hits.fetch_add(1, Ordering::SeqCst);
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, "120")],
+                "slow down",
+            )
+                .into_response()
+        }
         "garbage" => (StatusCode::OK, "this is not json").into_response(),
         "unauthorized" => (StatusCode::UNAUTHORIZED, "bad key").into_response(),
         _ if body["stream"] == json!(true) => sse_answer(),
@@ -242,7 +274,11 @@ async fn a_server_error_that_persists_exhausts_the_retries_and_fails() {
         .unwrap_err();
 
     assert!(
-        matches!(err, LlmError::Upstream { status: 503, .. }),
+        matches!(err, LlmError::RetriesExhausted { attempts: 3, .. }),
+        "{err:?}"
+    );
+    assert!(
+        matches!(err.cause(), LlmError::Upstream { status: 503, .. }),
         "{err:?}"
     );
     assert!(err.is_retryable());
@@ -297,5 +333,139 @@ async fn an_unreachable_provider_is_a_transport_error() {
 
     let err = llm.classify(classify_input()).await.unwrap_err();
 
-    assert!(matches!(err, LlmError::Transport(_)), "{err:?}");
+    assert!(matches!(err.cause(), LlmError::Transport(_)), "{err:?}");
+    assert!(err.retries_exhausted(), "connect errors are retried here");
+}
+
+fn rate_limited_llm(base: &str, scenario: &str, max_retries: usize) -> Llm {
+    let config = LlmConfig {
+        provider: Provider::OpenAi,
+        base_url: format!("{base}/{scenario}/v1"),
+        max_retries,
+        retry_base_delay: Duration::from_millis(10),
+        // Generous: the machine may be slow, and this test is about counts.
+        retry_budget: Duration::from_secs(600),
+        timeout: Duration::from_secs(60),
+        ..LlmConfig::default()
+    };
+    Llm::new(config, "test", None).unwrap()
+}
+
+#[tokio::test]
+async fn a_provider_that_always_answers_429_gets_exactly_one_plus_max_retries_requests() {
+    let (base, fake) = start_fake().await;
+    let started = Instant::now();
+
+    let err = rate_limited_llm(&base, "always-429", 3)
+        .classify(classify_input())
+        .await
+        .unwrap_err();
+
+    assert_eq!(fake.hits.load(Ordering::SeqCst), 1 + 3);
+    assert!(err.retries_exhausted(), "{err:?}");
+    assert!(
+        matches!(err, LlmError::RetriesExhausted { attempts: 4, .. }),
+        "{err:?}"
+    );
+    assert!(
+        matches!(err.cause(), LlmError::RateLimited { retry_after: Some(d) } if *d == Duration::from_secs(1)),
+        "{err:?}"
+    );
+    assert!(err.is_retryable(), "a later call may succeed");
+    // Three waits of `Retry-After: 1` (a lower bound only: the machine may be slow).
+    assert!(
+        started.elapsed() >= Duration::from_millis(2_900),
+        "Retry-After not honoured"
+    );
+}
+
+#[tokio::test]
+async fn a_streamed_answer_rate_limited_throughout_also_stops_after_its_retries() {
+    let (base, fake) = start_fake().await;
+
+    let err = rate_limited_llm(&base, "always-429-fast", 2)
+        .answer(answer_input())
+        .await
+        .err()
+        .unwrap();
+
+    assert_eq!(fake.hits.load(Ordering::SeqCst), 1 + 2);
+    assert!(
+        matches!(err, LlmError::RetriesExhausted { attempts: 3, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("(retry after 0.1s)"), "{err}");
+}
+
+#[tokio::test]
+async fn a_retry_after_longer_than_the_budget_fails_at_once_without_waiting() {
+    let (base, fake) = start_fake().await;
+    let config = LlmConfig {
+        provider: Provider::OpenAi,
+        base_url: format!("{base}/always-429-long/v1"),
+        max_retries: 3,
+        retry_budget: Duration::from_secs(30),
+        ..LlmConfig::default()
+    };
+    let llm = Llm::new(config, "test", None).unwrap();
+
+    // Were the 120 s wait started, this would not end within the deadline.
+    let err = tokio::time::timeout(Duration::from_secs(60), llm.classify(classify_input()))
+        .await
+        .expect("the call gives up instead of waiting past its budget")
+        .unwrap_err();
+
+    assert_eq!(fake.hits.load(Ordering::SeqCst), 1);
+    assert!(
+        matches!(err, LlmError::RetriesExhausted { attempts: 1, .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_waiting_to_retry_does_not_hold_the_concurrency_permit() {
+    let (base, fake) = start_fake().await;
+    let config = LlmConfig {
+        provider: Provider::OpenAi,
+        base_url: format!("{base}/by-hint/v1"),
+        max_concurrency: 1,
+        max_retries: 3,
+        retry_budget: Duration::from_secs(3_600),
+        timeout: Duration::from_secs(60),
+        ..LlmConfig::default()
+    };
+    let llm = Llm::new(config, "test", None).unwrap();
+
+    // The first call is answered 429 with `Retry-After: 120` and goes to sleep.
+    let limited = {
+        let llm = llm.clone();
+        tokio::spawn(async move {
+            llm.classify(ClassifyInput {
+                hint: RATE_LIMIT_ME.into(),
+                ..classify_input()
+            })
+            .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while fake.limited_hits.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the first call never reached the provider"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // With one permit, a second call gets through only if the sleeper gave its permit up.
+    let out = tokio::time::timeout(Duration::from_secs(60), llm.classify(classify_input()))
+        .await
+        .expect("the second call was not blocked by the sleeping one");
+
+    assert!(out.is_ok(), "{out:?}");
+    assert!(
+        !limited.is_finished(),
+        "the first call is still waiting out its Retry-After"
+    );
+    assert_eq!(fake.limited_hits.load(Ordering::SeqCst), 1);
+    limited.abort();
 }

@@ -23,6 +23,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS notifications_dedupe
 CREATE INDEX IF NOT EXISTS notifications_inbox
     ON notifications (user_id, created_at_us);
 
--- What the scheduler reloads at start.
-CREATE INDEX IF NOT EXISTS notifications_pending
-    ON notifications (due_at_us) WHERE status = 'scheduled';
+-- What the reconcile sweep and the reload at start page through, earliest due first (it
+-- replaced `notifications_pending (due_at_us)`, dropped from databases that still have it).
+CREATE INDEX IF NOT EXISTS notifications_scheduled
+    ON notifications (due_at_us, id) WHERE status = 'scheduled';
+
+DROP INDEX IF EXISTS notifications_pending;

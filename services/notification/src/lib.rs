@@ -5,6 +5,7 @@
 mod error;
 pub mod hub;
 pub mod metrics;
+pub mod reconcile;
 pub mod redis_store;
 pub mod scheduler;
 pub mod store;
@@ -37,6 +38,7 @@ use tracing::Instrument;
 pub use error::Error;
 use hub::{Ended, Fanout, Hub};
 use metrics::NotificationMetrics;
+use reconcile::Kick;
 use scheduler::{AnyScheduler, MemoryScheduler, Scheduler};
 use store::{AnyNotificationStore, CancelOutcome, NotificationRow, NotificationStore};
 
@@ -75,6 +77,14 @@ const MAX_IDLE: Duration = Duration::from_secs(60);
 ///   its stream is ended with RESOURCE_EXHAUSTED (default 64).
 /// - `NOTIFICATION_DELIVERY_LEASE`: how long a claimed due notification stays claimed before
 ///   another round may retry it, e.g. `30s` (default 30 s).
+/// - `NOTIFICATION_RECONCILE_INTERVAL`: with Redis, how often a sweep puts scheduled rows that
+///   Redis lost (a failed add, a Redis that came back empty) back into the due set, e.g. `30s`
+///   (default 30 s). A sweep also runs soon after the Redis subscription comes back from a lost
+///   connection and soon after an add fails; a failed sweep is retried after 1 s, 2 s, … up to
+///   this interval.
+/// - `NOTIFICATION_RECONCILE_LIMIT`: scheduled notifications one sweep looks at, earliest due
+///   first, in pages of 1,000 (default 10000); later ones are looked at as earlier ones are
+///   delivered.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub database_url: String,
@@ -85,6 +95,10 @@ pub struct Config {
     pub redis: Option<ecoscan_redis::Settings>,
     pub redis_prefix: String,
     pub poll_interval: Duration,
+    /// With Redis, the longest time between two reconcile sweeps.
+    pub reconcile_interval: Duration,
+    /// Scheduled rows one reconcile sweep looks at, earliest due first.
+    pub reconcile_limit: usize,
 }
 
 impl Default for Config {
@@ -96,6 +110,8 @@ impl Default for Config {
             redis: None,
             redis_prefix: String::new(),
             poll_interval: Duration::from_millis(100),
+            reconcile_interval: Duration::from_secs(30),
+            reconcile_limit: 10_000,
         }
     }
 }
@@ -114,6 +130,11 @@ impl Config {
             redis: ecoscan_redis::Settings::from_env()?,
             redis_prefix: env_opt("NOTIFICATION_REDIS_PREFIX").unwrap_or_default(),
             poll_interval: env_duration("NOTIFICATION_POLL_INTERVAL", d.poll_interval)?,
+            reconcile_interval: env_duration(
+                "NOTIFICATION_RECONCILE_INTERVAL",
+                d.reconcile_interval,
+            )?,
+            reconcile_limit: env_or("NOTIFICATION_RECONCILE_LIMIT", d.reconcile_limit)?,
         };
         config.validate()?;
         Ok(config)
@@ -129,6 +150,12 @@ impl Config {
         if self.poll_interval.is_zero() {
             bail!("poll_interval must be positive");
         }
+        if self.reconcile_interval.is_zero() {
+            bail!("reconcile_interval must be positive (NOTIFICATION_RECONCILE_INTERVAL)");
+        }
+        if self.reconcile_limit == 0 {
+            bail!("reconcile_limit must be at least 1 (NOTIFICATION_RECONCILE_LIMIT)");
+        }
         Ok(())
     }
 }
@@ -137,8 +164,9 @@ impl Config {
     /// Switches this configuration onto the production stores the environment names, store by
     /// store, and leaves the rest as it is: `NOTIFICATION_DATABASE_URL`/`DATABASE_URL` when it is
     /// a `postgres://` URL (the inbox), `REDIS_URL` and `NOTIFICATION_REDIS_PREFIX` (schedule and
-    /// cross-replica delivery). `ecoscan up` builds its own embedded configuration and passes it
-    /// through here.
+    /// cross-replica delivery), and `NOTIFICATION_RECONCILE_INTERVAL` and
+    /// `NOTIFICATION_RECONCILE_LIMIT` (how Redis is kept in line with the rows) when set.
+    /// `ecoscan up` builds its own embedded configuration and passes it through here.
     pub fn with_stores_from_env(mut self) -> anyhow::Result<Self> {
         if let Some(url) = env_opt("NOTIFICATION_DATABASE_URL")
             .or_else(|| env_opt("DATABASE_URL"))
@@ -152,6 +180,9 @@ impl Config {
         if let Some(prefix) = env_opt("NOTIFICATION_REDIS_PREFIX") {
             self.redis_prefix = prefix;
         }
+        self.reconcile_interval =
+            env_duration("NOTIFICATION_RECONCILE_INTERVAL", self.reconcile_interval)?;
+        self.reconcile_limit = env_or("NOTIFICATION_RECONCILE_LIMIT", self.reconcile_limit)?;
         Ok(self)
     }
 }
@@ -168,7 +199,8 @@ pub async fn migrate(config: &Config) -> anyhow::Result<()> {
 
 /// Serves `ecoscan.v1.NotificationService` (with health and reflection) on `listener` until
 /// `shutdown` is cancelled. Notifications still scheduled in the database are loaded into the
-/// scheduler first, so none is lost across restarts (or a Redis that lost its data).
+/// scheduler first, so none is lost across restarts; with Redis, a reconcile loop then keeps
+/// putting back what Redis loses while the process runs (see [`reconcile`]).
 pub async fn serve(
     config: Config,
     listener: TcpListener,
@@ -182,6 +214,7 @@ pub async fn serve(
     );
     let hub = Hub::new(config.subscriber_buffer);
     let stop_relay = CancellationToken::new();
+    let kick = Kick::default();
     let (scheduler, fanout, relay) = match &config.redis {
         Some(settings) => {
             let (scheduler, fanout, relay) = redis_store::open(
@@ -190,6 +223,7 @@ pub async fn serve(
                 config.poll_interval,
                 hub.clone(),
                 stop_relay.clone(),
+                kick.clone(),
             )
             .await
             .context("failed to set up the redis scheduler")?;
@@ -205,15 +239,25 @@ pub async fn serve(
             None,
         ),
     };
+    let on_redis = matches!(scheduler, AnyScheduler::Redis(_));
     let scheduler = Arc::new(scheduler);
     let fanout = Arc::new(fanout);
-    let pending = store.pending().await?;
-    tracing::info!(pending = pending.len(), "reloading scheduled notifications");
-    scheduler.add_many(pending).await?;
 
     let mut metrics = ecoscan_common::metrics::Metrics::new("notification");
     let notification_metrics =
         NotificationMetrics::register(&mut metrics, scheduler.clone(), hub.clone());
+    // The reload at start: every scheduled row, in pages; on Redis only what it is missing is
+    // added (entries waiting or claimed stay as they are). Not counted as reconciled: in memory
+    // the whole schedule is reloaded at every start.
+    let reloaded = reconcile::sweep(&*store, &*scheduler, None, &NotificationMetrics::default())
+        .await
+        .context("failed to reload the scheduled notifications")?;
+    tracing::info!(
+        scheduled = reloaded.checked,
+        added = reloaded.restored,
+        "reloaded scheduled notifications"
+    );
+
     let stop_delivery = CancellationToken::new();
     let delivery = tokio::spawn(
         deliver_due(
@@ -226,10 +270,28 @@ pub async fn serve(
         )
         .instrument(tracing::info_span!("notification.delivery")),
     );
+    // In memory nothing can lose an entry while the process runs: no sweeps there.
+    let reconciler = on_redis.then(|| {
+        tokio::spawn(
+            reconcile::run(
+                store.clone(),
+                scheduler.clone(),
+                notification_metrics.clone(),
+                reconcile::Settings {
+                    interval: config.reconcile_interval,
+                    limit: config.reconcile_limit,
+                },
+                kick.clone(),
+                stop_delivery.clone(),
+            )
+            .instrument(tracing::info_span!("notification.reconcile")),
+        )
+    });
 
     let svc = NotificationServiceServer::new(
         Notifications::new(store.clone(), scheduler, hub, fanout, shutdown.clone())
-            .with_metrics(notification_metrics),
+            .with_metrics(notification_metrics)
+            .with_reconcile(kick),
     )
     .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
     let result = ecoscan_common::server::serve_with_metrics(
@@ -243,6 +305,11 @@ pub async fn serve(
     stop_delivery.cancel();
     if let Err(e) = delivery.await {
         tracing::error!(error = %e, "delivery task failed");
+    }
+    if let Some(reconciler) = reconciler
+        && let Err(e) = reconciler.await
+    {
+        tracing::error!(error = %e, "reconcile task failed");
     }
     stop_relay.cancel();
     if let Some(relay) = relay
@@ -339,6 +406,8 @@ pub struct Notifications<St, Sc> {
     /// Ends live streams when the server shuts down, so draining does not wait on them.
     shutdown: CancellationToken,
     metrics: NotificationMetrics,
+    /// Asks for a reconcile sweep when adding to the scheduler failed.
+    reconcile: Kick,
 }
 
 impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
@@ -346,6 +415,14 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
     #[must_use]
     pub fn with_metrics(mut self, metrics: NotificationMetrics) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Asks the reconcile loop listening on `kick` for a sweep whenever adding a scheduled
+    /// notification to the scheduler fails (see [`reconcile::run`]).
+    #[must_use]
+    pub fn with_reconcile(mut self, kick: Kick) -> Self {
+        self.reconcile = kick;
         self
     }
 
@@ -365,6 +442,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
             fanout,
             shutdown,
             metrics: NotificationMetrics::default(),
+            reconcile: Kick::default(),
         }
     }
 
@@ -398,6 +476,13 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
     }
 
     /// Stores a notification for delivery at its due time (at once when that has passed).
+    ///
+    /// The stored row is the commitment: once it is written the call succeeds, even when adding
+    /// it to the scheduler fails (Redis down): a reconcile sweep adds it once Redis answers
+    /// again, and it is delivered then, late. A repeat of a dedupe key returns the first
+    /// notification and, while that one is still scheduled, adds it to the scheduler again if
+    /// the scheduler lost it (a caller retrying after an error gets its notification back on
+    /// the schedule at once).
     pub async fn schedule(
         &self,
         user_id: &str,
@@ -426,6 +511,15 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
         let (row, inserted) = self.store.insert(row).await.map_err(Error::Internal)?;
         if !inserted {
             tracing::info!(id = %row.id, "deduplicated schedule");
+            if row.status == store::Status::Scheduled
+                && let Some(due) = row.due_at_us
+            {
+                let restored = self.add_to_scheduler(&row.id, due).await;
+                if restored {
+                    self.metrics.reconciled(1);
+                    tracing::warn!(id = %row.id, "a retried schedule put its notification back on the schedule");
+                }
+            }
             return Ok(to_proto(row));
         }
         if due <= now {
@@ -443,12 +537,23 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
                 return Ok(n);
             }
         }
-        self.scheduler
-            .add(row.id.clone(), due)
-            .await
-            .map_err(Error::Internal)?;
+        self.add_to_scheduler(&row.id, due).await;
         tracing::info!(id = %row.id, due_at_us = due, "notification scheduled");
         Ok(to_proto(row))
+    }
+
+    /// Adds the scheduled row `id` to the scheduler unless it is there already (waiting or
+    /// claimed); returns whether it added it. A failure is logged and leaves it to the reconcile
+    /// sweep, asked for at once.
+    async fn add_to_scheduler(&self, id: &str, due: i64) -> bool {
+        match self.scheduler.add_missing(&[(id.to_owned(), due)]).await {
+            Ok(added) => added > 0,
+            Err(e) => {
+                tracing::warn!(id, error = ?e, "failed to add a scheduled notification to the scheduler; a reconcile sweep will");
+                self.reconcile.sweep_soon();
+                false
+            }
+        }
     }
 
     /// Cancels a scheduled notification of `user_id`; cancelling one twice is not an error.

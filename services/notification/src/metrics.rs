@@ -1,5 +1,5 @@
 //! notification's Prometheus series: deliveries by kind, due-to-delivery lag, the scheduled
-//! backlog and live subscribers.
+//! backlog, live subscribers, and what the reconcile sweeps restore.
 
 use std::{
     collections::HashSet,
@@ -24,6 +24,9 @@ pub struct NotificationMetrics {
     delivered: Family<Labels1, Counter>,
     lag: Histogram,
     kinds: Arc<Mutex<HashSet<String>>>,
+    reconciled: Counter,
+    reconcile_duration: Histogram,
+    reconcile_failures: Counter,
 }
 
 impl Default for NotificationMetrics {
@@ -33,6 +36,9 @@ impl Default for NotificationMetrics {
             delivered: Family::default(),
             lag: ecoscan_common::metrics::seconds_histogram(),
             kinds: Arc::default(),
+            reconciled: Counter::default(),
+            reconcile_duration: ecoscan_common::metrics::seconds_histogram(),
+            reconcile_failures: Counter::default(),
         }
     }
 }
@@ -58,6 +64,21 @@ impl NotificationMetrics {
             "notification_scheduled_backlog",
             "Scheduled notifications not yet delivered (waiting plus claimed)",
             backlog.clone(),
+        );
+        r.register(
+            "notification_reconciled",
+            "Scheduled notifications put back on the schedule after it lost them (reconcile sweeps and retried Schedule calls)",
+            this.reconciled.clone(),
+        );
+        r.register(
+            "notification_reconcile_duration_seconds",
+            "Duration of reconcile sweeps (failed ones included)",
+            this.reconcile_duration.clone(),
+        );
+        r.register(
+            "notification_reconcile_failures",
+            "Reconcile sweeps that failed (database or Redis unavailable); retried with backoff",
+            this.reconcile_failures.clone(),
         );
         metrics.gauge_fn(
             "notification_subscribers",
@@ -98,6 +119,21 @@ impl NotificationMetrics {
 
     pub(crate) fn delivery_lag(&self, lag: Duration) {
         self.lag.observe(lag.as_secs_f64());
+    }
+
+    /// `n` scheduled notifications were put back on the schedule.
+    pub(crate) fn reconciled(&self, n: usize) {
+        if n > 0 {
+            self.reconciled.inc_by(n as u64);
+        }
+    }
+
+    /// A reconcile sweep took `took`, and succeeded or not.
+    pub(crate) fn reconcile_swept(&self, took: Duration, ok: bool) {
+        self.reconcile_duration.observe(took.as_secs_f64());
+        if !ok {
+            self.reconcile_failures.inc();
+        }
     }
 }
 

@@ -12,7 +12,11 @@
 //!   subscription to that channel and hands what arrives to its in-memory [`Hub`], so a
 //!   subscriber on any replica receives it and the number of Redis connections does not grow
 //!   with the number of subscribers. Pub/Sub is at-most-once: a subscriber connected while the
-//!   subscription is down misses live messages, never the inbox.
+//!   subscription is down misses live messages, never the inbox — except on the replica that
+//!   delivers: when Redis says nobody received a publish (its own subscription is being
+//!   renewed), it hands the notification to its own hub directly.
+//! - The subscription coming back after a lost connection ([`Delivery::Resync`]) asks the
+//!   reconcile loop for a sweep ([`Kick`]): a Redis that restarted may have come back empty.
 //!
 //! Every key and the channel carry the `{notif}` hash tag: one Cluster slot, so every script
 //! and pipeline here is legal on a Cluster too.
@@ -29,7 +33,7 @@ use ecoscan_redis::{
 use prost::Message;
 use tokio::{sync::Notify, task::JoinHandle};
 
-use crate::{hub::Hub, scheduler::Scheduler};
+use crate::{hub::Hub, reconcile::Kick, scheduler::Scheduler};
 
 /// Returns expired claims to the due set, then claims up to ARGV[2] members due at ARGV[1] with
 /// the lease deadline ARGV[3]. KEYS[1] = due set, KEYS[2] = in-flight set. Members move in
@@ -73,7 +77,21 @@ end
 return ids
 ";
 
-/// Members per ZADD when many are added at once.
+/// Adds each member of ARGV (pairs: due time, id) that is in neither the due set KEYS[1] nor the
+/// in-flight set KEYS[2]; returns how many it added. One script, so a claim cannot move a member
+/// between the check and the add, and two replicas restoring the same entries add each once.
+const ADD_MISSING_SCRIPT: &str = r"
+local added = 0
+for i = 1, #ARGV, 2 do
+  local id = ARGV[i + 1]
+  if not redis.call('ZSCORE', KEYS[1], id) and not redis.call('ZSCORE', KEYS[2], id) then
+    added = added + redis.call('ZADD', KEYS[1], 'NX', ARGV[i], id)
+  end
+end
+return added
+";
+
+/// Members per ZADD (or per add-missing script call) when many are added at once.
 const ADD_CHUNK: usize = 1000;
 
 /// Connects to one Redis server at `url` (tests and tools; services use [`open`]).
@@ -99,6 +117,7 @@ pub struct RedisScheduler {
     due_key: String,
     inflight_key: String,
     claim: Script,
+    add_missing: Script,
     /// Longest a wait lasts: other replicas add entries this process is not told about.
     poll: Duration,
     /// Wakes this process's waiter when it adds an entry itself.
@@ -120,6 +139,7 @@ impl RedisScheduler {
             due_key: format!("{prefix}{{notif}}:due"),
             inflight_key: format!("{prefix}{{notif}}:inflight"),
             claim: Script::new(CLAIM_SCRIPT),
+            add_missing: Script::new(ADD_MISSING_SCRIPT),
             poll,
             added: Notify::new(),
         }
@@ -144,8 +164,9 @@ impl RedisScheduler {
         Ok(due + inflight)
     }
 
-    /// Adds many entries at once (the reload at start), leaving any already present as they
-    /// are.
+    /// Adds many entries at once, leaving any already waiting as they are (`ZADD NX` on the due
+    /// set only: a claimed entry is added again; [`Scheduler::add_missing`] does not do that).
+    /// For filling a schedule quickly (the `notification-claim` benchmark).
     pub async fn add_many(&self, entries: &[(String, i64)]) -> anyhow::Result<()> {
         for chunk in entries.chunks(ADD_CHUNK) {
             let members: Vec<(f64, &str)> = chunk
@@ -195,6 +216,26 @@ impl Scheduler for RedisScheduler {
             .context("failed to schedule in redis")?;
         self.added.notify_one();
         Ok(())
+    }
+
+    async fn add_missing(&self, entries: &[(String, i64)]) -> anyhow::Result<usize> {
+        let mut added = 0;
+        for chunk in entries.chunks(ADD_CHUNK) {
+            let mut call = self.add_missing.key(&self.due_key);
+            call.key(&self.inflight_key);
+            for (id, due) in chunk {
+                call.arg(*due).arg(id);
+            }
+            let n: usize = call
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .context("failed to restore scheduled notifications in redis")?;
+            added += n;
+        }
+        if added > 0 {
+            self.added.notify_one();
+        }
+        Ok(added)
     }
 
     async fn claim_due(
@@ -257,19 +298,21 @@ impl Scheduler for RedisScheduler {
 
 /// The scheduler and the fan-out of one process on `settings`' Redis (one server or a
 /// Cluster), sharing one multiplexed connection; with the subscription that makes two Redis
-/// connections per process, however many subscribers it has.
+/// connections per process, however many subscribers it has. Each time the subscription comes
+/// back after a lost connection, `resynced` asks for a reconcile sweep.
 pub async fn open(
     settings: &Settings,
     prefix: &str,
     poll: Duration,
     hub: Arc<Hub>,
     stop: CancellationToken,
+    resynced: Kick,
 ) -> anyhow::Result<(RedisScheduler, RedisFanout, JoinHandle<()>)> {
     let redis = Redis::connect(settings, "ecoscan-notification")
         .await
         .context("failed to connect to redis (REDIS_URL)")?;
     let scheduler = RedisScheduler::new(&redis, prefix, poll);
-    let (fanout, relay) = RedisFanout::start_with(&redis, prefix, hub, stop).await?;
+    let (fanout, relay) = RedisFanout::start_with(&redis, prefix, hub, stop, resynced).await?;
     Ok((scheduler, fanout, relay))
 }
 
@@ -278,6 +321,8 @@ pub struct RedisFanout {
     conn: Conn,
     channel: String,
     publish: &'static str,
+    /// This process's hub, for a publish nobody received.
+    hub: Arc<Hub>,
 }
 
 impl RedisFanout {
@@ -291,7 +336,14 @@ impl RedisFanout {
         hub: Arc<Hub>,
         stop: CancellationToken,
     ) -> anyhow::Result<(Self, JoinHandle<()>)> {
-        Self::start_with(&connect_single(url).await?, prefix, hub, stop).await
+        Self::start_with(
+            &connect_single(url).await?,
+            prefix,
+            hub,
+            stop,
+            Kick::default(),
+        )
+        .await
     }
 
     async fn start_with(
@@ -299,24 +351,38 @@ impl RedisFanout {
         prefix: &str,
         hub: Arc<Hub>,
         stop: CancellationToken,
+        resynced: Kick,
     ) -> anyhow::Result<(Self, JoinHandle<()>)> {
         let channel = format!("{prefix}{{notif}}:delivered");
         let subscriber = redis
             .subscribe(vec![channel.clone()])
             .await
             .with_context(|| format!("failed to subscribe to {channel}"))?;
-        let task = tokio::spawn(relay(subscriber, channel.clone(), hub, stop));
+        let task = tokio::spawn(relay(
+            subscriber,
+            channel.clone(),
+            hub.clone(),
+            stop,
+            resynced,
+        ));
         Ok((
             Self {
                 conn: redis.conn(),
                 channel,
                 publish: publish_command(redis.is_cluster()),
+                hub,
             },
             task,
         ))
     }
 
     /// Sends `n` to the subscribers of every replica; returns how many processes received it.
+    ///
+    /// When Redis answers that no process received it, not even this one (its subscription is
+    /// being renewed after a lost connection), `n` goes to this process's hub directly: nothing
+    /// else will bring it there, so its subscribers get it once. Then the count is of those
+    /// subscribers. A publish that failed is not handed over: it may still have reached Redis
+    /// (a timeout), and this process's subscription with it.
     pub async fn publish(&self, n: &Notification) -> anyhow::Result<usize> {
         let receivers: usize = redis::cmd(self.publish)
             .arg(&self.channel)
@@ -324,18 +390,27 @@ impl RedisFanout {
             .query_async(&mut self.conn.clone())
             .await
             .context("failed to publish the notification to redis")?;
+        if receivers == 0 {
+            let local = self.hub.publish(n);
+            tracing::debug!(id = %n.id, local, "no process subscribed in redis; delivered to this process's subscribers directly");
+            return Ok(local);
+        }
         Ok(receivers)
     }
 }
 
 /// The process's one subscription: forwards each message to the hub. The subscription renews
-/// itself after a lost connection; what was published meanwhile stays in the inbox.
+/// itself after a lost connection; what was published meanwhile stays in the inbox. Every
+/// resync after the first (the first is the subscription's start, which follows the reload at
+/// start) asks `resynced` for a reconcile sweep.
 async fn relay(
     mut subscriber: ecoscan_redis::Subscriber,
     channel: String,
     hub: Arc<Hub>,
     stop: CancellationToken,
+    resynced: Kick,
 ) {
+    let mut started = false;
     loop {
         let delivery = tokio::select! {
             () = stop.cancelled() => return,
@@ -354,7 +429,13 @@ async fn relay(
                 }
             }
             Some(Delivery::Resync) => {
-                tracing::debug!(%channel, "redis subscription (re)established");
+                if started {
+                    tracing::info!(%channel, "redis subscription resynced; asking for a reconcile sweep");
+                    resynced.sweep_soon();
+                } else {
+                    tracing::debug!(%channel, "redis subscription established");
+                    started = true;
+                }
             }
             None => {
                 tracing::warn!(%channel, "redis subscription ended");

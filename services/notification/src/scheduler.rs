@@ -28,6 +28,16 @@ pub trait Scheduler: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
 
+    /// Adds each `(id, due_at_us)` whose id is neither waiting nor claimed, and returns how many
+    /// it added: an entry already there keeps its due time, and a claimed one its lease, so a
+    /// notification being delivered is not handed out again. Safe to repeat, and to run from
+    /// several replicas at once (on Redis one script per call checks and adds atomically). What
+    /// the reconcile sweep, the reload at start and a retried `Schedule` use.
+    fn add_missing(
+        &self,
+        entries: &[(String, i64)],
+    ) -> impl Future<Output = anyhow::Result<usize>> + Send;
+
     /// Forgets a claimed id: it was delivered, or there was nothing left to deliver.
     fn ack(&self, id: &str) -> impl Future<Output = anyhow::Result<()>> + Send;
 
@@ -43,20 +53,6 @@ pub enum AnyScheduler {
 }
 
 impl AnyScheduler {
-    /// Adds many entries at once (the reload at start); entries already present stay as they
-    /// are in Redis.
-    pub async fn add_many(&self, entries: Vec<(String, i64)>) -> anyhow::Result<()> {
-        match self {
-            Self::Memory(s) => {
-                for (id, due) in entries {
-                    s.add(id, due).await?;
-                }
-                Ok(())
-            }
-            Self::Redis(s) => s.add_many(&entries).await,
-        }
-    }
-
     /// Entries not yet acknowledged (waiting plus claimed), for the backlog gauge.
     pub async fn backlog(&self) -> anyhow::Result<u64> {
         match self {
@@ -86,6 +82,13 @@ impl Scheduler for AnyScheduler {
         }
     }
 
+    async fn add_missing(&self, entries: &[(String, i64)]) -> anyhow::Result<usize> {
+        match self {
+            Self::Memory(s) => s.add_missing(entries).await,
+            Self::Redis(s) => s.add_missing(entries).await,
+        }
+    }
+
     async fn ack(&self, id: &str) -> anyhow::Result<()> {
         match self {
             Self::Memory(s) => s.ack(id).await,
@@ -103,10 +106,31 @@ impl Scheduler for AnyScheduler {
 
 #[derive(Default)]
 struct State {
-    /// Unclaimed entries, earliest due first.
+    /// Unclaimed entries, earliest due first. An entry counts only while `queued` maps its id to
+    /// its due time; others are left-overs of an ack or a re-add, skipped when they surface.
     heap: BinaryHeap<Reverse<(i64, String)>>,
+    /// Unclaimed entries: id → due time.
+    queued: HashMap<String, i64>,
     /// Claimed entries: id → (lease end, due time to restore on expiry).
     leased: HashMap<String, (i64, i64)>,
+}
+
+impl State {
+    fn push(&mut self, id: String, due: i64) {
+        self.queued.insert(id.clone(), due);
+        self.heap.push(Reverse((due, id)));
+    }
+
+    /// The earliest live unclaimed entry, dropping left-overs on the way.
+    fn peek(&mut self) -> Option<i64> {
+        while let Some(Reverse((due, id))) = self.heap.peek() {
+            if self.queued.get(id) == Some(due) {
+                return Some(*due);
+            }
+            self.heap.pop();
+        }
+        None
+    }
 }
 
 /// [`Scheduler`] in memory: a min-heap by due time plus a lease table. Entries are lost with the
@@ -136,7 +160,7 @@ impl MemoryScheduler {
     /// Entries not yet acknowledged (unclaimed and leased).
     pub fn len(&self) -> usize {
         let s = self.lock();
-        s.heap.len() + s.leased.len()
+        s.queued.len() + s.leased.len()
     }
 
     /// Whether nothing is waiting.
@@ -149,17 +173,33 @@ impl Scheduler for MemoryScheduler {
     async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()> {
         let earliest = {
             let mut s = self.lock();
-            let earliest = s
-                .heap
-                .peek()
-                .is_none_or(|Reverse((due, _))| due_at_us < *due);
-            s.heap.push(Reverse((due_at_us, id)));
+            let earliest = s.peek().is_none_or(|due| due_at_us < due);
+            s.push(id, due_at_us);
             earliest
         };
         if earliest {
             self.earlier.notify_one();
         }
         Ok(())
+    }
+
+    async fn add_missing(&self, entries: &[(String, i64)]) -> anyhow::Result<usize> {
+        let (added, earliest) = {
+            let mut s = self.lock();
+            let before = s.peek();
+            let mut added = 0;
+            for (id, due) in entries {
+                if !s.queued.contains_key(id) && !s.leased.contains_key(id) {
+                    s.push(id.clone(), *due);
+                    added += 1;
+                }
+            }
+            (added, s.peek() != before)
+        };
+        if earliest {
+            self.earlier.notify_one();
+        }
+        Ok(added)
     }
 
     async fn claim_due(
@@ -178,15 +218,18 @@ impl Scheduler for MemoryScheduler {
             .collect();
         for (id, due) in expired {
             s.leased.remove(&id);
-            s.heap.push(Reverse((due, id)));
+            if !s.queued.contains_key(&id) {
+                s.push(id, due);
+            }
         }
         let mut claimed = Vec::new();
         while claimed.len() < max {
-            match s.heap.peek() {
-                Some(Reverse((due, _))) if *due <= now_us => {}
+            match s.peek() {
+                Some(due) if due <= now_us => {}
                 _ => break,
             }
             let Reverse((due, id)) = s.heap.pop().expect("peeked just above");
+            s.queued.remove(&id);
             s.leased
                 .insert(id.clone(), (now_us.saturating_add(lease_us), due));
             claimed.push(id);
@@ -195,14 +238,18 @@ impl Scheduler for MemoryScheduler {
     }
 
     async fn ack(&self, id: &str) -> anyhow::Result<()> {
-        self.lock().leased.remove(id);
+        // Out of both, as on Redis: had the lease run out meanwhile, the entry was queued again,
+        // and it needs no second round either.
+        let mut s = self.lock();
+        s.leased.remove(id);
+        s.queued.remove(id);
         Ok(())
     }
 
     async fn wait(&self, max_wait: Duration) {
         let next = {
-            let s = self.lock();
-            let next_due = s.heap.peek().map(|Reverse((due, _))| *due);
+            let mut s = self.lock();
+            let next_due = s.peek();
             let next_lease = s.leased.values().map(|(until, _)| *until).min();
             next_due.into_iter().chain(next_lease).min()
         };

@@ -127,6 +127,39 @@ fn now_us() -> i64 {
     .unwrap()
 }
 
+async fn add_missing_adds_only_what_is_neither_waiting_nor_claimed<S: Scheduler>(
+    a: Arc<S>,
+    b: Arc<S>,
+) {
+    a.add("waiting".into(), 100).await.unwrap();
+    a.add("claimed".into(), 50).await.unwrap();
+    assert_eq!(a.claim_due(60, 10, LEASE).await.unwrap(), ["claimed"]);
+
+    // Another replica restores a page holding all three: only the lost one is added, and the
+    // waiting one keeps its due time.
+    let page = [
+        ("claimed".to_owned(), 50),
+        ("waiting".to_owned(), 900),
+        ("lost".to_owned(), 200),
+    ];
+    let added = b.add_missing(&page).await.unwrap();
+    let again = a.add_missing(&page).await.unwrap();
+
+    assert_eq!(added, 1);
+    assert_eq!(again, 0, "restoring twice adds nothing");
+    assert_eq!(
+        b.claim_due(250, 10, LEASE).await.unwrap(),
+        ["waiting", "lost"]
+    );
+    // The claimed one was not handed out a second time while its lease runs.
+    assert!(a.claim_due(1_000, 10, LEASE).await.unwrap().is_empty());
+    // Once acknowledged, it is gone, and restoring it adds it again (the row would say whether
+    // that was right: the reconcile sweep only restores rows still scheduled).
+    a.ack("claimed").await.unwrap();
+    assert_eq!(a.add_missing(&page[..1]).await.unwrap(), 1);
+    assert_eq!(b.claim_due(1_000, 10, LEASE).await.unwrap(), ["claimed"]);
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -181,4 +214,5 @@ conformance!(
     a_claim_takes_at_most_2000_and_the_next_one_the_rest,
     concurrent_claimers_never_share_an_entry,
     wait_returns_promptly_once_an_entry_is_due,
+    add_missing_adds_only_what_is_neither_waiting_nor_claimed,
 );

@@ -192,6 +192,63 @@ async fn concurrent_deliveries_of_one_row_succeed_once<S: NotificationStore + Cl
     assert_eq!(delivered, 1);
 }
 
+async fn scheduled_pages_walk_the_scheduled_rows_in_due_order_without_gaps<S: NotificationStore>(
+    s: S,
+) {
+    // Seven scheduled rows, two of them due at the same time, between delivered and cancelled ones.
+    let due = [
+        ("s1", 500),
+        ("s2", 100),
+        ("s3", 300),
+        ("s4", 300),
+        ("s5", 700),
+        ("s6", 200),
+        ("s7", 600),
+    ];
+    for (i, (id, due_at)) in due.iter().enumerate() {
+        let mut r = row(id, "u", None, Status::Scheduled, i as i64);
+        r.due_at_us = Some(*due_at);
+        s.insert(r).await.unwrap();
+    }
+    s.insert(row("d", "u", None, Status::Delivered, 50))
+        .await
+        .unwrap();
+    s.insert(row("c", "u", None, Status::Scheduled, 60))
+        .await
+        .unwrap();
+    s.cancel("c", "u").await.unwrap();
+    s.mark_delivered("s5", 1).await.unwrap();
+
+    let mut walked = Vec::new();
+    let mut after: Option<(i64, String)> = None;
+    loop {
+        let page = s
+            .scheduled_page(after.as_ref().map(|(d, id)| (*d, id.as_str())), 2)
+            .await
+            .unwrap();
+        assert!(page.len() <= 2);
+        let Some((id, due)) = page.last().cloned() else {
+            break;
+        };
+        walked.extend(page);
+        after = Some((due, id));
+    }
+
+    let expected: Vec<(String, i64)> = [
+        ("s2", 100),
+        ("s6", 200),
+        ("s3", 300),
+        ("s4", 300),
+        ("s1", 500),
+        ("s7", 600),
+    ]
+    .iter()
+    .map(|(id, d)| ((*id).to_owned(), *d))
+    .collect();
+    assert_eq!(walked, expected);
+    assert_eq!(s.scheduled_page(None, 100).await.unwrap(), expected);
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod sqlite {
@@ -230,4 +287,5 @@ conformance!(
     list_is_newest_first_limited_and_pending_lists_the_scheduled,
     concurrent_inserts_of_one_dedupe_key_store_one_row,
     concurrent_deliveries_of_one_row_succeed_once,
+    scheduled_pages_walk_the_scheduled_rows_in_due_order_without_gaps,
 );

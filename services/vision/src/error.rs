@@ -1,5 +1,6 @@
 //! Everything `Classify` can fail with, and its one mapping to a gRPC status.
 
+use ecoscan_common::codes;
 use ecoscan_llm::LlmError;
 use tonic::{Code, Status};
 
@@ -36,13 +37,18 @@ impl From<Error> for Status {
                 Status::internal(e.to_string())
             }
             // Transient provider trouble (429, 5xx, timeouts, connection failures): worth a
-            // retry by the caller.
+            // retry by the caller, unless the model client already spent its retries on it.
             Error::Llm(ref llm) if llm.is_retryable() => {
                 tracing::warn!(error = %llm, "model call failed");
-                Status::new(
+                let status = Status::new(
                     Code::Unavailable,
                     format!("model provider unavailable: {llm}"),
-                )
+                );
+                if llm.retries_exhausted() {
+                    codes::mark_retried(status)
+                } else {
+                    status
+                }
             }
             Error::Llm(ref llm) => {
                 tracing::error!(error = %llm, "model call failed");
@@ -98,6 +104,37 @@ mod tests {
             let text = error.to_string();
             assert_eq!(Status::from(error).code(), code, "{text}");
         }
+    }
+
+    #[test]
+    fn a_provider_failure_the_client_already_retried_is_unavailable_and_marked_as_retried() {
+        let exhausted = Status::from(Error::Llm(LlmError::RetriesExhausted {
+            attempts: 4,
+            last: Box::new(LlmError::RateLimited {
+                retry_after: Some(std::time::Duration::from_secs(1)),
+            }),
+        }));
+        assert_eq!(exhausted.code(), Code::Unavailable);
+        assert!(codes::already_retried(&exhausted));
+        assert!(!codes::worth_retrying(&exhausted));
+        assert!(
+            exhausted.message().contains("gave up after 4 attempts"),
+            "{}",
+            exhausted.message()
+        );
+
+        // Not retried by the client (a timeout): the caller may retry.
+        let timeout = Status::from(Error::Llm(LlmError::Timeout(
+            std::time::Duration::from_secs(1),
+        )));
+        assert_eq!(timeout.code(), Code::Unavailable);
+        assert!(codes::worth_retrying(&timeout));
+        // Other transient trouble (the rule service unreachable) stays retryable too.
+        let rule = Status::from(Error::RuleUnavailable {
+            url: "http://x".into(),
+            reason: "refused".into(),
+        });
+        assert!(codes::worth_retrying(&rule));
     }
 
     #[test]

@@ -331,3 +331,60 @@ async fn vision_serves_health_and_reflection() {
     assert_health_and_reflection(&server.uri(), "ecoscan.v1.VisionService").await;
     server.stop().await.unwrap();
 }
+
+/// An in-test Chat Completions server that answers every request 429 with `Retry-After: 0.1`,
+/// counting the requests.
+async fn start_rate_limited_openai() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move || {
+            let hits = counted.clone();
+            async move {
+                hits.fetch_add(1, Ordering::SeqCst);
+                (
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    [(axum::http::header::RETRY_AFTER, "0.1")],
+                    "rate limit reached",
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), hits)
+}
+
+#[tokio::test]
+async fn a_provider_rate_limit_outlasting_the_retries_is_unavailable_and_marked_as_retried() {
+    let (rules, _) = start_rules().await;
+    let (base, hits) = start_rate_limited_openai().await;
+    let llm = LlmConfig {
+        provider: Provider::OpenAi,
+        base_url: format!("{base}/v1"),
+        max_retries: 2,
+        retry_budget: Duration::from_secs(600),
+        ..LlmConfig::default()
+    };
+    let (server, mut client) = start_vision(rules.uri(), llm).await;
+
+    let (_, error) = classify(&mut client, request(JPEG, "image/jpeg", "")).await;
+
+    let status = error.expect("a rate limit that never lifts fails the call");
+    // One model call: the first try and LLM_MAX_RETRIES retries, no more.
+    assert_eq!(hits.load(Ordering::SeqCst), 1 + 2);
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        ecoscan_common::codes::already_retried(&status),
+        "the caller is told not to retry on top: {status:?}"
+    );
+    assert!(!ecoscan_common::codes::worth_retrying(&status));
+    assert!(
+        status.message().contains("rate limit") && status.message().contains("3 attempts"),
+        "{}",
+        status.message()
+    );
+    server.stop().await.unwrap();
+}

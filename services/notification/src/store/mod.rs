@@ -75,6 +75,14 @@ impl NotificationStore for AnyNotificationStore {
     async fn pending(&self) -> anyhow::Result<Vec<(String, i64)>> {
         either!(self, s => s.pending().await)
     }
+
+    async fn scheduled_page(
+        &self,
+        after: Option<(i64, &str)>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<(String, i64)>> {
+        either!(self, s => s.scheduled_page(after, limit).await)
+    }
 }
 
 /// Lifecycle of a notification.
@@ -166,6 +174,22 @@ pub trait NotificationStore: Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = anyhow::Result<Vec<NotificationRow>>> + Send;
 
-    /// `(id, due_at_us)` of every notification still scheduled.
+    /// `(id, due_at_us)` of every notification still scheduled, all at once (the service pages
+    /// through them with [`Self::scheduled_page`] instead).
     fn pending(&self) -> impl Future<Output = anyhow::Result<Vec<(String, i64)>>> + Send;
+
+    /// One page of the scheduled notifications as `(id, due_at_us)`, at most `limit`, in
+    /// `(due_at_us, id)` order, after the position `after` (the `(due_at_us, id)` of the
+    /// previous page's last row; `None` for the first page). Reads an index, whatever the number
+    /// of delivered rows. What the reconcile sweep and the reload at start walk.
+    fn scheduled_page(
+        &self,
+        after: Option<(i64, &str)>,
+        limit: usize,
+    ) -> impl Future<Output = anyhow::Result<Vec<(String, i64)>>> + Send;
+}
+
+/// `limit` as a SQL `LIMIT` parameter.
+fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
 }

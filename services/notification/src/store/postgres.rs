@@ -18,11 +18,18 @@ const MAX_CONNECTIONS: u32 = 10;
 pub fn migrator() -> Migrator {
     ecoscan_sql::migrator(
         "_notification_migrations",
-        &[(
-            1,
-            "init",
-            include_str!("../../migrations/postgres/0001_init.sql"),
-        )],
+        &[
+            (
+                1,
+                "init",
+                include_str!("../../migrations/postgres/0001_init.sql"),
+            ),
+            (
+                2,
+                "scheduled index",
+                include_str!("../../migrations/postgres/0002_scheduled_index.sql"),
+            ),
+        ],
     )
 }
 
@@ -199,6 +206,36 @@ impl NotificationStore for PgNotificationStore {
                 // A scheduled row always has a due time; treat a missing one as due now.
                 Ok((r.try_get("id")?, due.unwrap_or(0)))
             })
+            .collect()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT notifications", otel.kind = "client", db.system = "postgresql", db.operation.name = "SELECT", db.collection.name = "notifications"),
+        err
+    )]
+    async fn scheduled_page(
+        &self,
+        after: Option<(i64, &str)>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<(String, i64)>> {
+        // Keyset pagination on the partial index `notifications_scheduled (due_at_us, id)`.
+        let (due, id) = after.unwrap_or((i64::MIN, ""));
+        let rows = sqlx::query(
+            "SELECT id, due_at_us FROM notifications \
+             WHERE status = 'scheduled' AND due_at_us IS NOT NULL \
+             AND (due_at_us, id) > ($1, $2) \
+             ORDER BY due_at_us, id LIMIT $3",
+        )
+        .bind(due)
+        .bind(id)
+        .bind(super::sql_limit(limit))
+        .fetch_all(&self.pool)
+        .await
+        .context("failed to read a page of scheduled notifications")?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("due_at_us")?)))
             .collect()
     }
 }

@@ -187,4 +187,34 @@ impl NotificationStore for SqliteNotificationStore {
             })
             .collect()
     }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT notifications", otel.kind = "client", db.system = "sqlite", db.operation.name = "SELECT", db.collection.name = "notifications"),
+        err
+    )]
+    async fn scheduled_page(
+        &self,
+        after: Option<(i64, &str)>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<(String, i64)>> {
+        // Keyset pagination on the partial index `notifications_scheduled (due_at_us, id)`.
+        let (due, id) = after.unwrap_or((i64::MIN, ""));
+        let rows = sqlx::query(
+            "SELECT id, due_at_us FROM notifications \
+             WHERE status = 'scheduled' AND due_at_us IS NOT NULL \
+             AND (due_at_us, id) > (?, ?) \
+             ORDER BY due_at_us, id LIMIT ?",
+        )
+        .bind(due)
+        .bind(id)
+        .bind(super::sql_limit(limit))
+        .fetch_all(&self.pool)
+        .await
+        .context("failed to read a page of scheduled notifications")?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("due_at_us")?)))
+            .collect()
+    }
 }

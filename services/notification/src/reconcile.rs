@@ -1,0 +1,154 @@
+//! Puts scheduled notifications the scheduler lost back on it.
+//!
+//! The row store is the truth: a notification is due for delivery while its row is `scheduled`.
+//! The scheduler (Redis' due set) can lose entries behind the rows' back: an add that failed after
+//! the row was written (Redis down or too slow), or a Redis that came back empty (a restart
+//! without persistence, `FLUSHALL`, a failover to a replica that had not caught up). A sweep
+//! walks the scheduled rows, earliest due first, in pages, and hands each page to
+//! [`Scheduler::add_missing`], which adds only ids that are neither waiting nor claimed (one
+//! atomic script per page on Redis). Sweeps run every `NOTIFICATION_RECONCILE_INTERVAL`, soon after
+//! the Redis subscription comes back from a lost connection, and soon after an add failed.
+//!
+//! Exactly-once delivery does not rest on the sweep: delivery is the row's guarded update
+//! `scheduled` → `delivered` (`NotificationStore::mark_delivered`), and only the caller whose
+//! update matched publishes. A sweep racing a delivery can at worst hand an id out once more;
+//! that claim finds the row delivered and publishes nothing.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use ecoscan_common::CancellationToken;
+use tokio::sync::Notify;
+
+use crate::{metrics::NotificationMetrics, scheduler::Scheduler, store::NotificationStore};
+
+/// Scheduled rows read per page (one SQL query, one scheduler call).
+pub const PAGE: usize = 1000;
+/// The shortest time between two sweeps, whatever asks for them (the interval when shorter).
+const MIN_GAP: Duration = Duration::from_secs(1);
+
+/// Asks the reconcile loop for a sweep soon. Clones share the request; requests made while a
+/// sweep runs make one more sweep, not one each.
+#[derive(Clone, Default)]
+pub struct Kick(Arc<Notify>);
+
+impl Kick {
+    /// Asks for a sweep soon.
+    pub fn sweep_soon(&self) {
+        self.0.notify_one();
+    }
+
+    async fn asked(&self) {
+        self.0.notified().await;
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Scheduled rows looked at.
+    pub checked: usize,
+    /// Of those, how many the scheduler was missing and got back.
+    pub restored: usize,
+}
+
+/// Walks the scheduled rows earliest due first, at most `limit` of them (all when `None`), and
+/// gives the scheduler back every one it is missing. Each page restored counts in `metrics` as
+/// it goes, so a sweep that fails halfway still counts what it restored.
+pub async fn sweep<St: NotificationStore, Sc: Scheduler>(
+    store: &St,
+    scheduler: &Sc,
+    limit: Option<usize>,
+    metrics: &NotificationMetrics,
+) -> anyhow::Result<Swept> {
+    let mut swept = Swept::default();
+    let mut after: Option<(i64, String)> = None;
+    loop {
+        let want = limit.map_or(PAGE, |l| PAGE.min(l - swept.checked));
+        if want == 0 {
+            break;
+        }
+        let page = store
+            .scheduled_page(after.as_ref().map(|(due, id)| (*due, id.as_str())), want)
+            .await?;
+        swept.checked += page.len();
+        if !page.is_empty() {
+            let restored = scheduler.add_missing(&page).await?;
+            metrics.reconciled(restored);
+            swept.restored += restored;
+        }
+        if page.len() < want {
+            break;
+        }
+        after = page.last().map(|(id, due)| (*due, id.clone()));
+    }
+    Ok(swept)
+}
+
+/// When the reconcile loop sweeps and how much.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Between two sweeps when nothing asks for one sooner.
+    pub interval: Duration,
+    /// Scheduled rows one sweep looks at, earliest due first. Later ones come into view as the
+    /// earlier ones are delivered; they are due later, so they are restored before their time
+    /// unless more than this many fall due within one interval.
+    pub limit: usize,
+}
+
+/// Sweeps every `settings.interval`, and soon after `kick` asks, until `stop` is cancelled. A
+/// failed sweep (the database or Redis unavailable) is retried after 1 s, 2 s, 4 s … up to the
+/// interval; a kick brings the retry forward. Sweeps are at least a second apart (the interval,
+/// when that is shorter), however often they are asked for.
+pub async fn run<St: NotificationStore, Sc: Scheduler>(
+    store: Arc<St>,
+    scheduler: Arc<Sc>,
+    metrics: NotificationMetrics,
+    settings: Settings,
+    kick: Kick,
+    stop: CancellationToken,
+) {
+    let gap = MIN_GAP.min(settings.interval);
+    let mut delay = settings.interval;
+    let mut backoff = gap;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+            () = kick.asked() => {}
+        }
+        let started = Instant::now();
+        let result = sweep(&*store, &*scheduler, Some(settings.limit), &metrics).await;
+        metrics.reconcile_swept(started.elapsed(), result.is_ok());
+        match result {
+            Ok(swept) => {
+                if swept.restored > 0 {
+                    tracing::warn!(
+                        checked = swept.checked,
+                        restored = swept.restored,
+                        "scheduled notifications were missing from the scheduler; restored them"
+                    );
+                } else {
+                    tracing::debug!(
+                        checked = swept.checked,
+                        "reconcile sweep found nothing missing"
+                    );
+                }
+                delay = settings.interval;
+                backoff = gap;
+            }
+            Err(e) => {
+                tracing::warn!(error = ?e, retry_in = ?backoff, "reconcile sweep failed");
+                delay = backoff;
+                backoff = (backoff * 2).min(settings.interval.max(gap));
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(gap) => {}
+        }
+        delay = delay.saturating_sub(gap);
+    }
+}
