@@ -7,6 +7,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub mod jobs;
+
 use anyhow::Context;
 use ecoscan_common::CancellationToken;
 use ecoscan_llm::LlmConfig;
@@ -205,6 +207,9 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         ingest_max_in_flight,
         gateway_limits,
     } = config;
+    // Every service serves and calls over TLS when GRPC_TLS_* is set: a bad file stops the
+    // start here, once, rather than in each service.
+    ecoscan_common::tls::TlsConfig::global()?;
     tokio::fs::create_dir_all(&data_dir)
         .await
         .with_context(|| format!("failed to create data directory {}", data_dir.display()))?;
@@ -445,6 +450,8 @@ pub async fn serve_one(service: Service, shutdown: CancellationToken) -> anyhow:
         service.addr_var(),
         &format!("127.0.0.1:{}", service.default_port()),
     )?;
+    // A bad GRPC_TLS_* file stops the start before the port is bound.
+    ecoscan_common::tls::TlsConfig::global()?;
     let listener = ecoscan_common::server::listen(addr)
         .with_context(|| format!("failed to bind {} on {addr}", service.name()))?;
     let bound = listener

@@ -27,6 +27,48 @@ enum Command {
     /// Print a bearer token that `ecoscan up` (with the same data directory) accepts, for curl
     /// and scripts: `curl -H "Authorization: Bearer $(ecoscan token --user alice)" …`.
     Token(TokenArgs),
+    /// Operate on scan jobs over ingest's admin API (gRPC, internal port).
+    Jobs(JobsArgs),
+}
+
+#[derive(clap::Args)]
+struct JobsArgs {
+    /// Ingest's gRPC address (its internal port, not the gateway).
+    #[arg(
+        long,
+        env = "ECOSCAN_INGEST_URL",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    ingest: String,
+    #[command(subcommand)]
+    command: JobsCommand,
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// Jobs given up and set aside (failed too often, or a stored record could not be read).
+    #[command(subcommand, name = "dead-letter")]
+    DeadLetter(DeadLetterCommand),
+}
+
+#[derive(Subcommand)]
+enum DeadLetterCommand {
+    /// List dead-lettered jobs, newest first.
+    List {
+        /// At most this many (ingest caps it at 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Only those set aside before this RFC 3339 time (to page back).
+        #[arg(long)]
+        before: Option<String>,
+    },
+    /// Put a dead-lettered job back on the queue; it resumes at its first stage without a
+    /// checkpoint, and its watchers see the new run.
+    Requeue {
+        /// The job's id.
+        job_id: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -84,6 +126,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Up(args) => args,
         Command::Serve(args) => return serve(args.service).await,
         Command::Token(args) => return token(args),
+        Command::Jobs(args) => return jobs(args).await,
     };
     let _telemetry = ecoscan_common::telemetry::init("suite")?;
     let ports = Ports {
@@ -100,6 +143,15 @@ async fn main() -> anyhow::Result<()> {
     let provider = config.llm.provider;
     let running = ecoscan::start(config, ecoscan_common::binary::shutdown_on_signal()).await?;
     let a = running.addrs;
+    // Internal TLS (GRPC_TLS_*) changes how grpcurl must call; the certificate must name the
+    // address dialled (127.0.0.1 here) for the server to be verified.
+    let grpcurl = match ecoscan_common::tls::TlsConfig::global()? {
+        None => "-plaintext",
+        Some(tls) if tls.is_mutual() => {
+            "-cacert \"$GRPC_TLS_CA\" -cert \"$GRPC_TLS_CERT\" -key \"$GRPC_TLS_KEY\""
+        }
+        Some(_) => "-cacert <the CA that signed GRPC_TLS_CERT>",
+    };
     println!(
         "\necoscan is up (model provider: {provider}; data in {data})\n\n\
          gateway        http://{gw}   (demo page: http://{gw}/)\n\
@@ -113,8 +165,8 @@ async fn main() -> anyhow::Result<()> {
          Run a scan and stream its events:\n  \
          curl -N -F image=@photo.jpg -F hint='plastic bottle' http://{gw}/api/v1/scan/completion\n\n\
          Explore over gRPC:\n  \
-         grpcurl -plaintext {ingest} list\n  \
-         grpcurl -plaintext -d '{{}}' {rule} ecoscan.v1.RuleService/ListCategories\n",
+         grpcurl {grpcurl} {ingest} list\n  \
+         grpcurl {grpcurl} -d '{{}}' {rule} ecoscan.v1.RuleService/ListCategories\n",
         data = args.data_dir.display(),
         gw = a.gateway,
         ingest = a.ingest,
@@ -147,5 +199,19 @@ fn token(args: TokenArgs) -> anyhow::Result<()> {
         args.ttl,
     )?;
     println!("{token}");
+    Ok(())
+}
+
+/// `ecoscan jobs …`: prints what ingest answered; a refusal is an error (exit status 1).
+async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
+    let out = match args.command {
+        JobsCommand::DeadLetter(DeadLetterCommand::List { limit, before }) => {
+            ecoscan::jobs::list(&args.ingest, limit, before.as_deref()).await?
+        }
+        JobsCommand::DeadLetter(DeadLetterCommand::Requeue { job_id }) => {
+            ecoscan::jobs::requeue(&args.ingest, &job_id).await?
+        }
+    };
+    print!("{out}");
     Ok(())
 }
