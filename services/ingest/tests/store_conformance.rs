@@ -140,6 +140,59 @@ async fn event_log_conformance(log: Arc<dyn EventLog>) {
         1,
         "other logs stay"
     );
+
+    fence_conformance(log.as_ref()).await;
+}
+
+/// Appends carry their claim's epoch: once a newer claim raised the job's fence, an older
+/// claim's appends (final ones too) are refused, and an operator's restart starts the log again.
+async fn fence_conformance(log: &dyn EventLog) {
+    let fenced = |r: Result<ScanEvent, StoreError>| matches!(r, Err(StoreError::Fenced { .. }));
+    let job = uuid::Uuid::now_v7().to_string();
+    log.fence(&job, 1).await.unwrap();
+    log.append_as(ev(&job, Stage::Vision), 1).await.unwrap();
+    // The job is claimed again.
+    log.fence(&job, 2).await.unwrap();
+    assert!(fenced(log.append_as(ev(&job, Stage::Vision), 1).await));
+    assert!(matches!(
+        log.append_final_as(ev(&job, Stage::Done), 1).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert!(
+        matches!(log.fence(&job, 1).await, Err(StoreError::Fenced { .. })),
+        "a fence never goes down"
+    );
+    log.fence(&job, 2).await.unwrap();
+    let kept = log.append_as(ev(&job, Stage::Rule), 2).await.unwrap();
+    assert_eq!(kept.seq, 2, "the refused appends left no trace");
+    let last = log
+        .append_final_as(ev(&job, Stage::Done), 2)
+        .await
+        .unwrap()
+        .expect("the current claim finishes the log");
+    assert_eq!(log.read_after(&job, None).await.unwrap().len(), 3);
+
+    // Requeued by an operator: the log starts again, ids keep increasing, and the new run
+    // (a newer claim) can finish it again.
+    let restarted = log.restart(ev(&job, Stage::Queued)).await.unwrap();
+    assert!(
+        restarted.event_id.parse::<EventId>().unwrap() > last.event_id.parse::<EventId>().unwrap(),
+        "ids keep increasing across a restart"
+    );
+    let events = log.read_after(&job, None).await.unwrap();
+    assert_eq!(events.len(), 1, "only the new run: {events:?}");
+    assert_eq!(events[0].event_id, restarted.event_id);
+    log.fence(&job, 3).await.unwrap();
+    assert!(fenced(log.append_as(ev(&job, Stage::Vision), 2).await));
+    log.append_as(ev(&job, Stage::Vision), 3).await.unwrap();
+    assert!(
+        log.append_final_as(ev(&job, Stage::Done), 3)
+            .await
+            .unwrap()
+            .is_some(),
+        "the new run has its own final event"
+    );
+    log.expire(&job, Duration::ZERO).await.unwrap();
 }
 
 #[test]

@@ -382,17 +382,20 @@ impl RedisEventLog {
 
 /// `last-generated-id` of an `XINFO STREAM` reply.
 fn stream_last_generated(info: &redis::Value) -> Option<EventId> {
-    let redis::Value::Array(items) = info else {
-        return None;
+    // A flat array of keys and values over RESP2, a map over RESP3 (the Cluster client).
+    let pairs: Vec<(&redis::Value, &redis::Value)> = match info {
+        redis::Value::Array(items) => items
+            .chunks_exact(2)
+            .map(|kv| (&kv[0], &kv[1]))
+            .collect(),
+        redis::Value::Map(items) => items.iter().map(|(k, v)| (k, v)).collect(),
+        _ => return None,
     };
-    let mut it = items.iter();
-    while let Some(k) = it.next() {
-        let v = it.next()?;
-        if redis::from_redis_value_ref::<String>(k).ok()? == "last-generated-id" {
-            return redis::from_redis_value_ref::<String>(v).ok()?.parse().ok();
-        }
-    }
-    None
+    pairs.into_iter().find_map(|(k, v)| {
+        (redis::from_redis_value_ref::<String>(k).ok()? == "last-generated-id")
+            .then(|| redis::from_redis_value_ref::<String>(v).ok()?.parse().ok())
+            .flatten()
+    })
 }
 
 /// What the log stores and the feed carries for an event: `<job>\n<id>\n<seq>\n<body>`, the
