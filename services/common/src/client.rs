@@ -1,5 +1,5 @@
-//! Clients: one lazily connected, shared HTTP/2 channel per target, a trace-context interceptor,
-//! and per-call deadlines.
+//! Clients: one lazily connected, shared HTTP/2 channel per target (over TLS when the process
+//! has internal TLS configured), a trace-context interceptor, and per-call deadlines.
 
 use std::time::Duration;
 
@@ -11,6 +11,8 @@ use tonic::{
     transport::{Channel, Endpoint},
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::tls::TlsConfig;
 
 /// A channel that carries the caller's trace context on every call.
 pub type TracedChannel = InterceptedService<Channel, TraceContext>;
@@ -44,17 +46,38 @@ impl Injector for MetadataInjector<'_> {
 
 /// A shared channel to `uri` (`http://127.0.0.1:50052`). It connects on first use and reconnects
 /// by itself, so services may start in any order. Clone it freely: clones share one connection.
+///
+/// Internal TLS follows the process's `GRPC_TLS_*` variables ([`crate::tls`]): when they are set,
+/// the channel uses TLS (mutual TLS with `GRPC_TLS_CA`) and an `http://` URL is dialled as
+/// `https://`; when they are not, an `https://` URL is an error.
 pub fn channel(uri: &str) -> anyhow::Result<TracedChannel> {
-    let endpoint = Endpoint::from_shared(uri.to_owned())?
+    channel_with_tls(uri, crate::tls::TlsConfig::global()?)
+}
+
+/// [`channel`] with an explicit TLS configuration instead of the `GRPC_TLS_*` variables (`None`:
+/// plaintext).
+pub fn channel_with_tls(uri: &str, tls: Option<&TlsConfig>) -> anyhow::Result<TracedChannel> {
+    Ok(InterceptedService::new(
+        endpoint(uri, tls)?.connect_lazy(),
+        TraceContext,
+    ))
+}
+
+/// The endpoint behind [`channel_with_tls`], for callers that connect it themselves.
+pub fn endpoint(uri: &str, tls: Option<&TlsConfig>) -> anyhow::Result<Endpoint> {
+    let uri = crate::tls::dial_uri(uri, tls.is_some())?;
+    let mut endpoint = Endpoint::from_shared(uri)?
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    Ok(InterceptedService::new(
-        endpoint.connect_lazy(),
-        TraceContext,
-    ))
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.client_config())
+            .map_err(|e| anyhow::anyhow!("{}", crate::tls::error_chain(&e)))?;
+    }
+    Ok(endpoint)
 }
 
 /// A request with a deadline (sent as `grpc-timeout`, enforced by the server too).

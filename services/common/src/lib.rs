@@ -1,6 +1,7 @@
 //! What every ecoscan service shares, and nothing more: configuration from the environment,
 //! telemetry setup, the gRPC serving helper (health, reflection, trace context, graceful
-//! shutdown), shared client channels, and the one table that maps gRPC codes to HTTP statuses.
+//! shutdown), shared client channels, internal TLS/mTLS for both, and the one table that maps
+//! gRPC codes to HTTP statuses.
 
 pub mod binary;
 pub mod client;
@@ -12,6 +13,7 @@ pub mod server;
 pub mod shutdown;
 pub mod telemetry;
 pub mod testing;
+pub mod tls;
 
 pub use identity::USER_ID_HEADER;
 

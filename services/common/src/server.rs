@@ -1,6 +1,6 @@
 //! The gRPC serving helper every service uses: health (`grpc.health.v1`), server reflection (v1
-//! and v1alpha), a span per RPC whose parent comes from the caller's `traceparent`, and graceful
-//! shutdown.
+//! and v1alpha), a span per RPC whose parent comes from the caller's `traceparent`, graceful
+//! shutdown, and TLS or mutual TLS when the process has it configured ([`crate::tls`]).
 
 use std::{sync::Arc, time::Duration};
 
@@ -13,7 +13,13 @@ use tower_http::trace::TraceLayer;
 use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::metrics::{CONTENT_TYPE, Metrics, RpcMetrics, RpcMetricsLayer};
+use crate::{
+    metrics::{CONTENT_TYPE, Metrics, RpcMetrics, RpcMetricsLayer},
+    tls::{
+        TlsConfig,
+        server::{ClientCertLayer, incoming as tls_incoming},
+    },
+};
 
 /// Connections the kernel may queue for `accept` (capped by `net.core.somaxconn`). Tokio's
 /// default of 1,024 drops handshakes when a burst of clients arrives at once — a thousand
@@ -58,11 +64,28 @@ pub async fn serve(
 
 /// [`serve`], with `metrics` (the service's registry) served as plain HTTP/1.1 `GET /metrics`
 /// on the same port as gRPC, and the RED metrics of every RPC registered into it.
+///
+/// With the `GRPC_TLS_*` variables set ([`crate::tls`]), the port speaks TLS only (mutual TLS
+/// with `GRPC_TLS_CA`); a configuration error is returned before anything is served.
 pub async fn serve_with_metrics(
+    routes: Routes,
+    service_names: &[&str],
+    metrics: Metrics,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let tls = TlsConfig::global()?.cloned();
+    serve_with_tls(routes, service_names, metrics, listener, tls, shutdown).await
+}
+
+/// [`serve_with_metrics`] with an explicit TLS configuration instead of the `GRPC_TLS_*`
+/// variables (`None`: plaintext).
+pub async fn serve_with_tls(
     routes: Routes,
     service_names: &[&str],
     mut metrics: Metrics,
     listener: TcpListener,
+    tls: Option<TlsConfig>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -132,7 +155,8 @@ pub async fn serve_with_metrics(
             ),
     );
 
-    Server::builder()
+    let require_client_cert = tls.as_ref().is_some_and(TlsConfig::is_mutual);
+    let router = Server::builder()
         // `GET /metrics` is plain HTTP/1.1 (Prometheus does not speak HTTP/2 without TLS).
         .accept_http1(true)
         // Detect dead peers on idle connections (watch streams can be quiet for a long time).
@@ -151,12 +175,27 @@ pub async fn serve_with_metrics(
         )
         // Inside the span layer: RED metrics per RPC, recorded at the end of each stream.
         .layer(RpcMetricsLayer(rpc_metrics))
+        // Innermost: a refused request is still traced and counted.
+        .layer(ClientCertLayer {
+            required: require_client_cert,
+        })
         .add_routes(routes)
         .add_service(health)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(incoming(listener), on_shutdown)
-        .await?;
+        .add_service(reflection_v1alpha);
+    match tls {
+        None => {
+            router
+                .serve_with_incoming_shutdown(incoming(listener), on_shutdown)
+                .await?
+        }
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+            router
+                .serve_with_incoming_shutdown(tls_incoming(listener, acceptor), on_shutdown)
+                .await?
+        }
+    }
     Ok(())
 }
 

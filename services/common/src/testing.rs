@@ -1,5 +1,9 @@
 //! Helpers for tests: spawn a server on an ephemeral loopback port, and check that a server
-//! answers health and reflection the way every ecoscan server must.
+//! answers health and reflection the way every ecoscan server must; with the feature `test-pki`,
+//! certificates for internal TLS ([`pki`]).
+
+#[cfg(any(test, feature = "test-pki"))]
+pub mod pki;
 
 use std::{future::Future, net::SocketAddr};
 
@@ -64,7 +68,11 @@ pub async fn assert_health_and_reflection(uri: &str, service: &str) {
         .connect()
         .await
         .expect("server accepts connections");
+    assert_health_and_reflection_over(channel, service).await;
+}
 
+/// [`assert_health_and_reflection`] over a channel of the caller's (over TLS, say).
+pub async fn assert_health_and_reflection_over(channel: tonic::transport::Channel, service: &str) {
     let status = HealthClient::new(channel.clone())
         .check(HealthCheckRequest {
             service: service.to_owned(),
