@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: formatting, lints, then every test in the workspace.
+# The test command: formatting, lints, then every test in the workspace, then the REST/SSE API
+# checked against its OpenAPI document.
 # Usage: infra/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,3 +33,6 @@ grpcurl -version
 
 echo "==> cargo test"
 cargo test --workspace --locked "$@"
+
+echo "==> REST/SSE API (schemathesis against ecoscan up, held to its OpenAPI document)"
+infra/api-check.sh

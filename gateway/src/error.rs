@@ -59,18 +59,28 @@ pub enum ApiError {
 }
 
 /// The error body every failed request gets.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(example = json!({"code": "INVALID_ARGUMENT", "message": "job id \"42\" is not a uuid"}))]
 pub(crate) struct ErrorBody {
+    /// Machine-readable: a gRPC code name (`INVALID_ARGUMENT`, `NOT_FOUND`, `UNAVAILABLE`, …) or
+    /// an HTTP-only condition (`PAYLOAD_TOO_LARGE`, `UNSUPPORTED_MEDIA_TYPE`).
+    #[schema(pattern = "^[A-Z_]+$")]
     pub code: &'static str,
+    /// What went wrong, for a person (server-side failures get a generic message).
     pub message: String,
 }
 
-/// An error as the SSE `error` event carries it (the shape of `ErrorInfo`).
-#[derive(Debug, Serialize, PartialEq)]
+/// An error as SSE `error` events and failed scan results carry it (the shape of `ErrorInfo`).
+#[derive(Debug, Serialize, PartialEq, utoipa::ToSchema)]
 pub(crate) struct ErrorJson {
+    /// gRPC status code name, e.g. `UNAVAILABLE`.
+    #[schema(pattern = "^[A-Z_]+$")]
     pub code: String,
+    /// The HTTP status a REST caller would see for it, e.g. 503.
     pub http_status: u16,
+    /// What went wrong, for a person.
     pub message: String,
+    /// True when submitting the scan again may succeed.
     pub retryable: bool,
 }
 

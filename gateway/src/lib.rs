@@ -16,7 +16,12 @@
 //! | `POST /api/v1/notifications` | `NotificationService.Schedule` → 201 |
 //! | `GET /api/v1/analytics/usage?since=&until=` | `AnalyticsService.Usage` |
 //! | `GET /healthz`, `GET /readyz` | none / `grpc.health.v1.Health.Check` on every backend |
+//! | `GET /metrics` | none (Prometheus text) |
+//! | `GET /api/v1/openapi.json` | none (the OpenAPI 3.1 document of all of these) |
 //! | `GET /` | the demo page |
+//!
+//! [`ROUTES`] lists them; the router mounts exactly those, and the OpenAPI document
+//! (`openapi.rs`) describes exactly those.
 
 mod auth;
 mod config;
@@ -24,6 +29,7 @@ mod error;
 mod input;
 mod limits;
 mod metrics;
+mod openapi;
 mod routes;
 mod server;
 mod sse;
@@ -37,7 +43,7 @@ use axum::{
     error_handling::HandleErrorLayer,
     extract::{DefaultBodyLimit, MatchedPath, Request},
     http::Response,
-    routing::{get, post},
+    routing::{MethodRouter, get, post},
 };
 use ecoscan_common::{
     CancellationToken,
@@ -182,6 +188,42 @@ impl AppState {
     }
 }
 
+/// Every route the gateway serves, as `(method, path template)`. The router mounts exactly these
+/// (each through `mount`, which refuses any other), and the OpenAPI document served at
+/// `/api/v1/openapi.json` must describe exactly these (tests hold both to this list). A new
+/// route goes here, into the router through `mount`, and into the document: `#[utoipa::path]`
+/// on its handler and the handler in `openapi::ApiDoc`.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/"),
+    ("POST", "/api/v1/scan"),
+    ("POST", "/api/v1/scan/completion"),
+    ("GET", "/api/v1/scan/{id}"),
+    ("GET", "/api/v1/scan/{id}/events"),
+    ("GET", "/api/v1/characters/me"),
+    ("GET", "/api/v1/notifications"),
+    ("POST", "/api/v1/notifications"),
+    ("GET", "/api/v1/notifications/stream"),
+    ("GET", "/api/v1/analytics/usage"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("GET", "/api/v1/openapi.json"),
+];
+
+/// Mounts `handler` (which must answer `method` only) at `path`, a route of [`ROUTES`].
+fn mount<S: Clone + Send + Sync + 'static>(
+    router: Router<S>,
+    method: &str,
+    path: &str,
+    handler: MethodRouter<S>,
+) -> Router<S> {
+    assert!(
+        ROUTES.contains(&(method, path)),
+        "{method} {path} is not in ROUTES: add it there and to the OpenAPI document"
+    );
+    router.route(path, handler)
+}
+
 /// The gateway's routes and middleware, for [`serve`] and for router-level tests. Clients
 /// connect lazily, so no backend needs to be up to build it.
 pub fn router(config: Config) -> anyhow::Result<Router> {
@@ -202,73 +244,113 @@ fn router_with(
         metrics::HttpMetrics::register(&mut registry, state.sse.clone(), state.watches.clone());
     let registry = Arc::new(registry);
 
-    let api = Router::new()
-        .route("/", get(routes::index))
-        .route("/api/v1/scan", post(routes::scan::submit))
-        .route("/api/v1/scan/completion", post(routes::scan::completion))
-        .route("/api/v1/scan/{id}", get(routes::scan::result))
-        .route("/api/v1/scan/{id}/events", get(routes::scan::events))
-        .route("/api/v1/characters/me", get(routes::account::characters))
-        .route(
+    let api = [
+        ("GET", "/", get(routes::index)),
+        ("POST", "/api/v1/scan", post(routes::scan::submit)),
+        (
+            "POST",
+            "/api/v1/scan/completion",
+            post(routes::scan::completion),
+        ),
+        ("GET", "/api/v1/scan/{id}", get(routes::scan::result)),
+        ("GET", "/api/v1/scan/{id}/events", get(routes::scan::events)),
+        (
+            "GET",
+            "/api/v1/characters/me",
+            get(routes::account::characters),
+        ),
+        (
+            "GET",
             "/api/v1/notifications",
-            get(routes::account::notifications).post(routes::account::schedule),
-        )
-        .route(
+            get(routes::account::notifications),
+        ),
+        (
+            "POST",
+            "/api/v1/notifications",
+            post(routes::account::schedule),
+        ),
+        (
+            "GET",
             "/api/v1/notifications/stream",
             get(routes::account::notification_stream),
-        )
-        .route("/api/v1/analytics/usage", get(routes::account::usage))
-        .fallback(routes::not_found)
-        .layer(
-            ServiceBuilder::new()
-                // axum needs infallible services: this turns a shed request into a JSON 503.
-                .layer(HandleErrorLayer::new(middleware_error))
-                // Refuse at once when at the limit instead of queueing: a queue only adds
-                // latency to every request while the gateway is saturated.
-                .load_shed()
-                // Bound the requests in flight across all routes (one semaphore shared by every
-                // route). An SSE stream holds a slot only until its headers are sent.
-                .layer(GlobalConcurrencyLimitLayer::new(config.concurrency_limit))
-                // Bound what a body extractor may buffer; beyond it the request gets a 413.
-                .layer(DefaultBodyLimit::max(config.max_body_bytes)),
-        )
-        // Outside the concurrency limit: a body is read (at a minimum rate, within a deadline)
-        // before its request takes a slot, so slow senders cannot hold the slots.
-        .layer(axum::middleware::from_fn_with_state(
-            server::BodyBudget::new(config.limits.clone(), config.max_body_bytes),
-            server::read_body,
-        ));
+        ),
+        (
+            "GET",
+            "/api/v1/analytics/usage",
+            get(routes::account::usage),
+        ),
+    ]
+    .into_iter()
+    .fold(Router::new(), |r, (method, path, handler)| {
+        mount(r, method, path, handler)
+    })
+    .fallback(routes::not_found)
+    .layer(
+        ServiceBuilder::new()
+            // axum needs infallible services: this turns a shed request into a JSON 503.
+            .layer(HandleErrorLayer::new(middleware_error))
+            // Refuse at once when at the limit instead of queueing: a queue only adds
+            // latency to every request while the gateway is saturated.
+            .load_shed()
+            // Bound the requests in flight across all routes (one semaphore shared by every
+            // route). An SSE stream holds a slot only until its headers are sent.
+            .layer(GlobalConcurrencyLimitLayer::new(config.concurrency_limit))
+            // Bound what a body extractor may buffer; beyond it the request gets a 413.
+            .layer(DefaultBodyLimit::max(config.max_body_bytes)),
+    )
+    // Outside the concurrency limit: a body is read (at a minimum rate, within a deadline)
+    // before its request takes a slot, so slow senders cannot hold the slots.
+    .layer(axum::middleware::from_fn_with_state(
+        server::BodyBudget::new(config.limits.clone(), config.max_body_bytes),
+        server::read_body,
+    ));
 
-    let app = Router::new()
+    let openapi = openapi::render(header_trusted);
+    let app = [
         // Probes stay outside the concurrency limit: a saturated gateway is still alive, and a
         // failing liveness probe would restart it and drop every open stream.
-        .route("/healthz", get(routes::health::healthz))
-        .route("/readyz", get(routes::health::readyz))
+        ("GET", "/healthz", get(routes::health::healthz)),
+        ("GET", "/readyz", get(routes::health::readyz)),
         // Scrapes too: metrics matter most when the gateway is saturated.
-        .route("/metrics", get(metrics::serve_metrics).with_state(registry))
-        .merge(api)
-        .with_state(state)
-        // RED metrics per route template, inside the span so a slow scrape shows in traces.
-        .layer(axum::middleware::from_fn_with_state(
-            http_metrics,
-            metrics::track,
-        ))
-        // Browsers on the configured origins may call the API (preflights answered here, before
-        // authentication); with no origins configured no CORS header is ever sent.
-        .layer(tower::util::option_layer(cors(&config.cors_origins)?))
-        .layer(
-            ServiceBuilder::new()
-                // One span per request, child of the caller's `traceparent`; it is current while
-                // handlers call the backends, so the trace continues over gRPC.
-                .layer(
-                    TraceLayer::new_for_http()
-                        .make_span_with(request_span)
-                        .on_response(on_response)
-                        // A span event per SSE message the response streams.
-                        .on_body_chunk(ecoscan_common::telemetry::SseMessageEvents::default())
-                        .on_failure(()),
-                ),
-        );
+        (
+            "GET",
+            "/metrics",
+            get(metrics::serve_metrics).with_state(registry),
+        ),
+        // And the API's description, which costs nothing to serve.
+        (
+            "GET",
+            "/api/v1/openapi.json",
+            get(openapi::serve).with_state(openapi),
+        ),
+    ]
+    .into_iter()
+    .fold(Router::new(), |r, (method, path, handler)| {
+        mount(r, method, path, handler)
+    })
+    .merge(api)
+    .with_state(state)
+    // RED metrics per route template, inside the span so a slow scrape shows in traces.
+    .layer(axum::middleware::from_fn_with_state(
+        http_metrics,
+        metrics::track,
+    ))
+    // Browsers on the configured origins may call the API (preflights answered here, before
+    // authentication); with no origins configured no CORS header is ever sent.
+    .layer(tower::util::option_layer(cors(&config.cors_origins)?))
+    .layer(
+        ServiceBuilder::new()
+            // One span per request, child of the caller's `traceparent`; it is current while
+            // handlers call the backends, so the trace continues over gRPC.
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(request_span)
+                    .on_response(on_response)
+                    // A span event per SSE message the response streams.
+                    .on_body_chunk(ecoscan_common::telemetry::SseMessageEvents::default())
+                    .on_failure(()),
+            ),
+    );
     Ok(app)
 }
 

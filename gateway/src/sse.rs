@@ -46,7 +46,11 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    /// Every kind, for the OpenAPI document.
+    pub(crate) const ALL: [Self; 4] = [Self::Stage, Self::Delta, Self::Ready, Self::Error];
+
+    /// The SSE `event:` name.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Stage => "stage",
             Self::Delta => "delta",
@@ -100,31 +104,63 @@ pub(crate) fn error_info_json(info: &ErrorInfo) -> ErrorJson {
     }
 }
 
-/// The `data:` of a scan event.
-#[derive(Serialize)]
-struct EventData<'a> {
+/// The SSE `event:` name of a user's notifications.
+pub(crate) const NOTIFICATION_EVENT: &str = "notification";
+
+/// The `data:` of a scan event (`stage`, `delta`, `ready` and `error` events).
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ScanEventData)]
+pub(crate) struct EventData<'a> {
+    /// The event's position in the job's log, `<milliseconds>-<sequence>`; also its SSE `id:`,
+    /// what `Last-Event-ID` takes to resume after it.
+    #[schema(pattern = r"^[0-9]{1,20}-[0-9]{1,20}$")]
     event_id: &'a str,
+    /// The job (a UUID).
     job_id: &'a str,
+    /// 1-based sequence number within the job, without gaps.
     seq: u64,
+    /// The stage the event is about.
+    #[schema(schema_with = crate::openapi::stage_schema)]
     stage: String,
+    /// What happened to it.
+    #[schema(schema_with = crate::openapi::event_status_schema)]
     status: String,
+    /// Fraction of the whole job done, from 0 to 1.
     progress: f32,
+    /// Short human-readable description, e.g. "vision started".
     message: &'a str,
+    /// When the event was appended (RFC 3339); `null` when unknown.
+    #[schema(schema_with = crate::openapi::nullable_timestamp_schema, required = true)]
     ts: Option<&'a Timestamp>,
+    /// The job's trace (32 hex digits); empty when untraced.
     trace_id: &'a str,
+    /// On `stage` events of vision completed.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::openapi::refs::classification)]
     classification: Option<&'a Classification>,
+    /// On `stage` events of rule completed.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::openapi::refs::disposal_rules)]
     rules: Option<&'a DisposalRules>,
+    /// On `stage` events of answer completed.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::openapi::refs::answer)]
     answer: Option<&'a Answer>,
+    /// On `stage` events of reward completed.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::openapi::refs::reward_decision)]
     reward: Option<&'a RewardDecision>,
+    /// On `delta` events: the next piece of the answer text.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     delta: Option<&'a str>,
+    /// On `ready`: where the finished result is.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     result_url: Option<String>,
+    /// On `error`, and on `stage` events of a stage that failed: why.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     error: Option<ErrorJson>,
 }
 
@@ -235,18 +271,23 @@ fn to_json<T: Serialize>(data: &T) -> String {
     })
 }
 
+/// The `data:` of an `error` event sent when the upstream stream itself fails.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = StreamErrorData)]
+pub(crate) struct StreamErrorData<'a> {
+    /// The job whose stream failed; empty on the notification stream.
+    job_id: &'a str,
+    /// Why.
+    error: ErrorJson,
+}
+
 /// The `event: error` sent when the upstream stream itself fails; it has no id, so a
 /// reconnecting client resumes after the last real event.
 fn stream_error_event(job_id: &str, err: &ApiError) -> Event {
     err.log();
-    #[derive(Serialize)]
-    struct Data<'a> {
-        job_id: &'a str,
-        error: ErrorJson,
-    }
     json_event(
         Event::default().event(Kind::Error.name()),
-        &Data {
+        &StreamErrorData {
             job_id,
             error: err.to_json(),
         },
@@ -393,7 +434,10 @@ where
             };
             let (event, done) = match next {
                 Ok(Some(n)) => (
-                    json_event(with_id(Event::default().event("notification"), &n.id), &n),
+                    json_event(
+                        with_id(Event::default().event(NOTIFICATION_EVENT), &n.id),
+                        &n,
+                    ),
                     false,
                 ),
                 Ok(None) => return None,

@@ -5,7 +5,10 @@ use std::time::{Duration, SystemTime};
 use axum::{
     Json,
     body::Bytes,
-    extract::{Query, State, rejection::QueryRejection},
+    extract::{
+        Query, State,
+        rejection::{BytesRejection, QueryRejection},
+    },
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
 };
@@ -15,12 +18,24 @@ use ecoscan_proto::{
 };
 use futures::StreamExt;
 use serde::Deserialize;
+use utoipa::{
+    IntoParams, PartialSchema, ToSchema,
+    openapi::{
+        RefOr,
+        schema::{AllOfBuilder, ObjectBuilder, OneOfBuilder, Schema},
+    },
+};
 
 use crate::{
     AppState, NOTIFICATION_STREAM_DEADLINE, UNARY_DEADLINE,
     auth::{Admin, Caller},
     error::ApiError,
     input::idempotency_key,
+    openapi::{
+        BadRequest, Forbidden, GatewayTimeout, Internal, NotificationEvents, PayloadTooLarge,
+        RequestTimeout, TooManyRequests, Unauthorized, Unavailable, UnsupportedMediaType, proto,
+    },
+    routes::scan::IdempotencyKey,
     sse,
 };
 
@@ -42,6 +57,24 @@ fn rfc3339(name: &str, value: &str) -> Result<Timestamp, ApiError> {
 }
 
 /// `GET /api/v1/characters/me`: the characters the caller owns.
+#[utoipa::path(
+    get,
+    path = "/api/v1/characters/me",
+    tag = "account",
+    operation_id = "myCharacters",
+    summary = "The caller's characters",
+    description = "The characters the caller has earned with scans, oldest first.",
+    responses(
+        (status = 200, description = "The caller's collection.",
+            body = proto::ListOwnedResponse),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = [])),
+)]
 pub(crate) async fn characters(
     State(state): State<AppState>,
     caller: Caller,
@@ -57,12 +90,35 @@ pub(crate) async fn characters(
     Ok(Json(res).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+/// How much of the inbox to read.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
+    /// At most this many notifications, 1-500; 50 when absent.
+    #[param(minimum = 1, maximum = 500, nullable = false)]
     limit: Option<u32>,
 }
 
 /// `GET /api/v1/notifications?limit=`: the caller's inbox, newest first.
+#[utoipa::path(
+    get,
+    path = "/api/v1/notifications",
+    tag = "account",
+    operation_id = "listNotifications",
+    summary = "The caller's inbox",
+    description = "The caller's notifications, newest first (scheduled and cancelled ones \
+                   included).",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The inbox.", body = proto::ListResponse),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = [])),
+)]
 pub(crate) async fn notifications(
     State(state): State<AppState>,
     caller: Caller,
@@ -87,6 +143,27 @@ pub(crate) async fn notifications(
 }
 
 /// `GET /api/v1/notifications/stream`: the caller's notifications as they are delivered (SSE).
+#[utoipa::path(
+    get,
+    path = "/api/v1/notifications/stream",
+    tag = "account",
+    operation_id = "notificationStream",
+    summary = "The caller's notifications, live",
+    description = "The caller's notifications as Server-Sent Events as they are delivered. The \
+                   headers go out at once; a quiet inbox sends only keepalive comments. For an \
+                   `EventSource`, the token may come in `?access_token=` or the \
+                   `ecoscan_token` cookie. Counts against the caller's open streams.",
+    responses(
+        (status = 200, response = NotificationEvents),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 429, response = TooManyRequests),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = []), ("accessTokenQuery" = []), ("tokenCookie" = [])),
+)]
 pub(crate) async fn notification_stream(
     State(state): State<AppState>,
     caller: Caller,
@@ -123,25 +200,124 @@ pub(crate) async fn notification_stream(
 }
 
 /// The body of `POST /api/v1/notifications`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ScheduleBody {
+pub(crate) struct ScheduleBody {
+    /// Short title, 1-200 characters (not only spaces).
+    #[schema(min_length = 1, max_length = 200, pattern = r"\S")]
     title: String,
+    /// Text, at most 2000 characters.
     #[serde(default)]
+    #[schema(max_length = 2000)]
     body: String,
+    /// What it is about: 1-64 characters of a-z and `_`; `reminder` when absent or `null`.
+    #[schema(pattern = "^[a-z_]{1,64}$")]
     kind: Option<String>,
+    /// When to deliver it: an RFC 3339 time, e.g. `2026-05-01T09:00:00+09:00` (`null` is
+    /// the same as absent).
+    #[schema(format = DateTime)]
     due_at: Option<String>,
+    /// When to deliver it: this many seconds from now, at most a year (366 days) (`null` is
+    /// the same as absent).
+    #[serde(default, deserialize_with = "whole_seconds")]
+    #[schema(minimum = 0, maximum = 31_622_400)]
     delay_seconds: Option<u64>,
 }
 
+/// `delay_seconds` as JSON Schema's `integer` reads it: any number without a fractional part,
+/// `3600.0` too (beyond `u64` it saturates, and is then refused as more than a year).
+fn whole_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(secs) = n.as_u64() {
+        return Ok(Some(secs));
+    }
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "delay_seconds must be a whole number of seconds, not {n}"
+        ))),
+    }
+}
+
+/// The request body of `POST /api/v1/notifications`: a [`ScheduleBody`] with exactly one of
+/// `due_at` and `delay_seconds`.
+pub(crate) struct ScheduleNotification;
+
+impl PartialSchema for ScheduleNotification {
+    fn schema() -> RefOr<Schema> {
+        AllOfBuilder::new()
+            .item(ScheduleBody::schema())
+            .item(
+                // A `null` is the same as absent, so "one of" counts the non-null values.
+                OneOfBuilder::new()
+                    .item(
+                        ObjectBuilder::new()
+                            .property("due_at", String::schema())
+                            .required("due_at"),
+                    )
+                    .item(
+                        ObjectBuilder::new()
+                            .property("delay_seconds", u64::schema())
+                            .required("delay_seconds"),
+                    ),
+            )
+            .description(Some(
+                "A notification to schedule for the caller: exactly one of `due_at` and \
+                 `delay_seconds`.",
+            ))
+            .examples([serde_json::json!({
+                "title": "Take the recycling out",
+                "body": "Bottles and cans go out on Tuesday.",
+                "delay_seconds": 3600,
+            })])
+            .into()
+    }
+}
+
+impl ToSchema for ScheduleNotification {}
+
 /// `POST /api/v1/notifications`: schedules a notification for the caller; 201 with it.
 /// An `Idempotency-Key` makes a repeat return the first notification.
+#[utoipa::path(
+    post,
+    path = "/api/v1/notifications",
+    tag = "account",
+    operation_id = "scheduleNotification",
+    summary = "Schedule a notification",
+    description = "Schedules a notification for the caller, delivered (to its live streams and \
+                   inbox) at `due_at` or after `delay_seconds`. With an `Idempotency-Key`, a \
+                   repeat returns the first notification. Rate-limited per user.",
+    params(IdempotencyKey),
+    request_body(content = ScheduleNotification, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Scheduled.", body = proto::Notification),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 408, response = RequestTimeout),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 429, response = TooManyRequests),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = [])),
+)]
 pub(crate) async fn schedule(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge("request body is too large".into())
+        } else {
+            ApiError::InvalidArgument(format!("could not read the request body: {e}"))
+        }
+    })?;
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -211,13 +387,40 @@ pub(crate) async fn schedule(
     Ok((StatusCode::CREATED, Json(notification)).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+/// The window of a usage query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct UsageQuery {
+    /// Window start (inclusive), RFC 3339; 24 hours before `until` when absent.
+    #[param(format = DateTime, nullable = false)]
     since: Option<String>,
+    /// Window end (exclusive), RFC 3339; now when absent. Not before `since`.
+    #[param(format = DateTime, nullable = false)]
     until: Option<String>,
 }
 
 /// `GET /api/v1/analytics/usage?since=&until=`: model usage per service and model.
+#[utoipa::path(
+    get,
+    path = "/api/v1/analytics/usage",
+    tag = "account",
+    operation_id = "modelUsage",
+    summary = "Model usage (admin)",
+    description = "Calls, errors, tokens and latency of the model calls in a window, per \
+                   service and model. Needs the admin role.",
+    params(UsageQuery),
+    responses(
+        (status = 200, description = "Usage in the window, defaults applied.",
+            body = proto::UsageResponse),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = ["admin"])),
+)]
 pub(crate) async fn usage(
     State(state): State<AppState>,
     Admin(caller): Admin,
@@ -265,5 +468,19 @@ mod tests {
         assert_eq!(t.seconds, 1_777_593_600);
         assert!(rfc3339("due_at", "tomorrow").is_err());
         assert!(rfc3339("due_at", "2026-05-01").is_err());
+    }
+
+    #[test]
+    fn schedule_body_reads_integers_as_json_schema_does_and_null_as_absent() {
+        let read = |v: serde_json::Value| serde_json::from_value::<ScheduleBody>(v);
+        let b = read(serde_json::json!({"title": "x", "delay_seconds": 3600.0})).unwrap();
+        assert_eq!(b.delay_seconds, Some(3600));
+        let b = read(serde_json::json!({"title": "x", "delay_seconds": 60, "kind": null})).unwrap();
+        assert_eq!((b.delay_seconds, b.kind), (Some(60), None));
+        let b = read(serde_json::json!({"title": "x", "delay_seconds": null})).unwrap();
+        assert_eq!(b.delay_seconds, None);
+        assert!(read(serde_json::json!({"title": "x", "delay_seconds": 1.5})).is_err());
+        assert!(read(serde_json::json!({"title": "x", "delay_seconds": -1})).is_err());
+        assert!(read(serde_json::json!({"title": "x", "delay_seconds": "60"})).is_err());
     }
 }

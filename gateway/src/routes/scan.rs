@@ -2,21 +2,30 @@
 
 use axum::{
     Json,
-    extract::{Path, Query, Request, State, rejection::QueryRejection},
+    extract::{
+        Path, Query, Request, State,
+        rejection::{PathRejection, QueryRejection},
+    },
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
 };
 use ecoscan_proto::v1::{
     GetResultRequest, JobStatus, ScanRequest, ScanResult, SubmitRequest, WatchRequest,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::{
     AppState, SCAN_STREAM_DEADLINE, SUBMIT_DEADLINE, UNARY_DEADLINE,
     auth::Caller,
     error::ApiError,
     input::{ScanInput, idempotency_key, job_id, valid_event_id},
+    openapi::{
+        BadRequest, GatewayTimeout, Internal, NotFound, PayloadTooLarge, RequestTimeout,
+        ScanEvents, ScanForm, ScanJson, TooManyRequests, Unauthorized, Unavailable,
+        UnsupportedMediaType,
+    },
     sse::{self, error_info_json, stage_name},
     watch::Refused,
 };
@@ -27,7 +36,7 @@ fn ingest_error(status: tonic::Status) -> ApiError {
 }
 
 /// `JOB_STATUS_RUNNING` → `running`.
-fn job_status_name(status: i32) -> String {
+pub(crate) fn job_status_name(status: i32) -> String {
     JobStatus::try_from(status)
         .unwrap_or(JobStatus::Unspecified)
         .as_str_name()
@@ -56,7 +65,83 @@ async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest,
     })
 }
 
+/// A path's job id, as [`job_id`] reads it; a path that does not decode is a 400 too.
+fn path_job_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(raw) = path.map_err(|e| ApiError::InvalidArgument(e.body_text()))?;
+    job_id(&raw)
+}
+
+/// The answer to an accepted scan (202). Fields are in alphabetical order, as the JSON they
+/// replace had them.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ScanAccepted {
+    /// True when an earlier scan had the same `Idempotency-Key`: this is that scan's job.
+    duplicate: bool,
+    /// The job's events (SSE): `GET` it to follow the scan.
+    events_url: String,
+    /// The job's id (a UUID).
+    job_id: String,
+    /// The job's result: `GET` it to poll (the `Location` header too).
+    result_url: String,
+    /// Where the job is: `queued` for a new one.
+    #[schema(schema_with = crate::openapi::job_status_schema)]
+    status: String,
+}
+
+/// A job that has not finished yet (202 of `GET /api/v1/scan/{id}`). Fields are in alphabetical
+/// order, as the JSON they replace had them.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ScanPending {
+    /// The job's events (SSE).
+    events_url: String,
+    /// The job's id (a UUID).
+    job_id: String,
+    /// The job's result: poll again after `Retry-After`.
+    result_url: String,
+    /// The stage running now.
+    #[schema(schema_with = crate::openapi::stage_schema)]
+    stage: String,
+    /// `queued` or `running`.
+    #[schema(schema_with = crate::openapi::job_status_schema)]
+    status: String,
+}
+
 /// `POST /api/v1/scan`: accepts a scan and answers 202 with where to follow it.
+#[utoipa::path(
+    post,
+    path = "/api/v1/scan",
+    tag = "scans",
+    operation_id = "submitScan",
+    summary = "Submit a scan",
+    description = "Accepts a photo of waste and answers at once with where to follow its \
+                   scan (vision, rules, answer, reward). The photo comes as a multipart form \
+                   (`image` file) or as JSON (`image_base64`, or `image_url` for ingest to \
+                   fetch). It is checked here (emptiness, size, type sniffed from its bytes) \
+                   before anything reaches ingest. Rate-limited per user.",
+    params(IdempotencyKey),
+    request_body(
+        description = "The scan: the photo and optional `hint` and `locale`.",
+        content(
+            (ScanForm = "multipart/form-data"),
+            (ScanJson = "application/json"),
+        ),
+    ),
+    responses(
+        (status = 202, description = "Accepted; follow `events_url`, or poll `result_url`.",
+            body = ScanAccepted,
+            headers(("Location" = String, description = "The job's result URL."))),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 408, response = RequestTimeout),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 429, response = TooManyRequests),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = [])),
+)]
 pub(crate) async fn submit(
     State(state): State<AppState>,
     caller: Caller,
@@ -72,13 +157,13 @@ pub(crate) async fn submit(
         .map_err(ingest_error)?
         .into_inner();
     let result_url = state.result_url(&res.job_id);
-    let body = json!({
-        "job_id": res.job_id,
-        "status": job_status_name(res.status),
-        "events_url": state.events_url(&res.job_id),
-        "result_url": result_url,
-        "duplicate": res.duplicate,
-    });
+    let body = ScanAccepted {
+        duplicate: res.duplicate,
+        events_url: state.events_url(&res.job_id),
+        status: job_status_name(res.status),
+        result_url: result_url.clone(),
+        job_id: res.job_id,
+    };
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, result_url)],
@@ -87,7 +172,55 @@ pub(crate) async fn submit(
         .into_response())
 }
 
+/// The `Idempotency-Key` request header.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+pub(crate) struct IdempotencyKey {
+    /// Makes a repeated request return the first one's result instead of doing it again: the
+    /// same job for a scan, the same notification for a schedule. 1-200 visible ASCII
+    /// characters.
+    #[param(
+        rename = "Idempotency-Key",
+        pattern = "^[!-~]{1,200}$",
+        nullable = false
+    )]
+    idempotency_key: Option<String>,
+}
+
 /// `POST /api/v1/scan/completion`: submits and answers with the job's events as SSE.
+#[utoipa::path(
+    post,
+    path = "/api/v1/scan/completion",
+    tag = "scans",
+    operation_id = "scanAndStream",
+    summary = "Submit a scan and stream its events",
+    description = "Takes the same scan as `POST /api/v1/scan` and answers with its events as \
+                   Server-Sent Events until the result is ready. A failure to start (a full \
+                   backlog, a refused image) is an HTTP error, not an event. Rate-limited per \
+                   user; the stream counts against the caller's open streams.",
+    params(IdempotencyKey),
+    request_body(
+        description = "The scan: the photo and optional `hint` and `locale`.",
+        content(
+            (ScanForm = "multipart/form-data"),
+            (ScanJson = "application/json"),
+        ),
+    ),
+    responses(
+        (status = 200, response = ScanEvents),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 408, response = RequestTimeout),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 429, response = TooManyRequests),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = [])),
+)]
 pub(crate) async fn completion(
     State(state): State<AppState>,
     caller: Caller,
@@ -118,12 +251,35 @@ pub(crate) async fn completion(
 }
 
 /// `GET /api/v1/scan/{id}`: 202 while the job runs, 200 with the result once it has finished.
+#[utoipa::path(
+    get,
+    path = "/api/v1/scan/{id}",
+    tag = "scans",
+    operation_id = "getScanResult",
+    summary = "A scan's result",
+    description = "The finished result (200), or where the job is while it runs (202 with \
+                   `Retry-After`).",
+    params(("id" = String, Path, format = "uuid", description = "The job's id (a UUID).")),
+    responses(
+        (status = 200, description = "The job has finished, successfully or not (`status`).",
+            body = crate::openapi::ScanResult),
+        (status = 202, description = "The job is queued or running.", body = ScanPending,
+            headers(("Retry-After" = u64, description = "Seconds to wait before polling again."))),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 404, response = NotFound),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = [])),
+)]
 pub(crate) async fn result(
     State(state): State<AppState>,
     caller: Caller,
-    Path(raw_id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let id = job_id(&raw_id)?;
+    let id = path_job_id(path)?;
     let msg = GetResultRequest { job_id: id.clone() };
     let result = state
         .scan
@@ -138,13 +294,13 @@ pub(crate) async fn result(
         })?;
     match JobStatus::try_from(result.status) {
         Ok(JobStatus::Queued | JobStatus::Running) => {
-            let body = json!({
-                "job_id": id,
-                "status": job_status_name(result.status),
-                "stage": stage_name(result.stage),
-                "events_url": state.events_url(&id),
-                "result_url": state.result_url(&id),
-            });
+            let body = ScanPending {
+                events_url: state.events_url(&id),
+                result_url: state.result_url(&id),
+                stage: stage_name(result.stage),
+                status: job_status_name(result.status),
+                job_id: id,
+            };
             Ok((
                 StatusCode::ACCEPTED,
                 [(header::RETRY_AFTER, "1")],
@@ -177,20 +333,70 @@ fn result_json(result: &ScanResult) -> Result<serde_json::Value, ApiError> {
     Ok(value)
 }
 
-#[derive(Debug, Deserialize)]
+/// Where to resume a job's events.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct EventsQuery {
+    /// Resume after this event id, for clients that cannot send `Last-Event-ID` (the header
+    /// wins when both are sent); empty: from the start.
+    #[param(pattern = "^([0-9]{1,20}-[0-9]{1,20})?$", nullable = false)]
+    last_event_id: Option<String>,
+}
+
+/// The `Last-Event-ID` request header.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+pub(crate) struct LastEventId {
+    /// Resume after this event id (`<milliseconds>-<sequence>`), as a reconnecting
+    /// `EventSource` sends it: events after it are replayed, then live ones follow. Empty:
+    /// from the start.
+    #[param(
+        rename = "Last-Event-ID",
+        pattern = "^([0-9]{1,20}-[0-9]{1,20})?$",
+        nullable = false
+    )]
     last_event_id: Option<String>,
 }
 
 /// `GET /api/v1/scan/{id}/events`: the job's events as SSE, after `Last-Event-ID` when given.
+#[utoipa::path(
+    get,
+    path = "/api/v1/scan/{id}/events",
+    tag = "scans",
+    operation_id = "scanEvents",
+    summary = "A scan's events",
+    description = "The job's events as Server-Sent Events, from the start or after \
+                   `Last-Event-ID`, until `ready` or `error`; a finished job replays and ends. \
+                   Every client of a job shares one upstream watch. For an `EventSource`, the \
+                   token may come in `?access_token=` or the `ecoscan_token` cookie. An \
+                   unknown job is a 404, not an event. Counts against the caller's open \
+                   streams.",
+    params(
+        ("id" = String, Path, format = "uuid", description = "The job's id (a UUID)."),
+        LastEventId,
+        EventsQuery,
+    ),
+    responses(
+        (status = 200, response = ScanEvents),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 404, response = NotFound),
+        (status = 429, response = TooManyRequests),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+        (status = 504, response = GatewayTimeout),
+    ),
+    security(("bearerAuth" = []), ("accessTokenQuery" = []), ("tokenCookie" = [])),
+)]
 pub(crate) async fn events(
     State(state): State<AppState>,
     caller: Caller,
-    Path(raw_id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     query: Result<Query<EventsQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let id = job_id(&raw_id)?;
+    let id = path_job_id(path)?;
     let Query(query) = query.map_err(|e| ApiError::InvalidArgument(e.body_text()))?;
     let slot = state.sse.take(&caller.user)?;
     // The header is what a reconnecting EventSource sends; the query is for clients that
