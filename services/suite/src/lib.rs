@@ -438,6 +438,23 @@ impl Service {
     }
 }
 
+/// `ecoscan migrate`: every service with a database (ingest, reward, analytics, notification)
+/// brings its schema up to date, each configured from its environment as when it serves
+/// (`<SERVICE>_DATABASE_URL`, else `DATABASE_URL`), then returns. Each service's migrations
+/// are tracked in a table of its own, so services may share one database, and running it again
+/// changes nothing. Returns the services migrated, in order.
+pub async fn migrate_all() -> anyhow::Result<Vec<&'static str>> {
+    ecoscan_ingest::migrate(&ecoscan_ingest::Config::from_env()?).await?;
+    tracing::info!(service = "ingest", "migrated");
+    ecoscan_reward::migrate(&ecoscan_reward::Config::from_env()?).await?;
+    tracing::info!(service = "reward", "migrated");
+    ecoscan_analytics::migrate(&ecoscan_analytics::Config::from_env()?).await?;
+    tracing::info!(service = "analytics", "migrated");
+    ecoscan_notification::migrate(&ecoscan_notification::Config::from_env()?).await?;
+    tracing::info!(service = "notification", "migrated");
+    Ok(vec!["ingest", "reward", "analytics", "notification"])
+}
+
 /// Variable naming a file to which [`serve_one`] writes the address it bound (`127.0.0.1:PORT`)
 /// once it listens: scripts and tests start services on port 0 and read the port from there.
 pub const ADDR_FILE_VAR: &str = "ECOSCAN_ADDR_FILE";

@@ -29,6 +29,11 @@ enum Command {
     Token(TokenArgs),
     /// Operate on scan jobs over ingest's admin API (gRPC, internal port).
     Jobs(JobsArgs),
+    /// Bring every service's database schema up to date, then exit (the Kubernetes migration
+    /// Job; safe to run again). Each service reads its database URL as when it serves:
+    /// `INGEST_DATABASE_URL`, `REWARD_DATABASE_URL`, `ANALYTICS_DATABASE_URL`,
+    /// `NOTIFICATION_DATABASE_URL`, else `DATABASE_URL`.
+    Migrate,
 }
 
 #[derive(clap::Args)]
@@ -127,6 +132,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => return serve(args.service).await,
         Command::Token(args) => return token(args),
         Command::Jobs(args) => return jobs(args).await,
+        Command::Migrate => {
+            let _telemetry = ecoscan_common::telemetry::init("migrate")?;
+            let done = ecoscan::migrate_all().await?;
+            println!("migrated: {}", done.join(", "));
+            return Ok(());
+        }
     };
     let _telemetry = ecoscan_common::telemetry::init("suite")?;
     let ports = Ports {

@@ -384,10 +384,7 @@ impl RedisEventLog {
 fn stream_last_generated(info: &redis::Value) -> Option<EventId> {
     // A flat array of keys and values over RESP2, a map over RESP3 (the Cluster client).
     let pairs: Vec<(&redis::Value, &redis::Value)> = match info {
-        redis::Value::Array(items) => items
-            .chunks_exact(2)
-            .map(|kv| (&kv[0], &kv[1]))
-            .collect(),
+        redis::Value::Array(items) => items.chunks_exact(2).map(|kv| (&kv[0], &kv[1])).collect(),
         redis::Value::Map(items) => items.iter().map(|(k, v)| (k, v)).collect(),
         _ => return None,
     };
