@@ -5,6 +5,12 @@ use ecoscan_gateway::{Config, DEFAULT_ADDR, serve};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    binary::command(
+        "ecoscan-gateway",
+        "The HTTP gateway: REST and SSE over the gRPC services",
+        "GATEWAY_ADDR",
+        false,
+    );
     let _guard = ecoscan_common::telemetry::init("gateway")?;
     let config = Config::from_env()?;
     let listener = binary::bind("gateway", "GATEWAY_ADDR", DEFAULT_ADDR).await?;

@@ -229,6 +229,20 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     config.validate()?;
+    let mut embedded = Vec::new();
+    if !store::is_postgres(&config.database_url) {
+        embedded.push((
+            "call rows in SQLite",
+            "ANALYTICS_DATABASE_URL or DATABASE_URL to a postgres:// URL",
+        ));
+    }
+    if matches!(config.bodies, ObjectStoreConfig::Local(_)) {
+        embedded.push((
+            "call bodies in a local directory",
+            "S3_ENDPOINT and S3_BUCKET",
+        ));
+    }
+    ecoscan_common::config::require_production_stores("analytics", &embedded)?;
     let store = Arc::new(
         AnyCallStore::connect(&config.database_url)
             .await

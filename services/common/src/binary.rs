@@ -1,7 +1,7 @@
 //! What every service binary does around `serve`: read its command, bind its address, and turn
 //! SIGTERM/SIGINT into a cancelled shutdown token.
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -14,17 +14,51 @@ pub enum Command {
     Migrate,
 }
 
-/// Reads the command from the first argument: none or `serve`, or `migrate`.
-pub fn command() -> anyhow::Result<Command> {
-    parse_command(std::env::args().nth(1).as_deref())
+/// Reads the command line of service binary `name` (`ecoscan-<service>`): `serve` (the default) or, for
+/// a service with a database, `migrate`; `--help` and `--version` print and exit, and anything
+/// else is refused with a usage message (exit status 2). Settings are environment variables,
+/// which the help names.
+pub fn command(name: &'static str, about: &str, addr_var: &str, migrations: bool) -> Command {
+    match parse(name, about, addr_var, migrations, std::env::args_os()) {
+        Ok(command) => command,
+        Err(e) => e.exit(),
+    }
 }
 
-fn parse_command(arg: Option<&str>) -> anyhow::Result<Command> {
-    match arg {
-        None | Some("serve") => Ok(Command::Serve),
-        Some("migrate") => Ok(Command::Migrate),
-        Some(other) => bail!("unknown command {other:?}; use `serve` (the default) or `migrate`"),
+fn parse<I, T>(
+    name: &'static str,
+    about: &str,
+    addr_var: &str,
+    migrations: bool,
+    args: I,
+) -> Result<Command, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut cli = clap::Command::new(name)
+        .about(about.to_owned())
+        .version(env!("CARGO_PKG_VERSION"))
+        .after_help(format!(
+            "Settings are environment variables: {addr_var} is the address to listen on, and \
+             the README's Configuration table lists the rest (durations take ms, s, m, h or d). \
+             GRPC_TLS_CERT/GRPC_TLS_KEY/GRPC_TLS_CA turn on TLS; ECOSCAN_STORES=production \
+             refuses embedded stores."
+        ))
+        .subcommand(
+            clap::Command::new("serve").about("Serve until SIGTERM or SIGINT (the default)"),
+        );
+    if migrations {
+        cli = cli.subcommand(
+            clap::Command::new("migrate")
+                .about("Bring the database schema up to date, then exit (safe to run again)"),
+        );
     }
+    let matches = cli.try_get_matches_from(args)?;
+    Ok(match matches.subcommand_name() {
+        Some("migrate") => Command::Migrate,
+        _ => Command::Serve,
+    })
 }
 
 /// Binds the address in `var` (default `default`) and logs where `service` listens.
@@ -58,10 +92,56 @@ mod tests {
 
     #[test]
     fn commands_parse_and_unknown_ones_are_refused() {
-        assert_eq!(parse_command(None).unwrap(), Command::Serve);
-        assert_eq!(parse_command(Some("serve")).unwrap(), Command::Serve);
-        assert_eq!(parse_command(Some("migrate")).unwrap(), Command::Migrate);
-        let err = parse_command(Some("migrat")).unwrap_err().to_string();
-        assert!(err.contains("unknown command"), "{err}");
+        let p = |migrations: bool, args: &[&str]| {
+            let argv = std::iter::once("ecoscan-x").chain(args.iter().copied());
+            parse("ecoscan-x", "the x service", "X_ADDR", migrations, argv)
+        };
+        assert_eq!(p(true, &[]).unwrap(), Command::Serve);
+        assert_eq!(p(true, &["serve"]).unwrap(), Command::Serve);
+        assert_eq!(p(true, &["migrate"]).unwrap(), Command::Migrate);
+        let err = p(true, &["migrat"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidSubcommand);
+        // A service without a database has no `migrate`.
+        assert_eq!(
+            p(false, &["migrate"]).unwrap_err().kind(),
+            clap::error::ErrorKind::InvalidSubcommand
+        );
+        assert_eq!(
+            p(false, &["--port", "1"]).unwrap_err().kind(),
+            clap::error::ErrorKind::UnknownArgument
+        );
+    }
+
+    #[test]
+    fn help_names_the_commands_and_the_settings() {
+        let err = parse(
+            "ecoscan-x",
+            "the x service",
+            "X_ADDR",
+            true,
+            ["ecoscan-x", "--help"],
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp);
+        let help = err.to_string();
+        for needle in [
+            "the x service",
+            "serve",
+            "migrate",
+            "X_ADDR",
+            "Configuration",
+            "h or d",
+        ] {
+            assert!(help.contains(needle), "{needle:?} in {help}");
+        }
+        let err = parse(
+            "ecoscan-x",
+            "the x service",
+            "X_ADDR",
+            false,
+            ["ecoscan-x", "--version"],
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayVersion);
     }
 }

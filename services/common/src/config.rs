@@ -32,18 +32,20 @@ pub fn env_duration(name: &str, default: Duration) -> anyhow::Result<Duration> {
     }
 }
 
-/// Parses `250`, `250ms`, `2s` or `1m`.
+/// Parses `250`, `250ms`, `2s`, `1m`, `1h` or `7d`.
 pub fn parse_duration(v: &str) -> anyhow::Result<Duration> {
     let v = v.trim();
     let (num, unit) = v
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .map_or((v, "ms"), |i| v.split_at(i));
     let n: f64 = num.parse().context("not a number")?;
-    let ms = match unit {
+    let ms = match unit.trim() {
         "ms" => n,
         "s" => n * 1_000.0,
         "m" => n * 60_000.0,
-        other => return Err(anyhow!("unknown unit {other:?} (use ms, s or m)")),
+        "h" => n * 3_600_000.0,
+        "d" => n * 86_400_000.0,
+        other => return Err(anyhow!("unknown unit {other:?} (use ms, s, m, h or d)")),
     };
     if !ms.is_finite() || ms < 0.0 {
         return Err(anyhow!("duration must be a non-negative number"));
@@ -56,6 +58,48 @@ pub fn env_addr(name: &str, default: &str) -> anyhow::Result<SocketAddr> {
     let v = env_opt(name).unwrap_or_else(|| default.to_owned());
     v.parse()
         .with_context(|| format!("invalid socket address {v:?} for {name}"))
+}
+
+/// `ECOSCAN_STORES`: which stores a deployment promises.
+pub const STORES_VAR: &str = "ECOSCAN_STORES";
+
+/// With `ECOSCAN_STORES=production`, refuses to go on when `service` would keep anything in an
+/// embedded store: a replicated deployment whose store variable is missing or misspelt would
+/// otherwise start on a private SQLite file or in memory, and each replica would see its own
+/// data. `embedded` lists, for each such store, what it is and the variable that moves it.
+/// Unset (or `auto`), embedded stores are allowed.
+pub fn require_production_stores(service: &str, embedded: &[(&str, &str)]) -> anyhow::Result<()> {
+    check_stores(env_opt(STORES_VAR).as_deref(), service, embedded)
+}
+
+fn check_stores(
+    setting: Option<&str>,
+    service: &str,
+    embedded: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    match setting.map(str::trim) {
+        None | Some("auto") => Ok(()),
+        Some("production") if embedded.is_empty() => Ok(()),
+        Some("production") => {
+            let list: Vec<String> = embedded
+                .iter()
+                .map(|(what, fix)| format!("{what} (set {fix})"))
+                .collect();
+            Err(anyhow!(
+                "{STORES_VAR}=production, but {service} would keep {} in an embedded store: {}",
+                if embedded.len() == 1 {
+                    "one thing"
+                } else {
+                    "some things"
+                },
+                list.join("; ")
+            ))
+        }
+        Some(other) => Err(anyhow!(
+            "invalid value {other:?} for {STORES_VAR} (use `production`, or `auto` for whatever the \
+             store variables select)"
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -72,9 +116,53 @@ mod tests {
     }
 
     #[test]
+    fn parse_duration_accepts_hours_and_days() {
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(parse_duration("0.5h").unwrap(), Duration::from_secs(1800));
+    }
+
+    #[test]
     fn parse_duration_rejects_unknown_units_and_garbage() {
-        assert!(parse_duration("5h").is_err());
+        let err = parse_duration("5w").unwrap_err().to_string();
+        assert!(err.contains("use ms, s, m, h or d"), "{err}");
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn production_stores_refuse_every_embedded_store_and_say_what_to_set() {
+        let embedded = [
+            (
+                "job rows in SQLite",
+                "INGEST_DATABASE_URL or DATABASE_URL to a postgres:// URL",
+            ),
+            ("the queue in memory", "REDIS_URL"),
+        ];
+        for unset in [None, Some("auto"), Some(" auto ")] {
+            check_stores(unset, "ingest", &embedded).unwrap();
+        }
+        check_stores(Some("production"), "ingest", &[]).unwrap();
+        let err = check_stores(Some("production"), "ingest", &embedded)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ECOSCAN_STORES=production"), "{err}");
+        assert!(err.contains("ingest"), "{err}");
+        assert!(
+            err.contains("job rows in SQLite (set INGEST_DATABASE_URL"),
+            "{err}"
+        );
+        assert!(err.contains("the queue in memory (set REDIS_URL)"), "{err}");
+        let err = check_stores(Some("prod"), "ingest", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("invalid value \"prod\" for ECOSCAN_STORES"),
+            "{err}"
+        );
     }
 }

@@ -151,6 +151,20 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let mut embedded = Vec::new();
+    if !is_postgres_url(&config.database_url) {
+        embedded.push((
+            "job rows in SQLite",
+            "INGEST_DATABASE_URL or DATABASE_URL to a postgres:// URL",
+        ));
+    }
+    if config.redis.is_none() {
+        embedded.push(("the event log and queue in memory", "REDIS_URL"));
+    }
+    if config.s3.is_none() {
+        embedded.push(("images in a local directory", "S3_ENDPOINT and S3_BUCKET"));
+    }
+    ecoscan_common::config::require_production_stores("ingest", &embedded)?;
     let stores = Stores::from_config(&config).await?;
     serve_with(config, stores, listener, shutdown).await
 }

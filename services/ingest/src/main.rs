@@ -5,9 +5,16 @@ use ecoscan_common::binary::{self, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Before anything else, so that `--help` works whatever the environment holds.
+    let command = binary::command(
+        "ecoscan-ingest",
+        "The ingest service: takes scans and runs their pipeline",
+        "INGEST_ADDR",
+        true,
+    );
     let _guard = ecoscan_common::telemetry::init("ingest")?;
     let config = ecoscan_ingest::Config::from_env()?;
-    if binary::command()? == Command::Migrate {
+    if command == Command::Migrate {
         ecoscan_ingest::migrate(&config).await?;
         tracing::info!("ingest database is up to date");
         return Ok(());

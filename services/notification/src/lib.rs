@@ -207,6 +207,17 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     config.validate()?;
+    let mut embedded = Vec::new();
+    if !store::is_postgres(&config.database_url) {
+        embedded.push((
+            "notifications in SQLite",
+            "NOTIFICATION_DATABASE_URL or DATABASE_URL to a postgres:// URL",
+        ));
+    }
+    if config.redis.is_none() {
+        embedded.push(("the schedule in this process", "REDIS_URL"));
+    }
+    ecoscan_common::config::require_production_stores("notification", &embedded)?;
     let store = Arc::new(
         AnyNotificationStore::connect(&config.database_url)
             .await

@@ -99,6 +99,15 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    if !store::is_postgres(&config.database_url) {
+        ecoscan_common::config::require_production_stores(
+            "reward",
+            &[(
+                "grants in SQLite",
+                "REWARD_DATABASE_URL or DATABASE_URL to a postgres:// URL",
+            )],
+        )?;
+    }
     let catalogue = Catalogue::embedded()?;
     let store = AnyRewardStore::connect(&config.database_url)
         .await

@@ -5,9 +5,16 @@ use ecoscan_common::binary::{self, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Before anything else, so that `--help` works whatever the environment holds.
+    let command = binary::command(
+        "ecoscan-reward",
+        "The reward service: grants collectible characters",
+        "REWARD_ADDR",
+        true,
+    );
     let _guard = ecoscan_common::telemetry::init("reward")?;
     let config = ecoscan_reward::Config::from_env()?;
-    if binary::command()? == Command::Migrate {
+    if command == Command::Migrate {
         ecoscan_reward::migrate(&config).await?;
         tracing::info!("reward database is up to date");
         return Ok(());

@@ -1,0 +1,91 @@
+//! What an operator types and sets, through the real `ecoscan` binary: `--help` on every
+//! subcommand, durations in hours, and `ECOSCAN_STORES=production` refusing embedded stores.
+
+use std::process::Output;
+
+fn ecoscan(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ecoscan"));
+    cmd.args(args);
+    // Nothing from the caller's environment may choose the stores of these runs.
+    for var in [
+        "DATABASE_URL",
+        "INGEST_DATABASE_URL",
+        "REDIS_URL",
+        "S3_ENDPOINT",
+        "S3_BUCKET",
+        "ECOSCAN_STORES",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    cmd.env("RUST_LOG", "warn");
+    cmd.output().expect("ecoscan runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for args in [
+        vec!["--help"],
+        vec!["up", "--help"],
+        vec!["serve", "--help"],
+        vec!["token", "--help"],
+        vec!["migrate", "--help"],
+        vec!["jobs", "--help"],
+        vec!["jobs", "dead-letter", "--help"],
+        vec!["jobs", "dead-letter", "list", "--help"],
+        vec!["jobs", "dead-letter", "requeue", "--help"],
+    ] {
+        let out = ecoscan(&args, &[]);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("Usage:"),
+            "{args:?}: {}",
+            text(&out.stdout)
+        );
+    }
+    let out = ecoscan(&["frobnicate"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("unrecognized subcommand"));
+}
+
+#[test]
+fn production_stores_refuse_to_start_ingest_on_embedded_ones() {
+    let out = ecoscan(
+        &["serve", "ingest"],
+        &[
+            ("ECOSCAN_STORES", "production"),
+            ("INGEST_ADDR", "127.0.0.1:0"),
+            // An hour, written as one: durations take h.
+            ("INGEST_EVENT_TTL", "1h"),
+        ],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    for needle in [
+        "ECOSCAN_STORES=production",
+        "job rows in SQLite",
+        "REDIS_URL",
+        "S3_ENDPOINT",
+    ] {
+        assert!(err.contains(needle), "{needle:?} in {err}");
+    }
+}
+
+#[test]
+fn a_misspelt_duration_unit_is_refused_with_the_variable_named() {
+    let out = ecoscan(
+        &["serve", "ingest"],
+        &[
+            ("INGEST_ADDR", "127.0.0.1:0"),
+            ("INGEST_EVENT_TTL", "1 week"),
+        ],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("INGEST_EVENT_TTL"), "{err}");
+    assert!(err.contains("use ms, s, m, h or d"), "{err}");
+}
