@@ -121,6 +121,10 @@ def store_var(name: str) -> str | None:
 # What the code reads
 # ----------------------------------------------------------------------------------------------
 
+# Every variable the code reads, one per line: the services refuse an unknown variable of their
+# own prefixes at start (ecoscan_common::config::check_unknown_variables), so it must stay exact.
+ENV_REGISTRY = REPO / "services/common/src/known_env.txt"
+
 ENV_CALL = re.compile(
     r"\b(?:env_opt|env_or|env_duration|env_addr|env::var_os|env::var)\s*\(\s*"
     r"(?:\"([A-Za-z_][A-Za-z0-9_]*)\"|([A-Z][A-Z0-9_]*)\s*[,)])"
@@ -1292,9 +1296,22 @@ def main() -> int:
     ap.add_argument("--kubernetes-version", default=DEFAULT_K8S_VERSION)
     ap.add_argument("--self-test", action="store_true",
                     help="check that deliberately broken manifests are caught")
+    ap.add_argument("--write-env-registry", action="store_true",
+                    help=f"rewrite {ENV_REGISTRY.relative_to(REPO)} from the code and exit")
     args = ap.parse_args()
 
     code = read_code()
+    registry = "".join(f"{n}\n" for n in sorted(code.reads_anywhere))
+    if args.write_env_registry:
+        ENV_REGISTRY.write_text(registry)
+        print(f"k8s_check: wrote {len(code.reads_anywhere)} names to "
+              f"{ENV_REGISTRY.relative_to(REPO)}")
+        return 0
+    if not ENV_REGISTRY.exists() or ENV_REGISTRY.read_text() != registry:
+        print(f"k8s_check: FAILED: {ENV_REGISTRY.relative_to(REPO)} (the variables the services "
+              "accept at start) differs from what the code reads; run "
+              "`python3 infra/k8s_check.py --write-env-registry` and commit it", file=sys.stderr)
+        return 1
     schemas = Schemas(args.kubernetes_version, REPO / "k8s/crds")
     renders = [load_render(s) for s in args.renders] or render_here()
     if args.self_test:

@@ -16,13 +16,19 @@ pub enum Command {
 
 /// Reads the command line of service binary `name` (`ecoscan-<service>`): `serve` (the default) or, for
 /// a service with a database, `migrate`; `--help` and `--version` print and exit, and anything
-/// else is refused with a usage message (exit status 2). Settings are environment variables,
-/// which the help names.
+/// else is refused with a usage message (exit status 2), as is an environment variable of
+/// ecoscan's prefixes that nothing reads ([`crate::config::check_unknown_variables`]). Settings
+/// are environment variables, which the help names.
 pub fn command(name: &'static str, about: &str, addr_var: &str, migrations: bool) -> Command {
-    match parse(name, about, addr_var, migrations, std::env::args_os()) {
+    let command = match parse(name, about, addr_var, migrations, std::env::args_os()) {
         Ok(command) => command,
         Err(e) => e.exit(),
+    };
+    if let Err(e) = crate::config::check_unknown_variables() {
+        eprintln!("{name}: {e}");
+        std::process::exit(2);
     }
+    command
 }
 
 fn parse<I, T>(
@@ -73,13 +79,25 @@ pub async fn bind(service: &str, var: &str, default: &str) -> anyhow::Result<Tcp
     Ok(listener)
 }
 
-/// A token cancelled on the first SIGTERM or SIGINT.
+/// A token cancelled once the process has drained after the first SIGTERM or SIGINT: the
+/// signal starts the drain ([`crate::shutdown::draining`]: servers report not ready but keep
+/// serving), and the token is cancelled `SHUTDOWN_DRAIN_GRACE` later, or at a second signal.
 pub fn shutdown_on_signal() -> CancellationToken {
+    let grace = crate::shutdown::drain_grace().unwrap_or_else(|e| {
+        tracing::error!(error = format!("{e:#}"), "using the default drain grace");
+        crate::shutdown::DEFAULT_DRAIN_GRACE
+    });
     let token = CancellationToken::new();
     tokio::spawn({
         let token = token.clone();
         async move {
             crate::shutdown::signal().await;
+            crate::shutdown::draining().cancel();
+            tracing::info!(grace = ?grace, "draining: not ready, still serving");
+            tokio::select! {
+                () = tokio::time::sleep(grace) => {}
+                () = crate::shutdown::signal() => tracing::info!("second signal, ending the drain"),
+            }
             token.cancel();
         }
     });

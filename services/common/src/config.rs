@@ -60,6 +60,96 @@ pub fn env_addr(name: &str, default: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("invalid socket address {v:?} for {name}"))
 }
 
+/// Every variable any ecoscan binary reads, one per line; `infra/k8s-check.sh` (in the test
+/// command) fails when it differs from what the code reads, and
+/// `python3 infra/k8s_check.py --write-env-registry` rewrites it.
+const KNOWN_VARIABLES: &str = include_str!("known_env.txt");
+
+/// Variables of ecoscan's prefixes that its scripts (`infra/`) read, not its binaries: a user
+/// who exports them for the scripts must still be able to start the binaries.
+const SCRIPT_VARIABLES: &[&str] = &["ECOSCAN_SERVICES_DIR", "ECOSCAN_TOOLS_DIR"];
+
+/// Prefixes that belong to ecoscan: a variable starting with one of them that no code reads is
+/// a mistake (a typo, a setting that was renamed or removed). Shared ones (`REDIS_`, `S3_`,
+/// `DATABASE_URL`, `OTEL_`, `GRPC_`) may belong to other software and are left alone.
+const OWNED_PREFIXES: &[&str] = &[
+    "ECOSCAN_",
+    "GATEWAY_",
+    "INGEST_",
+    "VISION_",
+    "RULE_",
+    "ANSWER_",
+    "REWARD_",
+    "ANALYTICS_",
+    "NOTIFICATION_",
+    "LLM_",
+];
+
+/// Refuses to start when the environment holds a variable of ecoscan's own prefixes that no
+/// ecoscan code reads, naming it and the closest known one: a misspelt `INGEST_LEASES=5m` would
+/// otherwise be ignored in silence.
+pub fn check_unknown_variables() -> anyhow::Result<()> {
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    let unknown = unknown_variables(names.iter().map(String::as_str));
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = unknown
+        .iter()
+        .map(|(name, near)| match near {
+            Some(near) => format!("{name} (did you mean {near}?)"),
+            None => name.clone(),
+        })
+        .collect();
+    Err(anyhow!(
+        "unknown setting{} {}: no ecoscan service reads {}; correct or remove {} (the README's \
+         Configuration table lists every setting)",
+        if list.len() == 1 { "" } else { "s" },
+        list.join(", "),
+        if list.len() == 1 { "it" } else { "them" },
+        if list.len() == 1 { "it" } else { "them" },
+    ))
+}
+
+/// The names among `names` with an ecoscan prefix that are not known, each with the closest
+/// known name of the same prefix when one is close (a typo).
+fn unknown_variables<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(String, Option<String>)> {
+    let known: Vec<&str> = KNOWN_VARIABLES.lines().collect();
+    let mut unknown: Vec<(String, Option<String>)> = names
+        .filter(|n| OWNED_PREFIXES.iter().any(|p| n.starts_with(p)))
+        .filter(|n| !known.contains(n) && !SCRIPT_VARIABLES.contains(n))
+        .map(|n| {
+            let near = known
+                .iter()
+                .map(|k| (edit_distance(n, k), *k))
+                .filter(|(d, _)| *d <= 3)
+                .min()
+                .map(|(_, k)| k.to_owned());
+            (n.to_owned(), near)
+        })
+        .collect();
+    unknown.sort();
+    unknown
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 /// `ECOSCAN_STORES`: which stores a deployment promises.
 pub const STORES_VAR: &str = "ECOSCAN_STORES";
 
@@ -132,6 +222,35 @@ mod tests {
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn unknown_variables_of_ecoscan_prefixes_are_found_with_the_closest_known_name() {
+        let env = [
+            "INGEST_LEASE",
+            "INGEST_LEASES",
+            "GATEWAY_JWT_SECRT",
+            "ECOSCAN_FROBNICATE",
+            "REDIS_URL",
+            "REDIS_WHATEVER",
+            "PATH",
+            "TEST_REDIS_URL",
+            "ECOSCAN_TOOLS_DIR",
+        ];
+        assert_eq!(
+            unknown_variables(env.into_iter()),
+            vec![
+                ("ECOSCAN_FROBNICATE".to_owned(), None),
+                (
+                    "GATEWAY_JWT_SECRT".to_owned(),
+                    Some("GATEWAY_JWT_SECRET".to_owned())
+                ),
+                ("INGEST_LEASES".to_owned(), Some("INGEST_LEASE".to_owned())),
+            ]
+        );
+        assert!(unknown_variables(KNOWN_VARIABLES.lines()).is_empty());
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
     }
 
     #[test]

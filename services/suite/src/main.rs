@@ -127,7 +127,10 @@ struct UpArgs {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = match Cli::parse().command {
+    let cli = Cli::parse();
+    // A misspelt or removed setting stops the start rather than being ignored.
+    ecoscan_common::config::check_unknown_variables()?;
+    let args = match cli.command {
         Command::Up(args) => args,
         Command::Serve(args) => return serve(args.service).await,
         Command::Token(args) => return token(args),
@@ -139,7 +142,9 @@ async fn main() -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    let _telemetry = ecoscan_common::telemetry::init("suite")?;
+    // Each service exports its spans as its own (`ecoscan-ingest`, …); what belongs to none
+    // (the suite's own start and stop) as `ecoscan-suite`.
+    let _telemetry = ecoscan_common::telemetry::init_routed("suite", ecoscan::telemetry_routes())?;
     let ports = Ports {
         gateway: args.gateway_port,
         ingest: args.ingest_port,

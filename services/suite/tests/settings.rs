@@ -89,3 +89,17 @@ fn a_misspelt_duration_unit_is_refused_with_the_variable_named() {
     assert!(err.contains("INGEST_EVENT_TTL"), "{err}");
     assert!(err.contains("use ms, s, m, h or d"), "{err}");
 }
+
+#[test]
+fn a_misspelt_setting_stops_the_start_with_the_name_it_meant() {
+    let out = ecoscan(
+        &["serve", "ingest"],
+        &[("INGEST_ADDR", "127.0.0.1:0"), ("INGEST_LEASES", "5m")],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("INGEST_LEASES (did you mean INGEST_LEASE?)"),
+        "{err}"
+    );
+}
