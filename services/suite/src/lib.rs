@@ -7,6 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub mod cli;
 pub mod jobs;
 
 use anyhow::Context;

@@ -2,6 +2,7 @@
 
 use std::{net::IpAddr, path::PathBuf};
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ecoscan::{Ports, Service, SuiteConfig};
 
@@ -29,11 +30,91 @@ enum Command {
     Token(TokenArgs),
     /// Operate on scan jobs over ingest's admin API (gRPC, internal port).
     Jobs(JobsArgs),
+    /// Scan a photo through a gateway: a progress bar per stage, the answer as it streams, the
+    /// character at the end (exit status 1 when the scan fails).
+    Scan(ScanArgs),
+    /// Follow a scan's events to its end (reconnecting with Last-Event-ID when dropped).
+    Watch(WatchArgs),
+    /// The characters you own.
+    Characters(ListArgs),
+    /// Your notifications, newest first; `--follow` prints new ones as they arrive.
+    Notifications(NotificationsArgs),
     /// Bring every service's database schema up to date, then exit (the Kubernetes migration
     /// Job; safe to run again). Each service reads its database URL as when it serves:
     /// `INGEST_DATABASE_URL`, `REWARD_DATABASE_URL`, `ANALYTICS_DATABASE_URL`,
     /// `NOTIFICATION_DATABASE_URL`, else `DATABASE_URL`.
     Migrate,
+}
+
+/// Where the gateway is and who the client acts for.
+#[derive(clap::Args)]
+struct ClientArgs {
+    /// The gateway's base URL.
+    #[arg(
+        long,
+        env = "ECOSCAN_GATEWAY_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    gateway: String,
+    /// A bearer token (`ecoscan token` mints one for the local suite).
+    #[arg(long, env = "ECOSCAN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Without a token: the user to act for, sent as `X-User-Id` (a local gateway believes it).
+    #[arg(long, default_value = "local")]
+    user: String,
+    /// One JSON object per line instead of the human view.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ClientArgs {
+    fn client(&self) -> anyhow::Result<ecoscan::cli::Client> {
+        let auth = match &self.token {
+            Some(t) => ecoscan::cli::Auth::Bearer(t.clone()),
+            None => ecoscan::cli::Auth::User(self.user.clone()),
+        };
+        ecoscan::cli::Client::new(&self.gateway, auth)
+    }
+}
+
+#[derive(clap::Args)]
+struct ScanArgs {
+    /// The photo (JPEG, PNG, WebP, …).
+    photo: PathBuf,
+    /// What it is, in your words (helps the model).
+    #[arg(long)]
+    hint: Option<String>,
+    /// `ko` or `en`.
+    #[arg(long)]
+    locale: Option<String>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct WatchArgs {
+    /// The scan's job id.
+    job_id: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct ListArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct NotificationsArgs {
+    /// At most this many (1–500).
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+    /// After the list, print new notifications as they arrive (until interrupted).
+    #[arg(long)]
+    follow: bool,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -135,6 +216,14 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => return serve(args.service).await,
         Command::Token(args) => return token(args),
         Command::Jobs(args) => return jobs(args).await,
+        Command::Scan(args) => return scan(args).await,
+        Command::Watch(args) => return watch(args).await,
+        Command::Characters(args) => {
+            let v = args.client.client()?.characters().await?;
+            ecoscan::cli::print_characters(&v, args.client.json);
+            return Ok(());
+        }
+        Command::Notifications(args) => return notifications(args).await,
         Command::Migrate => {
             let _telemetry = ecoscan_common::telemetry::init("migrate")?;
             let done = ecoscan::migrate_all().await?;
@@ -229,5 +318,52 @@ async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
         }
     };
     print!("{out}");
+    Ok(())
+}
+
+/// `ecoscan scan`: submit, then follow the job to its end.
+async fn scan(args: ScanArgs) -> anyhow::Result<()> {
+    let image = std::fs::read(&args.photo)
+        .with_context(|| format!("cannot read {}", args.photo.display()))?;
+    let client = args.client.client()?;
+    let job_id = client
+        .submit(&image, args.hint.as_deref(), args.locale.as_deref())
+        .await?;
+    follow(&client, &job_id, args.client.json).await
+}
+
+/// `ecoscan watch`: follow a job that is already submitted.
+async fn watch(args: WatchArgs) -> anyhow::Result<()> {
+    let client = args.client.client()?;
+    follow(&client, &args.job_id, args.client.json).await
+}
+
+async fn follow(client: &ecoscan::cli::Client, job_id: &str, json: bool) -> anyhow::Result<()> {
+    let mut view = ecoscan::cli::ScanView::new(json);
+    let outcome = client
+        .follow(job_id, |name, data| view.event(name, data))
+        .await?;
+    view.finish(job_id);
+    match outcome {
+        ecoscan::cli::Outcome::Ready => Ok(()),
+        ecoscan::cli::Outcome::Failed => {
+            // The reason is printed; the status says it failed.
+            std::process::exit(1)
+        }
+    }
+}
+
+async fn notifications(args: NotificationsArgs) -> anyhow::Result<()> {
+    let client = args.client.client()?;
+    let json = args.client.json;
+    let list = client.notifications(args.limit).await?;
+    for n in list["notifications"].as_array().into_iter().flatten() {
+        ecoscan::cli::print_notification(n, json);
+    }
+    if args.follow {
+        client
+            .follow_notifications(|n| ecoscan::cli::print_notification(n, json))
+            .await?;
+    }
     Ok(())
 }
