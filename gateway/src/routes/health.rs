@@ -23,7 +23,8 @@ pub(crate) struct Health {
 /// The body of `GET /readyz`. Fields are in alphabetical order, as the JSON they replace had them.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct Readiness {
-    /// The backends that are not serving (empty when ready).
+    /// The backends that are not serving (empty when ready); `gateway` while the gateway itself
+    /// drains after SIGTERM.
     #[schema(value_type = Vec<String>)]
     not_ready: Vec<&'static str>,
     /// Each backend's answer: `serving`, `not_serving` or `unreachable`.
@@ -58,8 +59,8 @@ pub(crate) async fn healthz() -> Json<Health> {
     operation_id = "readyz",
     summary = "Readiness",
     description = "Ready when every backend (ingest, reward, analytics, notification) answers \
-                   `grpc.health.v1.Health/Check` with SERVING within a second. Outside the \
-                   concurrency limit.",
+                   `grpc.health.v1.Health/Check` with SERVING within a second, and the gateway \
+                   is not draining after SIGTERM. Outside the concurrency limit.",
     responses(
         (status = 200, description = "Every backend serves.", body = Readiness),
         (status = 503, description = "Some backend does not serve; `not_ready` lists them.",
@@ -71,6 +72,11 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<R
     let results = futures::future::join_all(checks).await;
     let mut services = BTreeMap::new();
     let mut not_ready = Vec::new();
+    // Draining after SIGTERM: not ready at once, so no new traffic comes, while requests and
+    // streams already here go on until the drain grace is over.
+    if state.shutdown.is_cancelled() || ecoscan_common::shutdown::draining().is_cancelled() {
+        not_ready.push("gateway");
+    }
     for (backend, status) in state.backends.iter().zip(results) {
         if status != "serving" {
             not_ready.push(backend.name);

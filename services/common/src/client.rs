@@ -1,5 +1,6 @@
-//! Clients: one lazily connected, shared HTTP/2 channel per target (over TLS when the process
-//! has internal TLS configured), a trace-context interceptor, and per-call deadlines.
+//! Clients: one lazily connected, shared channel per target, balanced over its replicas
+//! ([`crate::balance`]) and over TLS when the process has internal TLS configured, a
+//! trace-context interceptor, and per-call deadlines.
 
 use std::time::Duration;
 
@@ -12,7 +13,10 @@ use tonic::{
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::tls::TlsConfig;
+use crate::{
+    balance::{self, Balancing},
+    tls::TlsConfig,
+};
 
 /// A channel that carries the caller's trace context on every call.
 pub type TracedChannel = InterceptedService<Channel, TraceContext>;
@@ -44,8 +48,15 @@ impl Injector for MetadataInjector<'_> {
     }
 }
 
-/// A shared channel to `uri` (`http://127.0.0.1:50052`). It connects on first use and reconnects
-/// by itself, so services may start in any order. Clone it freely: clones share one connection.
+/// A shared channel to `uri` (`http://vision:50052`). It connects on first use and reconnects
+/// by itself, so services may start in any order. Clone it freely: clones share its connections.
+///
+/// Calls are balanced over every replica of the target ([`crate::balance`]): the host name is
+/// resolved to all its addresses (a headless Service in Kubernetes), one connection is kept per
+/// address, and the set follows the replicas (re-resolved every `GRPC_RESOLVE_INTERVAL`; an
+/// address that fails or drains gets no new calls). `uri` may also list several URLs, separated
+/// by commas. A single IP address (`http://127.0.0.1:50052`) has nothing to balance and gets
+/// one connection.
 ///
 /// Internal TLS follows the process's `GRPC_TLS_*` variables ([`crate::tls`]): when they are set,
 /// the channel uses TLS (mutual TLS with `GRPC_TLS_CA`) and an `http://` URL is dialled as
@@ -57,24 +68,51 @@ pub fn channel(uri: &str) -> anyhow::Result<TracedChannel> {
 /// [`channel`] with an explicit TLS configuration instead of the `GRPC_TLS_*` variables (`None`:
 /// plaintext).
 pub fn channel_with_tls(uri: &str, tls: Option<&TlsConfig>) -> anyhow::Result<TracedChannel> {
-    Ok(InterceptedService::new(
-        endpoint(uri, tls)?.connect_lazy(),
-        TraceContext,
-    ))
+    channel_with(uri, tls, &Balancing::from_env()?)
 }
 
-/// The endpoint behind [`channel_with_tls`], for callers that connect it themselves.
+/// [`channel_with_tls`] with explicit balancing settings (a resolver of the test's own, say)
+/// instead of the system resolver and `GRPC_RESOLVE_INTERVAL`.
+pub fn channel_with(
+    uri: &str,
+    tls: Option<&TlsConfig>,
+    balancing: &Balancing,
+) -> anyhow::Result<TracedChannel> {
+    let targets = balance::parse_targets(uri, tls.is_some())?;
+    let channel = if let Some(uri) = balance::Target::single_address(&targets) {
+        configure(Endpoint::from(uri.clone()), tls, None)?.connect_lazy()
+    } else {
+        balance::channel(targets, tls, balancing)
+    };
+    Ok(InterceptedService::new(channel, TraceContext))
+}
+
+/// The endpoint of one URL (no balancing), for callers that connect it themselves.
 pub fn endpoint(uri: &str, tls: Option<&TlsConfig>) -> anyhow::Result<Endpoint> {
     let uri = crate::tls::dial_uri(uri, tls.is_some())?;
-    let mut endpoint = Endpoint::from_shared(uri)?
+    configure(Endpoint::from_shared(uri)?, tls, None)
+}
+
+/// The settings of every internal endpoint; `tls_name` is the name TLS verifies when it is not
+/// the host dialled (an address the name resolved to).
+pub(crate) fn configure(
+    endpoint: Endpoint,
+    tls: Option<&TlsConfig>,
+    tls_name: Option<&str>,
+) -> anyhow::Result<Endpoint> {
+    let mut endpoint = endpoint
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
     if let Some(tls) = tls {
+        let mut config = tls.client_config();
+        if let Some(name) = tls_name {
+            config = config.domain_name(name);
+        }
         endpoint = endpoint
-            .tls_config(tls.client_config())
+            .tls_config(config)
             .map_err(|e| anyhow::anyhow!("{}", crate::tls::error_chain(&e)))?;
     }
     Ok(endpoint)

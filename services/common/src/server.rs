@@ -100,12 +100,21 @@ pub async fn serve_with_tls(
     let reflection_v1 = reflection(service_names).build_v1()?;
     let reflection_v1alpha = reflection(service_names).build_v1alpha()?;
 
+    // Not ready from the moment the process starts draining (a signal) or shuts down: load
+    // balancers and balanced clients stop sending new calls while the listener still serves.
+    let draining = crate::shutdown::draining().clone();
+    let not_ready = {
+        let (shutdown, draining) = (shutdown.clone(), draining.clone());
+        move || shutdown.is_cancelled() || draining.is_cancelled()
+    };
     let names: Vec<String> = service_names.iter().map(|s| (*s).to_owned()).collect();
-    let on_shutdown = {
+    let report_not_serving = {
         let shutdown = shutdown.clone();
         async move {
-            shutdown.cancelled().await;
-            // Tell load balancers first, then stop accepting and drain in-flight calls.
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = draining.cancelled() => {}
+            }
             reporter
                 .set_service_status("", ServingStatus::NotServing)
                 .await;
@@ -116,11 +125,18 @@ pub async fn serve_with_tls(
             }
         }
     };
+    // Then, once the drain grace is over (the token is cancelled), stop accepting and drain
+    // in-flight calls.
+    let on_shutdown = {
+        let shutdown = shutdown.clone();
+        async move {
+            tokio::join!(report_not_serving, shutdown.cancelled());
+        }
+    };
 
     let rpc_metrics = RpcMetrics::register(metrics.registry(), service_names);
     let metrics = Arc::new(metrics);
     // Same port as gRPC: nothing more to bind, and scraping works with port 0 in tests.
-    let draining = shutdown.clone();
     let routes = Routes::from(
         routes
             .into_axum_router()
@@ -137,13 +153,13 @@ pub async fn serve_with_tls(
                 }),
             )
             // HTTP probes for orchestrators that do not speak gRPC health: alive while the
-            // process answers; ready until shutdown begins (the stores were opened before
+            // process answers; ready until draining begins (the stores were opened before
             // `serve` was called, so a server that answers has them).
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route(
                 "/readyz",
                 axum::routing::get(move || {
-                    let draining = draining.is_cancelled();
+                    let draining = not_ready();
                     async move {
                         if draining {
                             (http::StatusCode::SERVICE_UNAVAILABLE, "shutting down")

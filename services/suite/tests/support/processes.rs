@@ -210,6 +210,21 @@ impl Cluster {
         addr
     }
 
+    /// [`Cluster::start_replica`] on `listen` instead of `127.0.0.1:0`: replicas may share a
+    /// port on different loopback addresses (`127.0.0.2:PORT`, `127.0.0.3:PORT`), as pods
+    /// behind one name do, and a killed replica restarts on the address it had.
+    pub async fn start_replica_on(
+        &mut self,
+        service: Service,
+        label: &str,
+        listen: &str,
+        overrides: &[(&str, String)],
+    ) -> SocketAddr {
+        let (child, addr) = self.spawn_process(service, label, listen, overrides).await;
+        self.replicas.insert(label.to_owned(), (child, addr));
+        addr
+    }
+
     /// `http://ADDR` of the replica `label`.
     pub fn replica_uri(&self, label: &str) -> String {
         let (_, addr) = self
