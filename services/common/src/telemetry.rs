@@ -14,6 +14,10 @@
 //! | `OTEL_RESOURCE_ATTRIBUTES` | unset | extra resource attributes (`service.name` is always `ecoscan-<service>`) |
 //! | `ECOSCAN_TRACE_FILTER` | [`DEFAULT_TRACE_FILTER`] | which spans and events become OpenTelemetry spans and span events, independent of `RUST_LOG` |
 //!
+//! Log lines written inside a span carry its `trace_id` and `span_id` (both formats; see
+//! [`log_ids`]). In `ecoscan up`, several services share the process and each still exports
+//! under its own resource ([`init_routed`], [`routing`]).
+//!
 //! Export never blocks a request: spans go to a bounded queue (the SDK's batch processor, which
 //! drops when full) and a background thread sends them; the network part of an export runs on
 //! the service's Tokio runtime. [`TelemetryGuard`] flushes what is queued when dropped.
@@ -35,6 +39,11 @@ use opentelemetry_sdk::{
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
 
+pub mod log_ids;
+pub mod routing;
+
+pub use routing::{SERVICE_FIELD, ServiceRoutes, current_service};
+
 /// Target of the per-message stream events ([`message_sent`], [`message_received`]). They go to
 /// traces (span events) but not to the log by default: a scan streams hundreds of messages.
 pub const STREAM_TARGET: &str = "ecoscan_stream";
@@ -48,19 +57,19 @@ pub const DEFAULT_LOG_FILTER: &str =
 pub const DEFAULT_TRACE_FILTER: &str =
     "info,h2=off,hyper=off,hyper_util=off,tower=off,sqlx=off,reqwest=off,opentelemetry=off";
 
-/// Keeps the tracer provider alive; flushes pending spans when dropped (last thing at shutdown).
+/// Keeps the tracer providers alive; flushes pending spans when dropped (last thing at shutdown).
 #[must_use = "dropping the guard flushes and stops span export"]
 pub struct TelemetryGuard {
-    provider: Option<SdkTracerProvider>,
+    providers: Vec<SdkTracerProvider>,
 }
 
 impl TelemetryGuard {
     /// Flushes and stops span export now.
     pub fn shutdown(&mut self) {
-        if let Some(provider) = self.provider.take()
-            && let Err(e) = provider.shutdown()
-        {
-            eprintln!("failed to flush telemetry: {e}");
+        for provider in self.providers.drain(..) {
+            if let Err(e) = provider.shutdown() {
+                eprintln!("failed to flush telemetry: {e}");
+            }
         }
     }
 }
@@ -75,31 +84,93 @@ impl Drop for TelemetryGuard {
 /// (exported as `service.name = ecoscan-<service>`). Call it inside the Tokio runtime.
 pub fn init(service: &str) -> anyhow::Result<TelemetryGuard> {
     let provider = provider(service, export_enabled())?;
-    let log_filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
-    let trace_filter = match crate::config::env_opt("ECOSCAN_TRACE_FILTER") {
+    let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer("ecoscan"));
+    install(None, otel.with_filter(trace_filter()?).boxed())?;
+    Ok(TelemetryGuard {
+        providers: vec![provider],
+    })
+}
+
+/// Like [`init`] for a process running several services (`ecoscan up`): each service in
+/// `routes` exports under its own resource (`service.name = ecoscan-<service>`, a provider and
+/// exporter each), so a trace viewer shows every service and the calls between them; spans of
+/// no service export as `ecoscan-<default>`.
+pub fn init_routed(default: &str, routes: ServiceRoutes) -> anyhow::Result<TelemetryGuard> {
+    let export = export_enabled();
+    let fallback = provider(default, export)?;
+    let mut providers = vec![fallback.clone()];
+    let mut tracers = HashMap::new();
+    for service in routes.services() {
+        let p = service_provider(service, export)?;
+        tracers.insert(*service, p.tracer("ecoscan"));
+        providers.push(p);
+    }
+    let tracer = routing::RoutingTracer::new(fallback.tracer("ecoscan"), tracers);
+    let otel = tracing_opentelemetry::layer().with_tracer(tracer);
+    install(
+        Some(routing::ServiceLayer::new(Arc::new(routes))),
+        otel.with_filter(trace_filter()?).boxed(),
+    )?;
+    Ok(TelemetryGuard { providers })
+}
+
+/// The span filter: `ECOSCAN_TRACE_FILTER`, else [`DEFAULT_TRACE_FILTER`].
+fn trace_filter() -> anyhow::Result<EnvFilter> {
+    Ok(match crate::config::env_opt("ECOSCAN_TRACE_FILTER") {
         Some(f) => {
             EnvFilter::try_new(&f).with_context(|| format!("invalid ECOSCAN_TRACE_FILTER {f:?}"))?
         }
         None => EnvFilter::new(DEFAULT_TRACE_FILTER),
-    };
+    })
+}
+
+type Registry = tracing_subscriber::Registry;
+type Routing = tracing_subscriber::layer::Layered<
+    Option<routing::ServiceLayer>,
+    tracing_subscriber::layer::Layered<log_ids::CaptureDispatch, Registry>,
+>;
+
+/// The global subscriber: the log layer (`RUST_LOG`, `LOG_FORMAT`, trace ids on every line in a
+/// span), then `routing` when several services share the process, then the OpenTelemetry
+/// layer on top (it must come after `routing`, which marks each new span first).
+fn install(
+    routing: Option<routing::ServiceLayer>,
+    otel: Box<dyn Layer<Routing> + Send + Sync>,
+) -> anyhow::Result<()> {
+    let log_filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
-    let fmt = if json {
-        tracing_subscriber::fmt::layer().json().boxed()
+    let (fmt, capture) = if json {
+        let (format, capture) =
+            log_ids::with_trace_ids(tracing_subscriber::fmt::format().json(), true);
+        (
+            tracing_subscriber::fmt::layer()
+                .json()
+                .event_format(format)
+                .boxed(),
+            capture,
+        )
     } else {
-        tracing_subscriber::fmt::layer().boxed()
+        // Colours only on a terminal: a log file or collector gets plain text. (A line inside
+        // a span is formatted aside to add its ids, and loses its colours either way.)
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+        let (format, capture) =
+            log_ids::with_trace_ids(tracing_subscriber::fmt::format().with_ansi(ansi), false);
+        (
+            tracing_subscriber::fmt::layer()
+                .with_ansi(ansi)
+                .event_format(format)
+                .boxed(),
+            capture,
+        )
     };
     tracing_subscriber::registry()
+        .with(capture)
+        .with(routing)
+        .with(otel)
         .with(fmt.with_filter(log_filter))
-        .with(
-            tracing_opentelemetry::layer()
-                .with_tracer(provider.tracer("ecoscan"))
-                .with_filter(trace_filter),
-        )
         .try_init()?;
-    Ok(TelemetryGuard {
-        provider: Some(provider),
-    })
+    Ok(())
 }
 
 /// For tests: installs telemetry once per process (never exporting); logs go to the test output
@@ -157,6 +228,13 @@ fn provider(service: &str, export: bool) -> anyhow::Result<SdkTracerProvider> {
         Box::new(TraceContextPropagator::new()),
         Box::new(BaggagePropagator::new()),
     ]));
+    let provider = service_provider(service, export)?;
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    Ok(provider)
+}
+
+/// A provider exporting under `service`'s resource (not installed globally).
+fn service_provider(service: &str, export: bool) -> anyhow::Result<SdkTracerProvider> {
     // A provider is installed even without an exporter so that every span has a real trace id
     // to propagate and to stamp on events. The sampler comes from `OTEL_TRACES_SAMPLER` (the
     // SDK's default configuration reads it).
@@ -164,9 +242,7 @@ fn provider(service: &str, export: bool) -> anyhow::Result<SdkTracerProvider> {
     if export {
         builder = builder.with_batch_exporter(exporter()?);
     }
-    let provider = builder.build();
-    opentelemetry::global::set_tracer_provider(provider.clone());
-    Ok(provider)
+    Ok(builder.build())
 }
 
 /// The OTLP exporter chosen by `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`; it reads its endpoint,

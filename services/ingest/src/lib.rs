@@ -209,13 +209,18 @@ pub async fn serve_with(
         shutdown,
     )
     .await;
-    // Let in-flight jobs finish their current stage; anything left is re-run from its last
-    // checkpoint by the next process (its lease runs out).
+    // Let in-flight jobs finish their current stage; anything left is handed back to the
+    // queue, and another process resumes it from its last checkpoint.
+    let release = workers.releaser();
     if tokio::time::timeout(Duration::from_secs(10), workers.wait())
         .await
         .is_err()
     {
-        tracing::warn!("pipeline workers still busy after 10 s; leaving their jobs to the lease");
+        let released = release.await;
+        tracing::warn!(
+            released,
+            "pipeline workers still busy after 10 s; their jobs were handed back to the queue"
+        );
     }
     sweeper.abort();
     served

@@ -65,6 +65,8 @@ pub struct Workers {
     jobs: Arc<tokio::sync::Mutex<JoinSet<()>>>,
     /// Stops the lease keeper.
     keeper_stop: CancellationToken,
+    leases: Arc<Leases>,
+    queue: Arc<dyn Queue>,
 }
 
 impl Workers {
@@ -76,6 +78,35 @@ impl Workers {
         }
         let mut jobs = self.jobs.lock().await;
         while jobs.join_next().await.is_some() {}
+    }
+}
+
+impl Workers {
+    /// Hands every job still in flight back to the queue (shutdown, once the workers had their
+    /// time): another process resumes them from their last checkpoint at once instead of
+    /// waiting out their leases; a worker of this process that still writes is fenced off by
+    /// that claim. Returns how many.
+    pub fn releaser(&self) -> impl std::future::Future<Output = usize> + Send + 'static {
+        let (leases, queue) = (self.leases.clone(), self.queue.clone());
+        async move {
+            let held: Vec<Lease> = leases
+                .held
+                .lock()
+                .expect("leases lock poisoned")
+                .values()
+                .map(|(l, _)| l.clone())
+                .collect();
+            if held.is_empty() {
+                return 0;
+            }
+            match queue.release(&held).await {
+                Ok(()) => held.len(),
+                Err(e) => {
+                    tracing::warn!(error = %e, leases = held.len(), "failed to release leases; they run out instead");
+                    0
+                }
+            }
+        }
     }
 }
 
@@ -162,6 +193,8 @@ pub fn spawn_workers(
         metrics,
     });
     let leases = Arc::new(Leases::default());
+    // What shutdown hands back (see [`Workers::releaser`]).
+    let (held, queue) = (leases.clone(), ctx.stores.queue.clone());
     let jobs = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
     // Keep every held lease alive; if this process dies, the leases run out and other
     // processes resume the jobs.
@@ -244,6 +277,8 @@ pub fn spawn_workers(
         dispatcher: Some(dispatcher),
         jobs,
         keeper_stop,
+        leases: held,
+        queue,
     }
 }
 
@@ -656,7 +691,8 @@ impl Ctx {
             otel.name = %format!("stage {}", stage_name(stage)),
             job.id = %job.id,
             stage = stage_name(stage),
-            attempt = i64::from(job.attempts) + 1,
+            // The lease counted this run already: the first run is attempt 1.
+            attempt = i64::from(job.attempts),
             otel.status_code = tracing::field::Empty,
         );
         let started = std::time::Instant::now();
@@ -972,7 +1008,21 @@ enum StageError {
 
 impl From<Status> for StageError {
     fn from(s: Status) -> Self {
-        Self::Call(s)
+        Self::Call(connection_lost_is_unavailable(s))
+    }
+}
+
+/// A call whose connection broke before the stage sent a status (its process died, the
+/// connection was cut) comes back from tonic as `UNKNOWN` "h2 protocol error: …" or "transport
+/// error"; gRPC calls that `UNAVAILABLE`, a transient failure to retry, not a verdict on the job.
+fn connection_lost_is_unavailable(status: Status) -> Status {
+    let lost = ["h2 protocol error", "transport error"]
+        .iter()
+        .any(|m| status.message().starts_with(m));
+    if status.code() == tonic::Code::Unknown && lost {
+        Status::unavailable(status.message())
+    } else {
+        status
     }
 }
 
@@ -990,5 +1040,28 @@ async fn next<T>(
             stage_name(stage),
             idle.as_secs_f64()
         )))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stage_connection_lost_mid_call_is_retried_and_a_stage_verdict_is_not() {
+        let lost = Status::unknown("h2 protocol error: error reading a body from connection");
+        let StageError::Call(lost) = StageError::from(lost) else {
+            unreachable!()
+        };
+        assert_eq!(lost.code(), tonic::Code::Unavailable);
+        assert!(codes::worth_retrying(&lost));
+        let StageError::Call(cut) = StageError::from(Status::unknown("transport error")) else {
+            unreachable!()
+        };
+        assert_eq!(cut.code(), tonic::Code::Unavailable);
+        let StageError::Call(verdict) = StageError::from(Status::unknown("model said no")) else {
+            unreachable!()
+        };
+        assert_eq!(verdict.code(), tonic::Code::Unknown);
     }
 }

@@ -269,6 +269,9 @@ impl Queue for LosesFirstLease {
     async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
         self.0.reserve_requeue(job_id, hold).await
     }
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        self.0.release(leases).await
+    }
 }
 
 /// A worker that finds its lease lost stops: the job's new owner alone finishes it, so its log

@@ -915,6 +915,63 @@ async fn redis_cluster_queue_conforms() {
     scope.cleanup().await;
 }
 
+/// Released leases are taken by the next claimer at once, long before they would run out.
+async fn released_leases_are_claimed_at_once(first: Arc<dyn Queue>, next: Arc<dyn Queue>) {
+    for i in 0..3 {
+        first.enqueue(entry(&format!("r{i}"))).await.unwrap();
+    }
+    let held = first
+        .claim_many(Duration::from_secs(3600), Duration::from_secs(5), 3)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 3);
+    // Nothing is claimable while the leases hold.
+    assert!(
+        first
+            .claim(Duration::from_secs(3600), Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    first.release(&held[..2]).await.unwrap();
+    let mut again: Vec<String> = next
+        .claim_many(Duration::from_secs(3600), Duration::from_secs(5), 3)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| {
+            assert_eq!(l.entry.deliveries, 1, "a release counts as a delivery");
+            l.entry.job_id
+        })
+        .collect();
+    again.sort();
+    assert_eq!(
+        again,
+        ["r0", "r1"],
+        "the released two, not the one still held"
+    );
+    first.release(&[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn memory_queue_hands_released_leases_to_the_next_claim() {
+    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new());
+    released_leases_are_claimed_at_once(queue.clone(), queue).await;
+}
+
+#[tokio::test]
+async fn redis_queue_hands_released_leases_to_another_process() {
+    let scope = RedisScope::new().await;
+    let first = RedisQueue::open(&scope.redis, &scope.prefix, "c1")
+        .await
+        .unwrap();
+    let next = RedisQueue::open(&scope.redis, &scope.prefix, "c2")
+        .await
+        .unwrap();
+    released_leases_are_claimed_at_once(Arc::new(first), Arc::new(next)).await;
+    scope.cleanup().await;
+}
+
 /// Many leases renew in one round trip; only the holder's current deliveries are kept.
 async fn leases_renew_in_batches(queue: Arc<dyn Queue>) {
     for i in 0..5 {

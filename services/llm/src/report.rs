@@ -47,6 +47,9 @@ pub struct AnalyticsReporter {
 struct Reported {
     call: LlmCall,
     span: SpanContext,
+    /// The service that made the call, when several share the process (`ecoscan up`): the
+    /// report span is exported as that service's.
+    service: Option<&'static str>,
 }
 
 struct Inner {
@@ -93,7 +96,17 @@ impl AnalyticsReporter {
             .span()
             .span_context()
             .clone();
-        if self.inner.tx.try_send(Reported { call, span }).is_err() {
+        let service = ecoscan_common::telemetry::current_service();
+        if self
+            .inner
+            .tx
+            .try_send(Reported {
+                call,
+                span,
+                service,
+            })
+            .is_err()
+        {
             let total = self.inner.counters.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             self.warn_dropped(total);
         }
@@ -151,10 +164,13 @@ async fn drain(client: Client, mut rx: mpsc::Receiver<Reported>, counters: Arc<C
             }
         };
         let result = send
+            // Long enough to outlast a restart of analytics (a few seconds): while a batch
+            // waits, new calls queue in the buffer; only a longer outage drops calls.
             .retry(
                 ExponentialBuilder::default()
                     .with_min_delay(Duration::from_millis(200))
-                    .with_max_times(2)
+                    .with_max_delay(Duration::from_secs(5))
+                    .with_max_times(8)
                     .with_jitter(),
             )
             .sleep(tokio::time::sleep)
@@ -196,7 +212,11 @@ fn report_span(batch: &[Reported]) -> tracing::Span {
         otel.kind = "client",
         llm.calls = i64::try_from(batch.len()).unwrap_or(i64::MAX),
         llm.traces_joined = one_trace.is_some(),
+        ecoscan.service = tracing::field::Empty,
     );
+    if let Some(service) = batch.iter().find_map(|r| r.service) {
+        span.record(ecoscan_common::telemetry::SERVICE_FIELD, service);
+    }
     if let Some(parent) = one_trace {
         let _ = span
             .set_parent(opentelemetry::Context::new().with_remote_span_context((*parent).clone()));

@@ -69,6 +69,8 @@ pub struct SuiteConfig {
     pub ingest_max_in_flight: Option<usize>,
     /// The gateway's abuse limits (`GATEWAY_SCANS_PER_MINUTE`, `GATEWAY_MAX_SSE_PER_USER`, …).
     pub gateway_limits: ecoscan_gateway::Limits,
+    /// The Jaeger UI the demo page links traces to (`GATEWAY_JAEGER_URL`).
+    pub gateway_jaeger_url: Option<String>,
 }
 
 impl SuiteConfig {
@@ -87,6 +89,7 @@ impl SuiteConfig {
                 })
                 .transpose()?,
             gateway_limits: ecoscan_gateway::Limits::from_env()?,
+            gateway_jaeger_url: ecoscan_common::config::env_opt("GATEWAY_JAEGER_URL"),
         })
     }
 
@@ -99,6 +102,7 @@ impl SuiteConfig {
             llm: LlmConfig::default(),
             ingest_max_in_flight: None,
             gateway_limits: ecoscan_gateway::Limits::default(),
+            gateway_jaeger_url: None,
         }
     }
 }
@@ -207,6 +211,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         llm,
         ingest_max_in_flight,
         gateway_limits,
+        gateway_jaeger_url,
     } = config;
     // Every service serves and calls over TLS when GRPC_TLS_* is set: a bad file stops the
     // start here, once, rather than in each service.
@@ -352,6 +357,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
             ..Default::default()
         },
         limits: gateway_limits,
+        jaeger_url: gateway_jaeger_url,
         ..Default::default()
     };
     let sd = shutdown.clone();
@@ -409,6 +415,42 @@ impl Service {
         }
     }
 
+    /// The crate whose spans are this service's (the first segment of their target).
+    pub fn crate_name(self) -> &'static str {
+        match self {
+            Self::Gateway => "ecoscan_gateway",
+            Self::Ingest => "ecoscan_ingest",
+            Self::Vision => "ecoscan_vision",
+            Self::Rule => "ecoscan_rule",
+            Self::Answer => "ecoscan_answer",
+            Self::Reward => "ecoscan_reward",
+            Self::Analytics => "ecoscan_analytics",
+            Self::Notification => "ecoscan_notification",
+        }
+    }
+
+    /// The gRPC services it serves (their server spans are this service's).
+    pub fn grpc_services(self) -> &'static [&'static str] {
+        use ecoscan_proto::v1::{
+            analytics_service_server, answer_service_server, notification_service_server,
+            reward_service_server, rule_service_server, scan_admin_service_server,
+            scan_service_server, vision_service_server,
+        };
+        match self {
+            Self::Gateway => &[],
+            Self::Ingest => &[
+                scan_service_server::SERVICE_NAME,
+                scan_admin_service_server::SERVICE_NAME,
+            ],
+            Self::Vision => &[vision_service_server::SERVICE_NAME],
+            Self::Rule => &[rule_service_server::SERVICE_NAME],
+            Self::Answer => &[answer_service_server::SERVICE_NAME],
+            Self::Reward => &[reward_service_server::SERVICE_NAME],
+            Self::Analytics => &[analytics_service_server::SERVICE_NAME],
+            Self::Notification => &[notification_service_server::SERVICE_NAME],
+        }
+    }
+
     /// The variable holding the listen address (`INGEST_ADDR`, …).
     pub fn addr_var(self) -> &'static str {
         match self {
@@ -437,6 +479,17 @@ impl Service {
             Self::Notification => p.notification,
         }
     }
+}
+
+/// How `ecoscan up` tells its services' spans apart, so that each exports under its own
+/// resource (`service.name = ecoscan-<service>`) though they share the process: by crate, and
+/// for the server span of each RPC by the gRPC service called.
+pub fn telemetry_routes() -> ecoscan_common::telemetry::ServiceRoutes {
+    Service::ALL
+        .iter()
+        .fold(Default::default(), |routes, s: &Service| {
+            routes.service(s.name(), &[s.crate_name()], s.grpc_services())
+        })
 }
 
 /// `ecoscan migrate`: every service with a database (ingest, reward, analytics, notification)

@@ -1,6 +1,7 @@
 //! The compose file and the collector configuration in `infra/` stay runnable: every service of
 //! the suite has its container, each sends its spans to the collector, and the collector forwards
-//! them to Jaeger. (Docker itself is not available to the tests; this checks what YAML can.)
+//! them to Jaeger; Prometheus scrapes every service and Grafana is provisioned with it and the
+//! dashboards. (Docker itself is not available to the tests; this checks what YAML can.)
 
 use std::path::PathBuf;
 
@@ -107,6 +108,94 @@ fn the_collector_receives_otlp_and_forwards_traces_to_jaeger() {
         assert!(
             config["processors"][p].is_mapping(),
             "processor {p} is configured"
+        );
+    }
+}
+
+#[test]
+fn the_collector_has_a_logs_pipeline_for_otlp_logs() {
+    let config = infra("otel-collector.yaml");
+    let logs = &config["service"]["pipelines"]["logs"];
+    assert_eq!(logs["receivers"][0].as_str(), Some("otlp"), "{logs:?}");
+    for exporter in logs["exporters"].as_sequence().expect("exporters") {
+        let e = exporter.as_str().expect("exporter name");
+        assert!(
+            config["exporters"][e].is_mapping(),
+            "exporter {e} is configured"
+        );
+    }
+}
+
+#[test]
+fn compose_runs_prometheus_scraping_every_service_and_grafana_provisioned_with_it() {
+    let compose = infra("compose.yaml");
+    let services = &compose["services"];
+    let mounts = |name: &str| -> Vec<String> {
+        services[name]["volumes"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{name} has volumes"))
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    assert!(
+        mounts("prometheus")
+            .iter()
+            .any(|m| m.starts_with("./prometheus:/etc/prometheus")),
+        "{:?}",
+        mounts("prometheus")
+    );
+    for dir in [
+        "./grafana/provisioning:/etc/grafana/provisioning",
+        "./grafana/dashboards:/var/lib/grafana/dashboards",
+    ] {
+        assert!(
+            mounts("grafana").iter().any(|m| m.starts_with(dir)),
+            "grafana mounts {dir}"
+        );
+    }
+
+    // Every service is scraped where it listens in compose (its /metrics is on that port).
+    let prometheus = infra("prometheus/prometheus.yml");
+    let targets: Vec<&str> = prometheus["scrape_configs"][0]["static_configs"][0]["targets"]
+        .as_sequence()
+        .expect("targets")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for service in Service::ALL {
+        let name = service.name();
+        let addr = str_of(&services[name]["environment"], &[service.addr_var()]);
+        let port = addr.rsplit(':').next().expect("port");
+        assert!(
+            targets.contains(&format!("{name}:{port}").as_str()),
+            "{name}:{port} scraped: {targets:?}"
+        );
+    }
+    assert_eq!(
+        prometheus["rule_files"][0].as_str(),
+        Some("alerts.yml"),
+        "the alerts are evaluated"
+    );
+
+    // Grafana's data source is the compose Prometheus, under the uid the dashboards use.
+    let datasources = infra("grafana/provisioning/datasources/prometheus.yaml");
+    let ds = &datasources["datasources"][0];
+    assert_eq!(ds["url"].as_str(), Some("http://prometheus:9090"));
+    let uid = ds["uid"].as_str().expect("uid");
+    let providers = infra("grafana/provisioning/dashboards/ecoscan.yaml");
+    assert_eq!(
+        str_of(&providers["providers"][0], &["options", "path"]),
+        "/var/lib/grafana/dashboards"
+    );
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../infra/grafana/dashboards");
+    for entry in std::fs::read_dir(&dir).expect("dashboards") {
+        let path = entry.expect("dashboard").path();
+        let text = std::fs::read_to_string(&path).expect("read dashboard");
+        assert!(
+            text.contains(&format!("\"uid\": \"{uid}\"")),
+            "{} queries the provisioned data source",
+            path.display()
         );
     }
 }

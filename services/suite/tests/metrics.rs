@@ -303,3 +303,171 @@ async fn every_service_and_the_gateway_expose_the_documented_series_after_a_scan
         1.0,
     );
 }
+
+/// The metric names a PromQL text refers to: ours all start with a service's or a layer's
+/// prefix (`up` is Prometheus's own).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    const PREFIXES: [&str; 9] = [
+        "rpc_server_",
+        "http_server_",
+        "gateway_",
+        "ingest_",
+        "llm_",
+        "analytics_",
+        "reward_",
+        "rule_",
+        "notification_",
+    ];
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        let preceded = text[..text.len() - rest.len() + start]
+            .chars()
+            .next_back()
+            .is_some_and(is_name);
+        let token_len = rest[start..]
+            .find(|c: char| !is_name(c))
+            .unwrap_or(rest.len() - start);
+        let token = &rest[start..start + token_len];
+        if !preceded && PREFIXES.iter().any(|p| token.starts_with(p)) {
+            names.insert(token.to_owned());
+        }
+        rest = &rest[start + token_len..];
+    }
+    names
+}
+
+/// Every query of every dashboard (`infra/grafana/dashboards/*.json`) and every alert
+/// expression (`infra/prometheus/alerts.yml`), as text.
+fn monitoring_queries() -> Vec<(String, String)> {
+    let infra = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra");
+    let mut out = Vec::new();
+    let dashboards = infra.join("grafana/dashboards");
+    for entry in std::fs::read_dir(&dashboards).expect("infra/grafana/dashboards") {
+        let path = entry.expect("dashboard").path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(&path).expect("read dashboard");
+            let json: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+            let mut queries = Vec::new();
+            collect_exprs(&json, &mut queries);
+            assert!(!queries.is_empty(), "{} has no query", path.display());
+            let file = path.file_name().unwrap().to_string_lossy().into_owned();
+            out.extend(queries.into_iter().map(|q| (file.clone(), q)));
+        }
+    }
+    let alerts: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(infra.join("prometheus/alerts.yml")).expect("alerts.yml"),
+    )
+    .expect("alerts YAML");
+    for group in alerts["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let name = rule["alert"].as_str().expect("alert name").to_owned();
+            out.push((name, rule["expr"].as_str().expect("expr").to_owned()));
+        }
+    }
+    out
+}
+
+/// The `expr` of every target and the `query` of every variable in a dashboard.
+fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr" | "query" | "definition", serde_json::Value::String(q)) => {
+                        out.push(q.clone());
+                    }
+                    _ => collect_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn metric_names_are_read_from_promql() {
+    let names = metric_names(
+        r#"histogram_quantile(0.95, sum by (le) (rate(ingest_dispatch_lag_seconds_bucket{service="ingest"}[5m]))) > 10 and rule_lookups_total and my_rule_x and up == 0"#,
+    );
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["ingest_dispatch_lag_seconds_bucket", "rule_lookups_total"]
+    );
+}
+
+#[tokio::test]
+async fn every_metric_a_dashboard_or_alert_names_is_one_the_services_export() {
+    let suite = TestSuite::start().await;
+    let a = suite.running.addrs;
+    // A scan makes every labelled family appear; a refused submit the intake rejections.
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/scan/completion"))
+        .header("x-user-id", "dashboards")
+        .multipart(image_form("투명 페트병 pet bottle"))
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(res).await;
+    assert_eq!(events.last().map(|e| e.event.as_str()), Some("ready"));
+    let mut ingest = ecoscan_proto::v1::scan_service_client::ScanServiceClient::new(
+        ecoscan_common::client::channel(&format!("http://{}", a.ingest)).unwrap(),
+    );
+    let refused = ingest
+        .submit(ecoscan_common::client::request_as(
+            ecoscan_proto::v1::SubmitRequest::default(),
+            Duration::from_secs(10),
+            "dashboards",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+
+    // What every service exports, once the reports reached analytics.
+    let mut exported = std::collections::BTreeSet::new();
+    for (service, addr) in [
+        ("gateway", a.gateway),
+        ("ingest", a.ingest),
+        ("vision", a.vision),
+        ("rule", a.rule),
+        ("answer", a.answer),
+        ("reward", a.reward),
+        ("notification", a.notification),
+    ] {
+        exported.extend(
+            scrape(&suite, service, addr)
+                .await
+                .samples
+                .into_iter()
+                .map(|s| s.name),
+        );
+    }
+    let analytics = scrape_until(&suite, "analytics", a.analytics, |s| {
+        s.sum("analytics_batch_rows_count", &[])
+            .is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    exported.extend(analytics.samples.into_iter().map(|s| s.name));
+
+    let queries = monitoring_queries();
+    assert!(
+        queries.len() > 20,
+        "dashboards and alerts found: {queries:?}"
+    );
+    let mut unknown = Vec::new();
+    for (source, query) in &queries {
+        for name in metric_names(query) {
+            if !exported.contains(&name) {
+                unknown.push(format!("{source}: {name}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "metrics named by a dashboard or alert that no service exports:\n{}\n\nexported: {exported:?}",
+        unknown.join("\n")
+    );
+}

@@ -1,6 +1,8 @@
 //! One trace per scan, end to end: every service runs as its own process (its own
 //! `service.name`), exports OTLP/gRPC to a receiver inside the test, and a scan through the
 //! gateway must come back as one well-formed trace spanning the gateway and all seven services.
+//! The same holds for `ecoscan up`, where all eight share one process but each still exports
+//! under its own resource.
 
 mod common;
 mod support;
@@ -15,6 +17,7 @@ use ecoscan_proto::v1::{ListCategoriesRequest, rule_service_client::RuleServiceC
 use support::{
     otlp::{Receiver, Span},
     processes::{Cluster, Service},
+    up::Up,
 };
 
 const SERVICES: [&str; 8] = [
@@ -42,8 +45,13 @@ async fn cluster_exporting_to(receiver: &Receiver) -> Cluster {
 
 /// Runs one scan through `POST /api/v1/scan/completion` and returns its SSE events.
 async fn scan(cluster: &Cluster, traceparent: Option<&str>) -> Vec<common::Sse> {
+    scan_at(&cluster.gateway_url("/api/v1/scan/completion"), traceparent).await
+}
+
+/// [`scan`] at the gateway URL `url`.
+async fn scan_at(url: &str, traceparent: Option<&str>) -> Vec<common::Sse> {
     let mut req = reqwest::Client::new()
-        .post(cluster.gateway_url("/api/v1/scan/completion"))
+        .post(url)
         .header("x-user-id", "tracer")
         .multipart(image_form("투명 페트병 pet bottle"));
     if let Some(tp) = traceparent {
@@ -377,6 +385,94 @@ async fn a_scan_through_the_gateway_is_one_trace_across_every_service() {
         instances.len(),
         SERVICES.len(),
         "one instance id per process"
+    );
+}
+
+/// Calls between services seen in `trace`: `(caller, callee)` for every span whose parent
+/// belongs to another service.
+fn service_edges<'a>(trace: &[&'a Span]) -> HashSet<(&'a str, &'a str)> {
+    let by_id: HashMap<&str, &Span> = trace.iter().map(|s| (s.span_id.as_str(), *s)).collect();
+    trace
+        .iter()
+        .filter_map(|s| {
+            let parent = by_id.get(s.parent_span_id.as_str())?;
+            (parent.service != s.service).then_some((parent.service.as_str(), s.service.as_str()))
+        })
+        .collect()
+}
+
+/// The calls a scan makes between services: the dependency graph a trace viewer draws.
+const SCAN_EDGES: [(&str, &str); 8] = [
+    ("ecoscan-gateway", "ecoscan-ingest"),
+    ("ecoscan-ingest", "ecoscan-vision"),
+    ("ecoscan-ingest", "ecoscan-rule"),
+    ("ecoscan-ingest", "ecoscan-answer"),
+    ("ecoscan-ingest", "ecoscan-reward"),
+    ("ecoscan-ingest", "ecoscan-notification"),
+    ("ecoscan-vision", "ecoscan-analytics"),
+    ("ecoscan-answer", "ecoscan-analytics"),
+];
+
+#[tokio::test]
+async fn in_ecoscan_up_each_service_exports_under_its_own_resource() {
+    let receiver = Receiver::start().await;
+    let endpoint = receiver.endpoint();
+    let up = Up::start(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ])
+    .await;
+
+    let events = scan_at(&up.gateway_url("/api/v1/scan/completion"), None).await;
+    let trace_id = trace_id_of(&events);
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |s| {
+            complete(s, &trace_id) && {
+                let edges = service_edges(&in_trace(s, &trace_id));
+                SCAN_EDGES.iter().all(|e| edges.contains(e))
+            }
+        })
+        .await;
+
+    // The same well-formed trace as when each service is a process of its own: a span from
+    // every service, each span's parent in the trace, stage spans calling their services.
+    assert_well_formed_scan_trace(&spans, &trace_id, events.len());
+    let trace = in_trace(&spans, &trace_id);
+    let tree = describe(&trace);
+    assert!(
+        trace.iter().all(|s| SERVICES.contains(&s.service.as_str())),
+        "every span of the scan belongs to one of the eight services, none to the suite:\n{tree}"
+    );
+
+    // Parent and child cross services where one calls the other: the dependency graph.
+    let edges = service_edges(&trace);
+    for edge in SCAN_EDGES {
+        assert!(
+            edges.contains(&edge),
+            "{} calls {} (a span of the one is the parent of a span of the other); \
+             edges: {edges:?}\n{tree}",
+            edge.0,
+            edge.1
+        );
+    }
+
+    // Each service's spans come with its own resource, one per service; none carries the
+    // routing mark.
+    let mut resources: HashMap<&str, HashSet<String>> = HashMap::new();
+    for s in &trace {
+        assert_eq!(s.resource["service.name"], s.service.as_str());
+        assert_eq!(s.resource["service.namespace"], "ecoscan");
+        assert_eq!(s.resource["service.version"], env!("CARGO_PKG_VERSION"));
+        assert!(!s.attributes.contains_key("ecoscan.service"), "{s:#?}");
+        resources
+            .entry(s.service.as_str())
+            .or_default()
+            .insert(s.resource["service.instance.id"].to_string());
+    }
+    assert_eq!(resources.len(), SERVICES.len(), "{resources:?}");
+    assert!(
+        resources.values().all(|ids| ids.len() == 1),
+        "one resource per service: {resources:?}"
     );
 }
 

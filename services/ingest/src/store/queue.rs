@@ -67,6 +67,11 @@ pub trait Queue: Send + Sync + 'static {
     async fn backlog(&self) -> Result<u64, StoreError>;
     /// Which of `job_ids` have an entry in the queue, waiting or claimed (for the sweeper).
     async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError>;
+    /// Hands the leases' entries back at once, as if their leases had run out: the next claim
+    /// of any process takes them (the Redis queue's claimers look for such entries every
+    /// quarter lease). A process that is shutting down releases the jobs it could not finish
+    /// rather than leaving them to wait out their whole lease.
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError>;
     /// Reserves, for `hold`, the right to re-enqueue `job_id`: true for the one caller that
     /// got it. Sweepers of several replicas may find the same lost job at once; only the one
     /// holding the reservation enqueues it, so a job is not put back twice.
@@ -129,6 +134,19 @@ impl MemoryQueue {
 
 #[async_trait]
 impl Queue for MemoryQueue {
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut st = self.state.lock().expect("queue lock poisoned");
+        for lease in leases {
+            if let Some((_, deadline)) = st.claimed.get_mut(&lease.id) {
+                *deadline = now;
+            }
+        }
+        drop(st);
+        self.ready.notify_waiters();
+        Ok(())
+    }
+
     async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.state.lock().expect("queue lock poisoned");

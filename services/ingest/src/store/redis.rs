@@ -709,6 +709,9 @@ pub struct RedisQueue {
     extend: Script,
 }
 
+/// The idle time a released entry is given (30 days): longer than any lease.
+const RELEASED_IDLE_MS: u64 = 30 * 24 * 3600 * 1000;
+
 /// A lease's handle: the stream id and the delivery count it was claimed with.
 fn lease_id(stream_id: &str, delivered: usize) -> String {
     format!("{stream_id}/{delivered}")
@@ -1012,6 +1015,38 @@ impl Queue for RedisQueue {
                 Some(last) if page.ids.len() == 1000 => start = format!("({}", last.id),
                 _ => return Ok(found),
             }
+        }
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XCLAIM scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XCLAIM", leases = leases.len()),
+        err
+    )]
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        // Reclaiming goes by idle time: an entry made to look idle for ages is taken by the
+        // next claimer of any process, as one whose lease ran out.
+        let mut pipe = redis::pipe();
+        for lease in leases {
+            let (stream_id, _) = parse_lease_id(&lease.id)?;
+            pipe.cmd("XCLAIM")
+                .arg(&self.key)
+                .arg(GROUP)
+                .arg(&self.consumer)
+                .arg(0)
+                .arg(stream_id)
+                .arg("IDLE")
+                .arg(RELEASED_IDLE_MS)
+                .arg("JUSTID")
+                .ignore();
+        }
+        match pipe.query_async::<()>(&mut self.conn.clone()).await {
+            Err(e) if is_nogroup(&e) => Ok(()),
+            other => Ok(other?),
         }
     }
 
