@@ -7,6 +7,7 @@
 //! count and time, prints its figures and exits.
 
 pub mod report;
+pub mod results;
 pub mod sse;
 pub mod stats;
 pub mod system;

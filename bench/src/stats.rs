@@ -25,6 +25,11 @@ impl Samples {
         self.sorted = false;
     }
 
+    /// The samples, in no particular order.
+    pub fn into_values(self) -> Vec<Duration> {
+        self.values
+    }
+
     pub fn len(&self) -> usize {
         self.values.len()
     }

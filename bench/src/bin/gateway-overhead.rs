@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Parser;
 use ecoscan_bench::{
-    report::{Report, Verdict},
+    report::{Figure, Report, Verdict},
     scan_body, sse,
     stats::{Samples, fmt_duration, fmt_opt},
     system,
@@ -128,6 +128,8 @@ async fn main() -> anyhow::Result<()> {
     let added_p50 = diff(50.0, &mut rest, &mut direct);
     let added_p99 = diff(99.0, &mut rest, &mut direct);
     report
+        .figure(Figure::new("added by the gateway p50", added_p50, "ms"))
+        .figure(Figure::new("added by the gateway p99", added_p99, "ms").at_most(1.0))
         .header(
             "settings",
             format!(

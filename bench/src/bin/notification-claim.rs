@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use clap::Parser;
 use ecoscan_bench::{
-    report::{Report, Verdict},
+    report::{Figure, Report, Verdict},
     stats::{Samples, fmt_duration, fmt_opt, fmt_rate, thousands},
     system,
 };
@@ -158,6 +158,14 @@ async fn run(
     };
     let p50 = latencies.percentile(50.0);
     report
+        .figure(
+            Figure::new(
+                &format!("claim of {} p50", args.batch),
+                p50.map(|d| d.as_secs_f64() * 1000.0),
+                "ms",
+            )
+            .at_most(4.0),
+        )
         .header(
             "settings",
             format!(

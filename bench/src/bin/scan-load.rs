@@ -21,7 +21,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use ecoscan_bench::{
     HINTS,
-    report::{Report, Verdict},
+    report::{Figure, Report, Verdict},
     scan_body, sse,
     stats::{Samples, fmt_duration, fmt_opt, thousands},
     system,
@@ -206,7 +206,18 @@ async fn main() -> anyhow::Result<()> {
     let p95 = e2e.percentile(95.0);
     let over_p95 = overhead.percentile(95.0);
 
+    let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
     report
+        .figure(Figure::new("success", Some(success_pct), "%").at_least(100.0))
+        .figure(Figure::new("E2E p95", ms(p95), "ms").at_most(ms(Some(e2e_target)).unwrap_or(0.0)))
+        .figure(
+            Figure::new("E2E − vision and answer stages, p95", ms(over_p95), "ms").at_most(1000.0),
+        )
+        .figure(Figure::new(
+            "scans/min, steady state",
+            (window >= Duration::from_secs(10)).then(|| per_min(in_window, window)),
+            "/min",
+        ).at_least(3600.0))
         .header(
             "settings",
             format!(
@@ -330,6 +341,7 @@ async fn main() -> anyhow::Result<()> {
     if let (Some(before), Some(after)) = (redis_before, redis_after) {
         let scans = ok.max(1) as f64;
         let cpu_ms = (after.cpu_secs - before.cpu_secs) * 1000.0 / scans;
+        report.figure(Figure::new("Redis CPU per scan", Some(cpu_ms), "ms").at_most(1.0));
         report.row(
             "Redis time per scan (main thread CPU, INFO cpu, all nodes)",
             format!("{cpu_ms:.3} ms"),

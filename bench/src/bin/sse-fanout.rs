@@ -32,7 +32,7 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 use ecoscan_bench::{
     HINTS,
-    report::{Report, Verdict},
+    report::{Figure, Report, Verdict},
     scan_body, scrape, sse,
     stats::{Samples, fmt_duration, fmt_opt, thousands},
     system,
@@ -351,6 +351,27 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
             ),
             "20,000",
             Verdict::of(r.connected >= 20_000 && r.connected == args.clients),
+        );
+    #[allow(clippy::cast_precision_loss)]
+    report
+        .figure(
+            Figure::new(
+                "SSE clients connected at once",
+                Some(r.connected as f64),
+                "",
+            )
+            .at_least(20_000.0),
+        )
+        .figure(
+            Figure::new("server RSS growth per client", Some(kib_connected), "KiB").at_most(16.0),
+        )
+        .figure(
+            Figure::new(
+                "event delivery p99",
+                p99.map(|d| d.as_secs_f64() * 1000.0),
+                "ms",
+            )
+            .at_most(50.0),
         );
     match (redis_base, redis_connected, redis_after) {
         (Some(base), Some(connected), Some(after)) => {
