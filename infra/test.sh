@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, then every test in the workspace, then the REST/SSE API
-# checked against its OpenAPI document.
+# checked against its OpenAPI document, then the demo page in a browser.
 # Usage: infra/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,9 @@ infra/proto-check.sh
 
 echo "==> Kubernetes manifests (rendered, validated against the schemas, held to the code)"
 infra/k8s-check.sh
+
+echo "==> dashboards and alerts (promtool check and test rules, runbook lines)"
+infra/monitoring-check.sh
 
 echo "==> servers (Redis, PostgreSQL, S3)"
 infra/services.sh
@@ -34,5 +37,14 @@ grpcurl -version
 echo "==> cargo test"
 cargo test --workspace --locked "$@"
 
+echo "==> benchmarks, quick (each runs a few seconds on the servers above; figures not kept)"
+cargo build --workspace --bins --locked
+bench_out=$(mktemp -d)
+"${CARGO_TARGET_DIR:-target}/debug/all" --quick --out-dir "$bench_out" --readme none
+rm -rf "$bench_out"
+
 echo "==> REST/SSE API (schemathesis against ecoscan up, held to its OpenAPI document)"
 infra/api-check.sh
+
+echo "==> demo page (headless Chromium against ecoscan up)"
+infra/demo-check.sh

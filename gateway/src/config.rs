@@ -35,6 +35,7 @@ const MIB: usize = 1024 * 1024;
 /// | `GATEWAY_HEADER_TIMEOUT` | `10s` | a request's headers must arrive within this (also how long an idle keep-alive connection stays) |
 /// | `GATEWAY_BODY_TIMEOUT` / `GATEWAY_BODY_MIN_RATE` | `60s` / `16384` | a body must arrive within this, and at least this many bytes per second (checked every 5 s) |
 /// | `GATEWAY_CORS_ORIGINS` | unset (no CORS) | comma-separated origins allowed to call the API from a browser |
+/// | `GATEWAY_JAEGER_URL` | unset | Jaeger UI base URL; the demo page links each scan's trace to `<url>/trace/<trace_id>` |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub ingest_url: String,
@@ -58,6 +59,8 @@ pub struct Config {
     pub limits: Limits,
     /// Origins allowed to call the API from a browser (CORS); none by default.
     pub cors_origins: Vec<String>,
+    /// Where the demo page links a scan's trace id (a Jaeger UI); no link when unset.
+    pub jaeger_url: Option<String>,
 }
 
 /// What one caller, and everyone together, may hold or send.
@@ -123,6 +126,7 @@ impl Default for Config {
             auth: crate::auth::AuthConfig::default(),
             limits: Limits::default(),
             cors_origins: Vec::new(),
+            jaeger_url: None,
         }
     }
 }
@@ -169,6 +173,7 @@ impl Config {
                         .collect()
                 })
                 .unwrap_or_default(),
+            jaeger_url: env_opt("GATEWAY_JAEGER_URL"),
         };
         config.validate().context("invalid gateway configuration")?;
         Ok(config)
@@ -229,6 +234,12 @@ impl Config {
                 "GATEWAY_CORS_ORIGINS entries must be origins such as https://app.example.com"
             );
         }
+        if let Some(url) = &self.jaeger_url {
+            ensure!(
+                url.starts_with("http://") || url.starts_with("https://"),
+                "GATEWAY_JAEGER_URL must be an http(s) URL such as http://localhost:16686"
+            );
+        }
         if let Some(base) = &self.public_base_url {
             ensure!(
                 base.starts_with("http://") || base.starts_with("https://"),
@@ -269,6 +280,15 @@ mod tests {
             c.public_url("/api/v1/scan/x"),
             "https://scan.example.com/api/v1/scan/x"
         );
+    }
+
+    #[test]
+    fn validate_rejects_a_jaeger_url_that_is_not_http() {
+        let c = Config {
+            jaeger_url: Some("javascript:alert(1)".to_owned()),
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -900,7 +900,31 @@ async fn the_demo_page_is_served_at_the_root() {
             .unwrap()
             .starts_with("text/html")
     );
-    assert!(body.contains("/api/v1/scan/completion"));
+    assert!(body.contains("/api/v1/scan"));
+    assert!(body.contains("Last-Event-ID"));
+    // No Jaeger configured: no trace link.
+    assert!(body.contains(r#"<meta name="ecoscan-jaeger-url" content="">"#));
+}
+
+#[tokio::test]
+async fn the_demo_page_links_traces_to_the_configured_jaeger() {
+    let app = ecoscan_gateway::router(Config {
+        jaeger_url: Some("http://jaeger.example:16686".to_owned()),
+        ..Config::default()
+    })
+    .unwrap();
+    let res = app
+        .oneshot(http::Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let body = String::from_utf8(body.to_vec()).unwrap();
+    assert!(
+        body.contains(r#"<meta name="ecoscan-jaeger-url" content="http://jaeger.example:16686">"#)
+    );
 }
 
 #[tokio::test]
