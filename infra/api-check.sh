@@ -37,7 +37,6 @@ SCHEMATHESIS_VERSION=4.32.5
 TOOLS_DIR="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}"
 VENV="$TOOLS_DIR/schemathesis-$SCHEMATHESIS_VERSION"
 MAX_EXAMPLES="${API_CHECK_MAX_EXAMPLES:-25}"
-READY_TIMEOUT=60
 
 say() { echo "api-check: $*"; }
 die() { echo "api-check: $*" >&2; exit 1; }
@@ -56,61 +55,10 @@ if ! "$VENV/bin/schemathesis" --version 2>/dev/null | grep -qF "$SCHEMATHESIS_VE
         { rm -rf "$VENV"; die "could not install schemathesis from PyPI"; }
 fi
 
-say "building the suite binary"
-cargo build --locked --quiet -p ecoscan
-target_dir=$(cargo metadata --format-version 1 --no-deps --locked |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-ecoscan="$target_dir/debug/ecoscan"
-[[ -x "$ecoscan" ]] || die "no suite binary at $ecoscan after cargo build"
-
-work=$(mktemp -d)
-suite_pid=
-stop_suite() {
-    if [[ -n "$suite_pid" ]] && kill -0 "$suite_pid" 2>/dev/null; then
-        kill -TERM "$suite_pid" 2>/dev/null || true
-        for _ in $(seq 100); do
-            kill -0 "$suite_pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL "$suite_pid" 2>/dev/null || true
-        wait "$suite_pid" 2>/dev/null || true
-    fi
-    suite_pid=
-}
-cleanup() {
-    stop_suite
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-ports=()
-for service in gateway ingest vision rule answer reward analytics notification; do
-    ports+=("--$service-port" 0)
-done
-say "starting ecoscan up on 127.0.0.1 (logs: $work/suite.log while it runs)"
-env GATEWAY_SCANS_PER_MINUTE=100000 GATEWAY_SCHEDULES_PER_MINUTE=100000 \
-    LLM_PROVIDER=mock RUST_LOG="${RUST_LOG:-warn}" \
-    "$ecoscan" up --data-dir "$work/data" --host 127.0.0.1 "${ports[@]}" \
-    >"$work/suite.out" 2>"$work/suite.log" &
-suite_pid=$!
-
-# `ecoscan up` prints the gateway's address once every port is bound.
-gateway=
-deadline=$((SECONDS + READY_TIMEOUT))
-while [[ -z "$gateway" ]]; do
-    kill -0 "$suite_pid" 2>/dev/null ||
-        { tail -n 30 "$work/suite.log" >&2; die "ecoscan up exited before listening"; }
-    ((SECONDS < deadline)) || die "ecoscan up printed no gateway address in ${READY_TIMEOUT}s"
-    gateway=$(sed -n 's|^gateway *http://\(127\.0\.0\.1:[0-9]*\).*|\1|p' "$work/suite.out")
-    [[ -n "$gateway" ]] || sleep 0.2
-done
-until curl -fsS -o /dev/null "http://$gateway/readyz" 2>/dev/null; do
-    kill -0 "$suite_pid" 2>/dev/null ||
-        { tail -n 30 "$work/suite.log" >&2; die "ecoscan up exited before it was ready"; }
-    ((SECONDS < deadline)) || die "http://$gateway/readyz did not answer 200 in ${READY_TIMEOUT}s"
-    sleep 0.2
-done
-say "gateway ready at http://$gateway"
+# shellcheck source=lib/suite.sh
+source infra/lib/suite.sh
+suite_build
+suite_start GATEWAY_SCANS_PER_MINUTE=100000 GATEWAY_SCHEDULES_PER_MINUTE=100000
 
 token=$("$ecoscan" token --user schemathesis --admin --data-dir "$work/data")
 

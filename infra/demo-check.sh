@@ -27,7 +27,6 @@ TOOLS_DIR="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}"
 PLAYWRIGHT_DIR="$TOOLS_DIR/playwright-core-$PLAYWRIGHT_VERSION"
 CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
 JAEGER_URL=http://127.0.0.1:16686
-READY_TIMEOUT=60
 
 say() { echo "demo-check: $*"; }
 die() { echo "demo-check: $*" >&2; exit 1; }
@@ -77,60 +76,10 @@ if [[ "$installed" != "$PLAYWRIGHT_VERSION" ]]; then
         { rm -rf "$PLAYWRIGHT_DIR"; die "could not install playwright-core from npm"; }
 fi
 
-say "building the suite binary"
-cargo build --locked --quiet -p ecoscan
-target_dir=$(cargo metadata --format-version 1 --no-deps --locked |
-    node -e 'console.log(JSON.parse(require("fs").readFileSync(0, "utf8")).target_directory)')
-ecoscan="$target_dir/debug/ecoscan"
-[[ -x "$ecoscan" ]] || die "no suite binary at $ecoscan after cargo build"
-
-work=$(mktemp -d)
-suite_pid=
-stop_suite() {
-    if [[ -n "$suite_pid" ]] && kill -0 "$suite_pid" 2>/dev/null; then
-        kill -TERM "$suite_pid" 2>/dev/null || true
-        for _ in $(seq 100); do
-            kill -0 "$suite_pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL "$suite_pid" 2>/dev/null || true
-        wait "$suite_pid" 2>/dev/null || true
-    fi
-    suite_pid=
-}
-cleanup() {
-    stop_suite
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-ports=()
-for service in gateway ingest vision rule answer reward analytics notification; do
-    ports+=("--$service-port" 0)
-done
-say "starting ecoscan up on 127.0.0.1 (logs: $work/suite.log while it runs)"
-env LLM_PROVIDER=mock GATEWAY_JAEGER_URL="$JAEGER_URL" RUST_LOG="${RUST_LOG:-warn}" \
-    "$ecoscan" up --data-dir "$work/data" --host 127.0.0.1 "${ports[@]}" \
-    >"$work/suite.out" 2>"$work/suite.log" &
-suite_pid=$!
-
-# `ecoscan up` prints the gateway's address once every port is bound.
-gateway=
-deadline=$((SECONDS + READY_TIMEOUT))
-while [[ -z "$gateway" ]]; do
-    kill -0 "$suite_pid" 2>/dev/null ||
-        { tail -n 30 "$work/suite.log" >&2; die "ecoscan up exited before listening"; }
-    ((SECONDS < deadline)) || die "ecoscan up printed no gateway address in ${READY_TIMEOUT}s"
-    gateway=$(sed -n 's|^gateway *http://\(127\.0\.0\.1:[0-9]*\).*|\1|p' "$work/suite.out")
-    [[ -n "$gateway" ]] || sleep 0.2
-done
-until curl -fsS -o /dev/null "http://$gateway/readyz" 2>/dev/null; do
-    kill -0 "$suite_pid" 2>/dev/null ||
-        { tail -n 30 "$work/suite.log" >&2; die "ecoscan up exited before it was ready"; }
-    ((SECONDS < deadline)) || die "http://$gateway/readyz did not answer 200 in ${READY_TIMEOUT}s"
-    sleep 0.2
-done
-say "gateway ready at http://$gateway"
+# shellcheck source=lib/suite.sh
+source infra/lib/suite.sh
+suite_build
+suite_start GATEWAY_JAEGER_URL="$JAEGER_URL"
 
 started=$SECONDS
 status=0

@@ -1,0 +1,70 @@
+# Shared by the checks that drive a running suite (api-check.sh, demo-check.sh): build the
+# `ecoscan` binary, start `ecoscan up` on loopback with every port 0 in a temporary directory,
+# wait until its gateway is ready, and stop it (and remove the directory) on exit.
+# The caller defines `say` and `die` and sources this file from the repository's root.
+# After `suite_start`: $ecoscan (the binary), $work (the directory), $gateway (host:port).
+
+SUITE_READY_TIMEOUT=${SUITE_READY_TIMEOUT:-60}
+
+suite_build() {
+    say "building the suite binary"
+    cargo build --locked --quiet -p ecoscan
+    ecoscan="${CARGO_TARGET_DIR:-$PWD/target}/debug/ecoscan"
+    [[ -x "$ecoscan" ]] || die "no suite binary at $ecoscan after cargo build"
+}
+
+work=$(mktemp -d)
+suite_pid=
+gateway=
+
+stop_suite() {
+    if [[ -n "$suite_pid" ]] && kill -0 "$suite_pid" 2>/dev/null; then
+        kill -TERM "$suite_pid" 2>/dev/null || true
+        for _ in $(seq 100); do
+            kill -0 "$suite_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$suite_pid" 2>/dev/null || true
+        wait "$suite_pid" 2>/dev/null || true
+    fi
+    suite_pid=
+}
+
+suite_cleanup() {
+    stop_suite
+    rm -rf "$work"
+}
+trap suite_cleanup EXIT
+
+# suite_start [VAR=value …]: `ecoscan up` with these variables (and the mock model provider).
+suite_start() {
+    local ports=() service deadline
+    for service in gateway ingest vision rule answer reward analytics notification; do
+        ports+=("--$service-port" 0)
+    done
+    say "starting ecoscan up on 127.0.0.1 (logs: $work/suite.log while it runs)"
+    env LLM_PROVIDER=mock RUST_LOG="${RUST_LOG:-warn}" "$@" \
+        "$ecoscan" up --data-dir "$work/data" --host 127.0.0.1 "${ports[@]}" \
+        >"$work/suite.out" 2>"$work/suite.log" &
+    suite_pid=$!
+
+    # `ecoscan up` prints the gateway's address once every port is bound.
+    gateway=
+    deadline=$((SECONDS + SUITE_READY_TIMEOUT))
+    while [[ -z "$gateway" ]]; do
+        kill -0 "$suite_pid" 2>/dev/null ||
+            { tail -n 30 "$work/suite.log" >&2; die "ecoscan up exited before listening"; }
+        ((SECONDS < deadline)) ||
+            die "ecoscan up printed no gateway address in ${SUITE_READY_TIMEOUT}s"
+        gateway=$(sed -n 's|^gateway *http://\(127\.0\.0\.1:[0-9]*\).*|\1|p' "$work/suite.out")
+        [[ -n "$gateway" ]] || sleep 0.2
+    done
+    until curl -fsS -o /dev/null "http://$gateway/readyz" 2>/dev/null; do
+        kill -0 "$suite_pid" 2>/dev/null ||
+            { tail -n 30 "$work/suite.log" >&2; die "ecoscan up exited before it was ready"; }
+        ((SECONDS < deadline)) ||
+            die "http://$gateway/readyz did not answer 200 in ${SUITE_READY_TIMEOUT}s"
+        sleep 0.2
+    done
+    say "gateway ready at http://$gateway"
+}
