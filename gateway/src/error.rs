@@ -87,7 +87,13 @@ pub(crate) struct ErrorJson {
 impl ApiError {
     /// An upstream gRPC failure of `service`.
     pub fn upstream(service: &'static str, status: tonic::Status) -> Self {
-        Self::Upstream { service, status }
+        // The gateway never cancels a call it still answers: a CANCELLED (or a transport error)
+        // here is the backend's connection breaking (a replica died, it is draining), which is
+        // 503 and worth retrying, not the 499 "client closed request" of the shared table.
+        Self::Upstream {
+            service,
+            status: codes::connection_lost_is_unavailable(status),
+        }
     }
 
     /// The HTTP status for this error.
@@ -271,17 +277,21 @@ mod tests {
     }
 
     #[test]
-    fn upstream_codes_follow_the_shared_table_except_resource_exhausted() {
+    fn upstream_codes_follow_the_shared_table_except_resource_exhausted_and_cancelled() {
         for code in ALL_CODES {
             let err = upstream(code, "x");
-            let expected = if code == Code::ResourceExhausted {
-                503
-            } else {
-                codes::http_status(code)
+            let (expected, name) = match code {
+                Code::ResourceExhausted => (503, "RESOURCE_EXHAUSTED"),
+                // A backend's connection broke under the call: retry, elsewhere.
+                Code::Cancelled => (503, "UNAVAILABLE"),
+                _ => (codes::http_status(code), codes::code_name(code)),
             };
             assert_eq!(err.http_status().as_u16(), expected, "{code:?}");
-            assert_eq!(err.code(), codes::code_name(code));
+            assert_eq!(err.code(), name, "{code:?}");
         }
+        let cut = upstream(Code::Unknown, "transport error");
+        assert_eq!(cut.http_status().as_u16(), 503);
+        assert!(cut.retryable());
     }
 
     #[test]

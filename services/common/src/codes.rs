@@ -88,9 +88,42 @@ pub fn worth_retrying(status: &Status) -> bool {
     retryable(status.code()) && !already_retried(status)
 }
 
+/// A call whose connection broke before the server sent a status (its process died, the
+/// connection was cut) comes back from tonic as `UNKNOWN` "h2 protocol error: …" or "transport
+/// error", or as `CANCELLED` when the stream was reset under it; gRPC calls that `UNAVAILABLE`,
+/// a transient failure to retry (elsewhere), not a verdict on the request. A caller that did not
+/// cancel its own call applies this to what comes back.
+pub fn connection_lost_is_unavailable(status: Status) -> Status {
+    let lost = ["h2 protocol error", "transport error"]
+        .iter()
+        .any(|m| status.message().starts_with(m));
+    match status.code() {
+        Code::Unknown if lost => Status::unavailable(status.message()),
+        Code::Cancelled => Status::unavailable(format!("call cancelled: {}", status.message())),
+        _ => status,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_connection_is_unavailable_and_a_verdict_is_kept() {
+        for lost in [
+            Status::unknown("h2 protocol error: error reading a body from connection"),
+            Status::unknown("transport error"),
+            Status::cancelled("operation was canceled"),
+        ] {
+            let mapped = connection_lost_is_unavailable(lost);
+            assert_eq!(mapped.code(), Code::Unavailable, "{mapped:?}");
+            assert!(worth_retrying(&mapped));
+        }
+        let verdict = connection_lost_is_unavailable(Status::unknown("model said no"));
+        assert_eq!(verdict.code(), Code::Unknown);
+        let invalid = connection_lost_is_unavailable(Status::invalid_argument("bad"));
+        assert_eq!(invalid.code(), Code::InvalidArgument);
+    }
 
     #[test]
     fn a_status_marked_as_retried_is_not_worth_retrying_but_stays_retryable() {

@@ -1008,21 +1008,7 @@ enum StageError {
 
 impl From<Status> for StageError {
     fn from(s: Status) -> Self {
-        Self::Call(connection_lost_is_unavailable(s))
-    }
-}
-
-/// A call whose connection broke before the stage sent a status (its process died, the
-/// connection was cut) comes back from tonic as `UNKNOWN` "h2 protocol error: …" or "transport
-/// error"; gRPC calls that `UNAVAILABLE`, a transient failure to retry, not a verdict on the job.
-fn connection_lost_is_unavailable(status: Status) -> Status {
-    let lost = ["h2 protocol error", "transport error"]
-        .iter()
-        .any(|m| status.message().starts_with(m));
-    if status.code() == tonic::Code::Unknown && lost {
-        Status::unavailable(status.message())
-    } else {
-        status
+        Self::Call(codes::connection_lost_is_unavailable(s))
     }
 }
 

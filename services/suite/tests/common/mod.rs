@@ -179,3 +179,89 @@ pub async fn wait_result(suite: &TestSuite, job_id: &str, user: &str) -> serde_j
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// What one SSE client of a job saw, across every connection it made.
+#[derive(Debug, Default)]
+pub struct FollowedSse {
+    /// Every event with an id, in the order received.
+    pub events: Vec<Sse>,
+    /// Connections it made beyond the first (the gateway or ingest went away, or the stream
+    /// failed upstream).
+    pub reconnects: usize,
+    /// `error` events without an id: a failed upstream stream, not the job's end.
+    pub stream_errors: Vec<Sse>,
+}
+
+impl FollowedSse {
+    /// The last event seen (the job's end once [`follow_sse`] returned).
+    pub fn last(&self) -> Option<&Sse> {
+        self.events.last()
+    }
+}
+
+/// Follows a job's events through the gateway the way a browser's `EventSource` does: reads
+/// `GET /api/v1/scan/{id}/events`, and when the connection fails, the stream ends without the
+/// job's end, or an id-less `error` (the upstream stream failed) arrives, connects again with
+/// `Last-Event-ID` after a short pause. Returns once an event that ends the job arrives
+/// (`ready`, or an `error` with an id); panics, with what it saw, after `deadline`.
+pub async fn follow_sse(
+    http: &reqwest::Client,
+    url: &str,
+    user: &str,
+    deadline: Duration,
+) -> FollowedSse {
+    let until = tokio::time::Instant::now() + deadline;
+    let mut seen = FollowedSse::default();
+    let mut connections = 0;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{url}: no end within {deadline:?}; saw {seen:#?}"
+        );
+        if connections > 0 {
+            seen.reconnects += 1;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        connections += 1;
+        let mut req = http
+            .get(url)
+            .header("x-user-id", user)
+            .timeout(until - tokio::time::Instant::now());
+        if let Some(id) = seen.events.last().and_then(|e| e.id.clone()) {
+            req = req.header("last-event-id", id);
+        }
+        let Ok(res) = req.send().await else { continue };
+        if !res.status().is_success() {
+            // 502/503/504 while a service restarts; anything else is a bug.
+            assert!(
+                res.status().is_server_error(),
+                "{url}: {} {}",
+                res.status(),
+                res.text().await.unwrap_or_default()
+            );
+            continue;
+        }
+        let mut body = res.bytes_stream();
+        let mut buf = String::new();
+        while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(until, body.next()).await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                let Some(ev) = parse_block(&block) else {
+                    continue;
+                };
+                if ev.id.is_none() {
+                    if ev.event == "error" {
+                        seen.stream_errors.push(ev);
+                    }
+                    continue;
+                }
+                let ends = ev.event == "ready" || ev.event == "error";
+                seen.events.push(ev);
+                if ends {
+                    return seen;
+                }
+            }
+        }
+    }
+}
