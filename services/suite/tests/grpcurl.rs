@@ -58,20 +58,30 @@ async fn assert_described(
     methods: &[(&str, bool)],
     request_field: &str,
 ) {
+    assert_described_beside(addr, service, &[], methods, request_field).await;
+}
+
+/// [`assert_described`] of a server that serves `beside` as well.
+async fn assert_described_beside(
+    addr: SocketAddr,
+    service: &str,
+    beside: &[&str],
+    methods: &[(&str, bool)],
+    request_field: &str,
+) {
     let addr = addr.to_string();
     let list = grpcurl(&[&addr, "list"]).await;
     // Exactly what this server serves, not every service of the proto package.
     let listed: Vec<&str> = list.lines().map(str::trim).collect();
-    assert_eq!(
-        listed,
-        [
-            service,
-            "grpc.health.v1.Health",
-            "grpc.reflection.v1.ServerReflection",
-            "grpc.reflection.v1alpha.ServerReflection",
-        ],
-        "`grpcurl list` on {addr}"
-    );
+    let mut expected = vec![
+        service,
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
+    expected.extend(beside);
+    expected.sort_unstable();
+    assert_eq!(listed, expected, "`grpcurl list` on {addr}");
     let described = grpcurl(&[&addr, "describe", service]).await;
     for (method, streams) in methods {
         let line = described
@@ -143,9 +153,10 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     let a = suite.running.addrs;
     let png = base64::engine::general_purpose::STANDARD.encode(PNG);
 
-    assert_described(
+    assert_described_beside(
         a.ingest,
         "ecoscan.v1.ScanService",
+        &["ecoscan.v1.ScanAdminService"],
         &[
             ("Submit", false),
             ("Scan", true),
@@ -153,6 +164,15 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
             ("GetResult", false),
         ],
         "image_url",
+    )
+    .await;
+    // The operators' API beside it (dead letters; it needs the admin role).
+    assert_described_beside(
+        a.ingest,
+        "ecoscan.v1.ScanAdminService",
+        &["ecoscan.v1.ScanService"],
+        &[("ListDeadLetters", false), ("RequeueDeadLetter", false)],
+        "limit",
     )
     .await;
     assert_described(
