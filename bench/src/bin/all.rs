@@ -77,10 +77,31 @@ const BENCHES: &[Bench] = &[
         limit: Duration::from_secs(300),
     },
     Bench {
+        name: "gateway-throughput",
+        full: &[],
+        quick: &["--duration", "2s", "--warmup", "1s"],
+        limit: Duration::from_secs(300),
+    },
+    Bench {
         name: "notification-claim",
         full: &[],
         quick: &["--scheduled", "20000", "--claims", "20", "--batch", "500"],
         limit: Duration::from_secs(600),
+    },
+    Bench {
+        name: "notification-delivery",
+        full: &[],
+        quick: &[
+            "--scheduled",
+            "20000",
+            "--rate",
+            "500",
+            "--duration",
+            "3s",
+            "--users",
+            "100",
+        ],
+        limit: Duration::from_secs(900),
     },
     Bench {
         name: "analytics-ingest",
