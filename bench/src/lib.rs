@@ -98,6 +98,35 @@ pub fn scan_body(salt: u64, hint: &str) -> String {
     .to_string()
 }
 
+/// Runs one scan through the gateway at `gateway` (`POST /api/v1/scan/completion` as `user`),
+/// reads its stream to the end and returns the job's id: a finished job whose result the
+/// request benchmarks fetch.
+pub async fn finished_scan(
+    http: &reqwest::Client,
+    gateway: std::net::SocketAddr,
+    user: &str,
+) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    use futures::StreamExt as _;
+    let res = http
+        .post(format!("http://{gateway}/api/v1/scan/completion"))
+        .header("content-type", "application/json")
+        .header("x-user-id", user)
+        .body(scan_body(1, "plastic bottle"))
+        .send()
+        .await?
+        .error_for_status()?;
+    let mut parser = sse::Parser::new();
+    let mut body = res.bytes_stream();
+    let mut job_id = None;
+    while let Some(chunk) = body.next().await {
+        for ev in parser.push(&chunk?) {
+            job_id = job_id.or_else(|| ev.field("job_id").map(str::to_owned));
+        }
+    }
+    job_id.context("the scan stream carried no job id")
+}
+
 /// Hints the scans rotate through (items the mock recognises).
 pub const HINTS: &[&str] = &[
     "plastic bottle",

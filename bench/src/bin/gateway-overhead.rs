@@ -15,12 +15,10 @@ use anyhow::Context as _;
 use clap::Parser;
 use ecoscan_bench::{
     report::{Figure, Report, Verdict},
-    scan_body, sse,
     stats::{Samples, fmt_duration, fmt_opt},
     system,
 };
 use ecoscan_proto::v1::{GetResultRequest, scan_service_client::ScanServiceClient};
-use futures::StreamExt as _;
 
 const USER: &str = "bench-overhead";
 
@@ -49,26 +47,7 @@ async fn main() -> anyhow::Result<()> {
     let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
 
     // One finished scan whose result both paths fetch.
-    let res = http
-        .post(format!("http://{gateway}/api/v1/scan/completion"))
-        .header("content-type", "application/json")
-        .header("x-user-id", USER)
-        .body(scan_body(1, "plastic bottle"))
-        .send()
-        .await?
-        .error_for_status()?;
-    let mut parser = sse::Parser::new();
-    let mut body = res.bytes_stream();
-    let mut job_id = None;
-    while let Some(chunk) = body.next().await {
-        for ev in parser.push(&chunk?) {
-            job_id = job_id.or_else(|| ev.field("job_id").map(str::to_owned));
-            if ev.event == "ready" {
-                break;
-            }
-        }
-    }
-    let job_id = job_id.context("the scan stream carried no job id")?;
+    let job_id = ecoscan_bench::finished_scan(&http, gateway, USER).await?;
 
     let rest_url = format!("http://{gateway}/api/v1/scan/{job_id}");
     let mut grpc = ScanServiceClient::new(ecoscan_common::client::channel(&format!(

@@ -26,11 +26,9 @@ use anyhow::Context as _;
 use clap::Parser;
 use ecoscan_bench::{
     report::{Figure, Report},
-    scan_body, sse,
     stats::{Samples, fmt_duration},
     system,
 };
-use futures::StreamExt as _;
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::TcpStream,
@@ -80,7 +78,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let gateway = running.addrs.gateway;
-    let job_id = finished_scan(gateway).await?;
+    let job_id = ecoscan_bench::finished_scan(&reqwest::Client::new(), gateway, USER).await?;
 
     let path = format!("/api/v1/scan/{job_id}");
     let gateway_request = request(gateway, &path);
@@ -191,28 +189,6 @@ async fn main() -> anyhow::Result<()> {
     }
     report.print();
     Ok(())
-}
-
-/// Submits one scan and reads its stream to the end; the job's id.
-async fn finished_scan(gateway: SocketAddr) -> anyhow::Result<String> {
-    let http = reqwest::Client::new();
-    let res = http
-        .post(format!("http://{gateway}/api/v1/scan/completion"))
-        .header("content-type", "application/json")
-        .header("x-user-id", USER)
-        .body(scan_body(1, "plastic bottle"))
-        .send()
-        .await?
-        .error_for_status()?;
-    let mut parser = sse::Parser::new();
-    let mut body = res.bytes_stream();
-    let mut job_id = None;
-    while let Some(chunk) = body.next().await {
-        for ev in parser.push(&chunk?) {
-            job_id = job_id.or_else(|| ev.field("job_id").map(str::to_owned));
-        }
-    }
-    job_id.context("the scan stream carried no job id")
 }
 
 /// `GET path` with the header the gateway needs on loopback (nginx ignores it).
