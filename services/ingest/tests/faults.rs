@@ -10,8 +10,8 @@ use bytes::Bytes;
 use ecoscan_common::client::{as_admin, request_as};
 use ecoscan_ingest::store::{NewJob, QueueEntry};
 use ecoscan_proto::v1::{
-    EventStatus, GetResultRequest, JobStatus, ListDeadLettersRequest, RequeueDeadLetterRequest,
-    ScanEvent, Stage, scan_event::Payload,
+    EventStatus, JobStatus, ListDeadLettersRequest, RequeueDeadLetterRequest, ScanEvent, Stage,
+    scan_event::Payload,
 };
 use support::*;
 use tonic::Code;
@@ -245,21 +245,7 @@ async fn a_stage_stream_that_stalls_is_cut_by_its_idle_deadline() {
     assert!(error.message.contains("answer"), "{}", error.message);
     assert_eq!(env.stages.count("answer"), 2, "one call and one retry");
     assert_eq!(env.stages.count("reward"), 0);
-    let result = env
-        .ingest
-        .clone()
-        .get_result(request_as(
-            GetResultRequest {
-                job_id: job_id.clone(),
-            },
-            Duration::from_secs(10),
-            "u1",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .result
-        .unwrap();
+    let result = result_of(&env, &job_id).await;
     assert_eq!(result.status, JobStatus::Failed as i32);
     assert_eq!(result.stage, Stage::Answer as i32);
 }

@@ -17,8 +17,7 @@ use ecoscan_ingest::{
     store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
 };
 use ecoscan_proto::v1::{
-    DisposalRules, EventStatus, GetResultRequest, JobStatus, ScanEvent, Stage, SubmitRequest,
-    WatchRequest,
+    DisposalRules, EventStatus, JobStatus, ScanEvent, Stage, SubmitRequest, WatchRequest,
 };
 use support::*;
 use tokio_stream::StreamExt;
@@ -147,21 +146,7 @@ async fn a_stage_that_fails_for_good_fails_the_job_with_its_error() {
     );
     assert_eq!(env.stages.count("rule"), 0);
 
-    let result = env
-        .ingest
-        .clone()
-        .get_result(request_as(
-            GetResultRequest {
-                job_id: job_id.clone(),
-            },
-            Duration::from_secs(10),
-            "u1",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .result
-        .unwrap();
+    let result = result_of(&env, &job_id).await;
     assert_eq!(result.status, JobStatus::Failed as i32);
     assert_eq!(
         result.stage,

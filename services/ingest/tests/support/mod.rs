@@ -25,11 +25,11 @@ use ecoscan_proto::v1::{
     GenerateRequest, GenerateResponse, GetResultRequest, JobStatus, ListCategoriesRequest,
     ListCategoriesResponse, ListOwnedRequest, ListOwnedResponse, ListRequest, ListResponse,
     LookupRequest, LookupResponse, Notification, NotifyRequest, NotifyResponse, RewardDecision,
-    ScanEvent, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest, SubscribeRequest,
-    SubscribeResponse, WatchRequest, answer_service_server, classify_response, generate_response,
-    lookup_response, notification_service_server, reward_service_server, rule_service_server,
-    scan_admin_service_client::ScanAdminServiceClient, scan_service_client::ScanServiceClient,
-    vision_service_server,
+    ScanEvent, ScanResult, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest,
+    SubscribeRequest, SubscribeResponse, WatchRequest, answer_service_server, classify_response,
+    generate_response, lookup_response, notification_service_server, reward_service_server,
+    rule_service_server, scan_admin_service_client::ScanAdminServiceClient,
+    scan_service_client::ScanServiceClient, vision_service_server,
 };
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Request, Response, Status};
@@ -317,6 +317,24 @@ pub async fn submit_png(env: &Env) -> String {
         .expect("submit accepts the test image")
         .into_inner()
         .job_id
+}
+
+/// The job's result as `u1` reads it over `GetResult`.
+pub async fn result_of(env: &Env, job_id: &str) -> ScanResult {
+    env.ingest
+        .clone()
+        .get_result(request_as(
+            GetResultRequest {
+                job_id: job_id.into(),
+            },
+            Duration::from_secs(10),
+            "u1",
+        ))
+        .await
+        .expect("GetResult answers")
+        .into_inner()
+        .result
+        .expect("a result")
 }
 
 pub async fn watch_all(env: &Env, job_id: &str) -> Vec<ScanEvent> {
