@@ -384,6 +384,7 @@ pub(crate) fn scan_events(
     };
     let events = stream::unfold(state, |mut st| async move {
         if st.done {
+            finish_upstream(st.upstream);
             return None;
         }
         let next = match st.pending.take() {
@@ -409,6 +410,38 @@ pub(crate) fn scan_events(
         Some((Ok::<_, Infallible>(event), st))
     });
     respond(events, shutdown, lifetime)
+}
+
+/// How long the gateway waits, after a job's final event, for the upstream call to end.
+const UPSTREAM_FINISH: Duration = Duration::from_secs(2);
+
+/// Lets the upstream call end on its own after the job's final event. Dropping it at once would
+/// cancel the call (`RST_STREAM`) just before ingest sends its trailers, so ingest would see a
+/// cancelled call and its span no `grpc-status`; reading on to the end (bounded, off the
+/// client's path) ends the call cleanly with `OK`.
+pub(crate) fn finish_upstream<S: Stream + Send + Unpin + 'static>(mut upstream: S) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(UPSTREAM_FINISH, async {
+            while upstream.next().await.is_some() {}
+        })
+        .await;
+    });
+}
+
+/// `events` up to and including the job's final event.
+pub(crate) fn until_final<S>(events: S) -> impl Stream<Item = S::Item> + Send
+where
+    S: Stream<Item = Result<Arc<SharedEvent>, Status>> + Send,
+{
+    events.scan(false, |ended, item| {
+        if *ended {
+            return futures::future::ready(None);
+        }
+        *ended = item
+            .as_ref()
+            .map_or(true, |ev| kind(&ev.event).is_terminal());
+        futures::future::ready(Some(item))
+    })
 }
 
 /// An SSE response of a user's notifications (`event: notification`), until upstream ends.

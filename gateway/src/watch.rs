@@ -263,10 +263,13 @@ impl Subscription {
             drop(_feed);
         })
         .filter_map(|()| async { None });
-        futures::stream::iter(replay.into_iter().map(Ok))
-            .chain(futures::stream::iter(failed.map(Err)))
-            .chain(futures::stream::iter(live).flatten())
-            .chain(keep)
+        // Ends after the final event: the live channel stays open as long as the feed does.
+        crate::sse::until_final(
+            futures::stream::iter(replay.into_iter().map(Ok))
+                .chain(futures::stream::iter(failed.map(Err)))
+                .chain(futures::stream::iter(live).flatten()),
+        )
+        .chain(keep)
     }
 }
 
@@ -313,6 +316,7 @@ async fn pump(
                             fruitless = 0;
                             last = Some(ev.event_id.clone());
                             if publish(&shared, ev) {
+                                crate::sse::finish_upstream(stream);
                                 return;
                             }
                         }
