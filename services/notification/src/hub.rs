@@ -26,6 +26,15 @@ impl Fanout {
             Self::Redis(fanout) => fanout.publish(n).await,
         }
     }
+
+    /// [`Self::publish`] for many notifications (one round trip on Redis); the receivers of
+    /// each, in order.
+    pub async fn publish_many(&self, ns: &[Notification]) -> anyhow::Result<Vec<usize>> {
+        match self {
+            Self::Local(hub) => Ok(ns.iter().map(|n| hub.publish(n)).collect()),
+            Self::Redis(fanout) => fanout.publish_many(ns).await,
+        }
+    }
 }
 
 /// Live subscribers per user.

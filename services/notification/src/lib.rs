@@ -57,6 +57,10 @@ pub const MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Due notifications claimed per scheduler round.
 const CLAIM_BATCH: usize = 2000;
+/// Claimed notifications marked, published and acknowledged together: large enough that a batch
+/// costs the database and Redis one round trip each, small enough that the first of a claim is
+/// not held back long by the rest.
+const DELIVERY_BATCH: usize = 250;
 /// Longest the delivery loop sleeps without looking at the scheduler.
 const MAX_IDLE: Duration = Duration::from_secs(60);
 
@@ -349,8 +353,8 @@ async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
                 Vec::new()
             }
         };
-        for id in &claimed {
-            deliver_one(&*store, &*scheduler, &fanout, &metrics, id).await;
+        for batch in claimed.chunks(DELIVERY_BATCH) {
+            deliver_batch(&*store, &*scheduler, &fanout, &metrics, batch).await;
         }
         if claimed.len() == CLAIM_BATCH {
             continue;
@@ -362,34 +366,64 @@ async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
     }
 }
 
-async fn deliver_one<St: NotificationStore, Sc: Scheduler>(
+/// Delivers one batch of claimed ids: one statement marks them delivered (only those still
+/// scheduled: a cancelled or already delivered one drops out), one round trip publishes them, one
+/// acknowledges them. A batch that fails to be marked is not acknowledged: its leases run out
+/// and a later round retries it.
+#[tracing::instrument(name = "deliver due notifications", skip_all, fields(count = ids.len()))]
+async fn deliver_batch<St: NotificationStore, Sc: Scheduler>(
     store: &St,
     scheduler: &Sc,
     fanout: &Fanout,
     metrics: &NotificationMetrics,
-    id: &str,
+    ids: &[String],
 ) {
     let now = now_us();
-    match store.mark_delivered(id, now).await {
-        Ok(Some(row)) => {
+    let rows = match store.mark_delivered_many(ids, now).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::error!(count = ids.len(), error = ?e, "failed to deliver due notifications");
+            return;
+        }
+    };
+    if rows.len() < ids.len() {
+        // Cancelled, or delivered by an earlier claim: nothing to do for those.
+        tracing::debug!(
+            skipped = ids.len() - rows.len(),
+            "due notifications no longer scheduled"
+        );
+    }
+    let notifications: Vec<Notification> = rows
+        .into_iter()
+        .map(|row| {
             if let Some(due) = row.due_at_us {
                 let late_us = u64::try_from(now.saturating_sub(due)).unwrap_or(0);
                 metrics.delivery_lag(Duration::from_micros(late_us));
             }
-            let n = to_proto(row);
-            let subscribers = publish(fanout, metrics, &n).await;
-            tracing::info!(id, user_id = %n.user_id, subscribers, "scheduled notification delivered");
+            to_proto(row)
+        })
+        .collect();
+    for n in &notifications {
+        metrics.delivered(&n.kind);
+    }
+    // A failure is logged, not retried: the notifications are in the inbox already, and a live
+    // stream is best-effort by design.
+    match fanout.publish_many(&notifications).await {
+        Ok(receivers) => {
+            for (n, subscribers) in notifications.iter().zip(receivers) {
+                tracing::debug!(id = %n.id, user_id = %n.user_id, subscribers, "scheduled notification delivered");
+            }
         }
-        // Cancelled, or delivered by an earlier claim: nothing to do.
-        Ok(None) => tracing::debug!(id, "due notification is no longer scheduled"),
         Err(e) => {
-            // Not acknowledged: the lease runs out and a later round retries it.
-            tracing::error!(id, error = ?e, "failed to deliver a due notification");
-            return;
+            tracing::error!(count = notifications.len(), error = ?e, "failed to publish notifications to live subscribers");
         }
     }
-    if let Err(e) = scheduler.ack(id).await {
-        tracing::warn!(id, error = ?e, "failed to acknowledge a delivered notification");
+    tracing::info!(
+        delivered = notifications.len(),
+        "scheduled notifications delivered"
+    );
+    if let Err(e) = scheduler.ack_many(ids).await {
+        tracing::warn!(count = ids.len(), error = ?e, "failed to acknowledge delivered notifications");
     }
 }
 

@@ -273,6 +273,22 @@ impl Scheduler for RedisScheduler {
         Ok(())
     }
 
+    async fn ack_many(&self, ids: &[String]) -> anyhow::Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let _: () = redis::pipe()
+            .atomic()
+            .zrem(&self.inflight_key, ids)
+            .ignore()
+            .zrem(&self.due_key, ids)
+            .ignore()
+            .query_async(&mut self.conn.clone())
+            .await
+            .context("failed to acknowledge in redis")?;
+        Ok(())
+    }
+
     async fn wait(&self, max_wait: Duration) {
         let cap = max_wait.min(self.poll);
         let wait = match self.next_at().await {
@@ -396,6 +412,35 @@ impl RedisFanout {
             return Ok(local);
         }
         Ok(receivers)
+    }
+
+    /// [`Self::publish`] for many notifications in one round trip (a pipeline); returns the
+    /// receivers of each, in order.
+    pub async fn publish_many(&self, ns: &[Notification]) -> anyhow::Result<Vec<usize>> {
+        if ns.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for n in ns {
+            pipe.cmd(self.publish)
+                .arg(&self.channel)
+                .arg(n.encode_to_vec());
+        }
+        let receivers: Vec<usize> = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .context("failed to publish notifications to redis")?;
+        Ok(ns
+            .iter()
+            .zip(receivers)
+            .map(|(n, receivers)| {
+                if receivers == 0 {
+                    self.hub.publish(n)
+                } else {
+                    receivers
+                }
+            })
+            .collect())
     }
 }
 

@@ -41,6 +41,9 @@ pub trait Scheduler: Send + Sync + 'static {
     /// Forgets a claimed id: it was delivered, or there was nothing left to deliver.
     fn ack(&self, id: &str) -> impl Future<Output = anyhow::Result<()>> + Send;
 
+    /// [`Self::ack`] for many ids at once (one round trip on Redis).
+    fn ack_many(&self, ids: &[String]) -> impl Future<Output = anyhow::Result<()>> + Send;
+
     /// Resolves when something may be claimable (an earlier entry arrived, a due time or a lease
     /// end was reached), or after `max_wait` at the latest.
     fn wait(&self, max_wait: Duration) -> impl Future<Output = ()> + Send;
@@ -93,6 +96,13 @@ impl Scheduler for AnyScheduler {
         match self {
             Self::Memory(s) => s.ack(id).await,
             Self::Redis(s) => s.ack(id).await,
+        }
+    }
+
+    async fn ack_many(&self, ids: &[String]) -> anyhow::Result<()> {
+        match self {
+            Self::Memory(s) => s.ack_many(ids).await,
+            Self::Redis(s) => s.ack_many(ids).await,
         }
     }
 
@@ -243,6 +253,15 @@ impl Scheduler for MemoryScheduler {
         let mut s = self.lock();
         s.leased.remove(id);
         s.queued.remove(id);
+        Ok(())
+    }
+
+    async fn ack_many(&self, ids: &[String]) -> anyhow::Result<()> {
+        let mut s = self.lock();
+        for id in ids {
+            s.leased.remove(id.as_str());
+            s.queued.remove(id.as_str());
+        }
         Ok(())
     }
 

@@ -85,6 +85,82 @@ async fn a_scheduled_row_is_delivered_once_and_never_when_cancelled<S: Notificat
     assert_eq!(unknown, None);
 }
 
+async fn a_batch_delivers_only_the_scheduled_rows_once<S: NotificationStore>(s: S) {
+    for (id, created) in [("a", 10), ("b", 20), ("c", 30), ("d", 40)] {
+        s.insert(row(id, "u", None, Status::Scheduled, created))
+            .await
+            .unwrap();
+    }
+    s.cancel("c", "u").await.unwrap();
+    s.mark_delivered("d", 50).await.unwrap();
+    let ids: Vec<String> = ["a", "b", "c", "d", "nope"].map(String::from).into();
+
+    let mut delivered = s.mark_delivered_many(&ids, 99).await.unwrap();
+    let again = s.mark_delivered_many(&ids, 100).await.unwrap();
+    let none = s.mark_delivered_many(&[], 101).await.unwrap();
+
+    delivered.sort_by(|x, y| x.id.cmp(&y.id));
+    let got: Vec<_> = delivered
+        .iter()
+        .map(|r| (r.id.as_str(), r.status, r.delivered_at_us))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("a", Status::Delivered, Some(99)),
+            ("b", Status::Delivered, Some(99))
+        ]
+    );
+    assert!(again.is_empty(), "{again:?}");
+    assert!(none.is_empty());
+    // The rows as stored agree: cancelled stays cancelled, `d` keeps its first delivery time.
+    let mut stored = s.list("u", 10).await.unwrap();
+    stored.sort_by(|x, y| x.id.cmp(&y.id));
+    let stored: Vec<_> = stored
+        .iter()
+        .map(|r| (r.id.as_str(), r.status, r.delivered_at_us))
+        .collect();
+    assert_eq!(
+        stored,
+        [
+            ("a", Status::Delivered, Some(99)),
+            ("b", Status::Delivered, Some(99)),
+            ("c", Status::Cancelled, None),
+            ("d", Status::Delivered, Some(50)),
+        ]
+    );
+}
+
+async fn concurrent_batches_over_the_same_rows_deliver_each_once<S: NotificationStore + Clone>(
+    s: S,
+) {
+    let ids: Vec<String> = (0..200).map(|i| format!("n{i:03}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        s.insert(row(id, "u", None, Status::Scheduled, i as i64))
+            .await
+            .unwrap();
+    }
+
+    // Overlapping batches in opposite orders, as two replicas whose leases crossed would send.
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let s = s.clone();
+            let mut batch = ids.clone();
+            if i % 2 == 1 {
+                batch.reverse();
+            }
+            tokio::spawn(async move { s.mark_delivered_many(&batch, 100 + i).await })
+        })
+        .collect();
+    let mut delivered = Vec::new();
+    for t in tasks {
+        delivered.extend(t.await.unwrap().unwrap().into_iter().map(|r| r.id));
+    }
+
+    delivered.sort();
+    assert_eq!(delivered, ids, "every row delivered by exactly one batch");
+}
+
 async fn cancel_tells_every_outcome_apart<S: NotificationStore>(s: S) {
     s.insert(row("a", "u", None, Status::Scheduled, 10))
         .await
@@ -283,6 +359,8 @@ macro_rules! conformance {
 conformance!(
     a_repeated_dedupe_key_returns_the_first_row,
     a_scheduled_row_is_delivered_once_and_never_when_cancelled,
+    a_batch_delivers_only_the_scheduled_rows_once,
+    concurrent_batches_over_the_same_rows_deliver_each_once,
     cancel_tells_every_outcome_apart,
     list_is_newest_first_limited_and_pending_lists_the_scheduled,
     concurrent_inserts_of_one_dedupe_key_store_one_row,

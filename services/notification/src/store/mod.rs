@@ -64,6 +64,14 @@ impl NotificationStore for AnyNotificationStore {
         either!(self, s => s.mark_delivered(id, now_us).await)
     }
 
+    async fn mark_delivered_many(
+        &self,
+        ids: &[String],
+        now_us: i64,
+    ) -> anyhow::Result<Vec<NotificationRow>> {
+        either!(self, s => s.mark_delivered_many(ids, now_us).await)
+    }
+
     async fn cancel(&self, id: &str, user_id: &str) -> anyhow::Result<CancelOutcome> {
         either!(self, s => s.cancel(id, user_id).await)
     }
@@ -159,6 +167,15 @@ pub trait NotificationStore: Send + Sync + 'static {
         id: &str,
         now_us: i64,
     ) -> impl Future<Output = anyhow::Result<Option<NotificationRow>>> + Send;
+
+    /// [`Self::mark_delivered`] for many ids in one statement: the rows among `ids` that were
+    /// scheduled, now delivered, in no particular order. What the due-time deliverer uses, so
+    /// that the database sees one statement per batch instead of one per notification.
+    fn mark_delivered_many(
+        &self,
+        ids: &[String],
+        now_us: i64,
+    ) -> impl Future<Output = anyhow::Result<Vec<NotificationRow>>> + Send;
 
     /// Cancels `user_id`'s scheduled notification `id`.
     fn cancel(

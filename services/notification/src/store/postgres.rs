@@ -145,6 +145,38 @@ impl NotificationStore for PgNotificationStore {
     #[tracing::instrument(
         name = "db",
         skip_all,
+        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "notifications", db.operation.batch.size = ids.len()),
+        err
+    )]
+    async fn mark_delivered_many(
+        &self,
+        ids: &[String],
+        now_us: i64,
+    ) -> anyhow::Result<Vec<NotificationRow>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The same status guard as `mark_delivered`. The rows are locked in id order first, so
+        // that two replicas marking overlapping batches (a lease that ran out) wait on each
+        // other instead of deadlocking; a row another replica delivered meanwhile drops out of
+        // the locking read when it re-checks the guard.
+        let rows = sqlx::query(
+            "WITH due AS (SELECT id FROM notifications \
+                          WHERE id = ANY($2) AND status = 'scheduled' ORDER BY id FOR UPDATE) \
+             UPDATE notifications n SET status = 'delivered', delivered_at_us = $1 \
+             FROM due WHERE n.id = due.id RETURNING n.*",
+        )
+        .bind(now_us)
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await
+        .context("failed to mark notifications delivered")?;
+        rows.iter().map(from_row).collect()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
         fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = "postgresql", db.operation.name = "UPDATE", db.collection.name = "notifications"),
         err
     )]

@@ -131,6 +131,44 @@ impl NotificationStore for SqliteNotificationStore {
     #[tracing::instrument(
         name = "db",
         skip_all,
+        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "notifications", db.operation.batch.size = ids.len()),
+        err
+    )]
+    async fn mark_delivered_many(
+        &self,
+        ids: &[String],
+        now_us: i64,
+    ) -> anyhow::Result<Vec<NotificationRow>> {
+        let mut rows = Vec::with_capacity(ids.len());
+        // SQLite caps a statement's parameters (32,766 in current versions); chunks stay far
+        // below it. SQLite has one writer, so no ordering is needed against deadlocks.
+        for chunk in ids.chunks(1000) {
+            let mut query = sqlx::QueryBuilder::new(
+                "UPDATE notifications SET status = 'delivered', delivered_at_us = ",
+            );
+            query
+                .push_bind(now_us)
+                .push(" WHERE status = 'scheduled' AND id IN (");
+            let mut list = query.separated(", ");
+            for id in chunk {
+                list.push_bind(id);
+            }
+            query.push(") RETURNING *");
+            let found = query
+                .build()
+                .fetch_all(&self.pool)
+                .await
+                .context("failed to mark notifications delivered")?;
+            for row in &found {
+                rows.push(from_row(row)?);
+            }
+        }
+        Ok(rows)
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
         fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = "sqlite", db.operation.name = "UPDATE", db.collection.name = "notifications"),
         err
     )]
