@@ -370,7 +370,9 @@ async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
 /// scheduled: a cancelled or already delivered one drops out), one round trip publishes them, one
 /// acknowledges them. A batch that fails to be marked is not acknowledged: its leases run out
 /// and a later round retries it.
-#[tracing::instrument(name = "deliver due notifications", skip_all, fields(count = ids.len()))]
+// A root span per batch: the delivery loop lives as long as the process, and a trace of it all
+// would never end.
+#[tracing::instrument(name = "deliver due notifications", parent = None, skip_all, fields(count = ids.len()))]
 async fn deliver_batch<St: NotificationStore, Sc: Scheduler>(
     store: &St,
     scheduler: &Sc,
