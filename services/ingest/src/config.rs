@@ -38,7 +38,7 @@ use crate::{
 /// | `INGEST_FETCH_ALLOW` | comma-separated IPs or CIDR networks an `image_url` may reach although they are refused (loopback, private, link-local, CGNAT, …), e.g. `127.0.0.1/32,::1` [none] |
 /// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
 /// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
-/// | `INGEST_DELTA_INTERVAL` | answer text is coalesced into at most one delta event per this interval [50ms] |
+/// | `INGEST_DELTA_INTERVAL` | answer text is coalesced into at most one delta event per this interval [250ms] |
 /// | `INGEST_WATCH_MAX_LIFETIME` | longest life of one `Watch`/`Scan` stream [10m] |
 /// | `INGEST_WATCHER_BUFFER` | events a watcher may fall behind before it reads the log instead [256] |
 /// | `INGEST_SWEEP_INTERVAL` | how often the sweeper looks for unfinished jobs missing from the queue [30s] |
@@ -119,7 +119,7 @@ impl Default for Config {
             fetch_allow: Allowlist::default(),
             event_ttl: Duration::from_secs(3600),
             event_max_len: 2048,
-            delta_interval: Duration::from_millis(50),
+            delta_interval: Duration::from_millis(250),
             hub: HubConfig::default(),
             sweep_interval: Duration::from_secs(30),
             sweep_grace: Duration::from_secs(60),
@@ -130,8 +130,7 @@ impl Default for Config {
 impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         let d = Self::default();
-        let max_backlog = env_or("INGEST_MAX_BACKLOG", d.max_backlog)?;
-        Ok(Self {
+        Self {
             vision_url: env_opt("VISION_URL").unwrap_or(d.vision_url),
             rule_url: env_opt("RULE_URL").unwrap_or(d.rule_url),
             answer_url: env_opt("ANSWER_URL").unwrap_or(d.answer_url),
@@ -145,35 +144,10 @@ impl Config {
             redis_prefix: env_opt("INGEST_REDIS_PREFIX").unwrap_or_default(),
             s3: S3Config::from_env("")?,
             object_dir: env_opt("INGEST_OBJECT_DIR").map_or(d.object_dir, PathBuf::from),
-            lease: env_duration("INGEST_LEASE", d.lease)?,
-            max_backlog,
-            // A job waiting on a model is a cheap task: by default a process may run every job
-            // the backlog admits.
-            max_in_flight: env_or("INGEST_MAX_IN_FLIGHT", max_backlog as usize)?.max(1),
-            retry_after: env_duration("INGEST_RETRY_AFTER", d.retry_after)?,
-            stage_timeout: env_duration("INGEST_STAGE_TIMEOUT", d.stage_timeout)?,
-            stage_idle_timeout: env_duration("INGEST_STAGE_IDLE_TIMEOUT", d.stage_idle_timeout)?,
-            stage_retries: env_or("INGEST_STAGE_RETRIES", d.stage_retries)?,
-            max_attempts: env_or("INGEST_MAX_ATTEMPTS", d.max_attempts)?.max(1),
-            max_image_bytes: env_or("INGEST_MAX_IMAGE_BYTES", d.max_image_bytes)?,
-            fetch_timeout: env_duration("INGEST_FETCH_TIMEOUT", d.fetch_timeout)?,
-            fetch_connect_timeout: env_duration(
-                "INGEST_FETCH_CONNECT_TIMEOUT",
-                d.fetch_connect_timeout,
-            )?,
-            fetch_concurrency: env_or("INGEST_FETCH_CONCURRENCY", d.fetch_concurrency)?.max(1),
-            fetch_allow: env_or("INGEST_FETCH_ALLOW", d.fetch_allow)?,
-            event_ttl: env_duration("INGEST_EVENT_TTL", d.event_ttl)?,
-            event_max_len: env_or("INGEST_EVENT_MAX_LEN", d.event_max_len)?.max(1),
-            delta_interval: env_duration("INGEST_DELTA_INTERVAL", d.delta_interval)?,
-            hub: HubConfig {
-                watcher_buffer: env_or("INGEST_WATCHER_BUFFER", d.hub.watcher_buffer)?.max(1),
-                max_lifetime: env_duration("INGEST_WATCH_MAX_LIFETIME", d.hub.max_lifetime)?,
-                ..d.hub
-            },
-            sweep_interval: env_duration("INGEST_SWEEP_INTERVAL", d.sweep_interval)?,
-            sweep_grace: env_duration("INGEST_SWEEP_GRACE", d.sweep_grace)?,
-        })
+            ..d
+        }
+        .with_tuning_from_env()?
+        .with_fetch_from_env()
     }
 }
 
@@ -200,6 +174,38 @@ impl Config {
         if let Some(s3) = S3Config::from_env("")? {
             self.s3 = Some(s3);
         }
+        Ok(self)
+    }
+
+    /// Applies the tuning variables (leases, limits, timeouts, retries, the event log's bounds,
+    /// the hub, the sweeper) over this configuration. `ecoscan up` passes its configuration
+    /// through here too, so every setting works there as in `ecoscan serve ingest`.
+    pub fn with_tuning_from_env(mut self) -> anyhow::Result<Self> {
+        let backlog_set = env_opt("INGEST_MAX_BACKLOG").is_some();
+        self.max_backlog = env_or("INGEST_MAX_BACKLOG", self.max_backlog)?;
+        // A job waiting on a model is a cheap task: by default a process may run every job the
+        // backlog admits.
+        let in_flight = if backlog_set {
+            usize::try_from(self.max_backlog).unwrap_or(usize::MAX)
+        } else {
+            self.max_in_flight
+        };
+        self.max_in_flight = env_or("INGEST_MAX_IN_FLIGHT", in_flight)?.max(1);
+        self.lease = env_duration("INGEST_LEASE", self.lease)?;
+        self.retry_after = env_duration("INGEST_RETRY_AFTER", self.retry_after)?;
+        self.stage_timeout = env_duration("INGEST_STAGE_TIMEOUT", self.stage_timeout)?;
+        self.stage_idle_timeout =
+            env_duration("INGEST_STAGE_IDLE_TIMEOUT", self.stage_idle_timeout)?;
+        self.stage_retries = env_or("INGEST_STAGE_RETRIES", self.stage_retries)?;
+        self.max_attempts = env_or("INGEST_MAX_ATTEMPTS", self.max_attempts)?.max(1);
+        self.max_image_bytes = env_or("INGEST_MAX_IMAGE_BYTES", self.max_image_bytes)?;
+        self.event_ttl = env_duration("INGEST_EVENT_TTL", self.event_ttl)?;
+        self.event_max_len = env_or("INGEST_EVENT_MAX_LEN", self.event_max_len)?.max(1);
+        self.delta_interval = env_duration("INGEST_DELTA_INTERVAL", self.delta_interval)?;
+        self.hub.watcher_buffer = env_or("INGEST_WATCHER_BUFFER", self.hub.watcher_buffer)?.max(1);
+        self.hub.max_lifetime = env_duration("INGEST_WATCH_MAX_LIFETIME", self.hub.max_lifetime)?;
+        self.sweep_interval = env_duration("INGEST_SWEEP_INTERVAL", self.sweep_interval)?;
+        self.sweep_grace = env_duration("INGEST_SWEEP_GRACE", self.sweep_grace)?;
         Ok(self)
     }
 

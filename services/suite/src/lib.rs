@@ -329,8 +329,10 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         ..Default::default()
     }
     // REDIS_URL, a postgres:// INGEST_DATABASE_URL/DATABASE_URL and the S3_* variables move
-    // ingest onto the production stores, store by store; unset, it stays embedded.
+    // ingest onto the production stores, store by store; unset, it stays embedded. The INGEST_*
+    // tuning variables apply as in `ecoscan serve ingest`.
     .with_stores_from_env()?
+    .with_tuning_from_env()?
     .with_fetch_from_env()?;
     let ingest_config = ecoscan_ingest::Config {
         max_in_flight: ingest_max_in_flight.unwrap_or(ingest_config.max_in_flight),

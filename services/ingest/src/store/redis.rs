@@ -12,7 +12,7 @@
 //! | `scan:{s<n>}:feed` | the shard's Pub/Sub channel (sharded Pub/Sub on a Cluster) |
 //!
 //! Appending is **one script call per batch** (`EVAL`: an `XADD` per event and one `PUBLISH`
-//! of them all, `SPUBLISH` on a Cluster): a process's appends of the same 2 ms gather into one
+//! of them all, `SPUBLISH` on a Cluster): a process's appends of the same 5 ms gather into one
 //! call (on a Cluster, per shard, whose keys share a slot), so under load one call, one round
 //! trip and one publish carry many events, and idle an event costs one of each. The writer numbers its events (it
 //! remembers each job's last `seq`; a job new to the process reads its log's end once) and gives
@@ -140,7 +140,7 @@ return 1
 
 /// How long the first append of a batch waits for others to join it: under load many events
 /// share one script call, one round trip and one publish; idle, an append waits this long.
-const BATCH_LINGER: Duration = Duration::from_millis(2);
+const BATCH_LINGER: Duration = Duration::from_millis(5);
 /// Events in one batch at most.
 const MAX_BATCH: usize = 256;
 
