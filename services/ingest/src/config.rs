@@ -38,6 +38,7 @@ use crate::{
 /// | `INGEST_FETCH_ALLOW` | comma-separated IPs or CIDR networks an `image_url` may reach although they are refused (loopback, private, link-local, CGNAT, …), e.g. `127.0.0.1/32,::1` [none] |
 /// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
 /// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
+/// | `INGEST_APPEND_LINGER` | on Redis, how long an event waits for others to share one script call and publish [5ms] |
 /// | `INGEST_DELTA_INTERVAL` | answer text is coalesced into at most one delta event per this interval [250ms] |
 /// | `INGEST_WATCH_MAX_LIFETIME` | longest life of one `Watch`/`Scan` stream [10m] |
 /// | `INGEST_WATCHER_BUFFER` | events a watcher may fall behind before it reads the log instead [256] |
@@ -81,6 +82,8 @@ pub struct Config {
     pub fetch_allow: Allowlist,
     pub event_ttl: Duration,
     pub event_max_len: usize,
+    /// How long an event waits for others to share its Redis script call (`INGEST_APPEND_LINGER`).
+    pub append_linger: Duration,
     /// Answer deltas are coalesced into at most one event per interval: each event costs a
     /// log append and a publish, so fewer events cost Redis less, and a person reading cannot
     /// tell 20 updates a second from more.
@@ -119,6 +122,7 @@ impl Default for Config {
             fetch_allow: Allowlist::default(),
             event_ttl: Duration::from_secs(3600),
             event_max_len: 2048,
+            append_linger: crate::store::redis::DEFAULT_APPEND_LINGER,
             delta_interval: Duration::from_millis(250),
             hub: HubConfig::default(),
             sweep_interval: Duration::from_secs(30),
@@ -201,6 +205,7 @@ impl Config {
         self.max_image_bytes = env_or("INGEST_MAX_IMAGE_BYTES", self.max_image_bytes)?;
         self.event_ttl = env_duration("INGEST_EVENT_TTL", self.event_ttl)?;
         self.event_max_len = env_or("INGEST_EVENT_MAX_LEN", self.event_max_len)?.max(1);
+        self.append_linger = env_duration("INGEST_APPEND_LINGER", self.append_linger)?;
         self.delta_interval = env_duration("INGEST_DELTA_INTERVAL", self.delta_interval)?;
         self.hub.watcher_buffer = env_or("INGEST_WATCHER_BUFFER", self.hub.watcher_buffer)?.max(1);
         self.hub.max_lifetime = env_duration("INGEST_WATCH_MAX_LIFETIME", self.hub.max_lifetime)?;

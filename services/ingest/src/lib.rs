@@ -89,11 +89,12 @@ impl Stores {
                         .context("failed to connect to redis (REDIS_URL)")?;
                 let prefix = &config.redis_prefix;
                 (
-                    Arc::new(RedisEventLog::with_shards(
+                    Arc::new(RedisEventLog::with_settings(
                         &redis,
                         prefix,
                         config.event_max_len,
                         config.feed_shards,
+                        config.append_linger,
                     )),
                     Arc::new(RedisQueue::open(&redis, prefix, &consumer).await?),
                 )

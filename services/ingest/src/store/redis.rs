@@ -138,9 +138,10 @@ redis.call(ARGV[3], KEYS[3], #ARGV[2] .. ':' .. ARGV[2])
 return 1
 ";
 
-/// How long the first append of a batch waits for others to join it: under load many events
-/// share one script call, one round trip and one publish; idle, an append waits this long.
-const BATCH_LINGER: Duration = Duration::from_millis(5);
+/// How long the first append of a batch waits for others to join it by default
+/// (`INGEST_APPEND_LINGER`): under load many events share one script call, one round trip and
+/// one publish; idle, an append waits this long.
+pub const DEFAULT_APPEND_LINGER: Duration = Duration::from_millis(5);
 /// Events in one batch at most.
 const MAX_BATCH: usize = 256;
 
@@ -164,12 +165,13 @@ async fn run_batches(
     conn: Conn,
     publish: &'static str,
     max_len: usize,
+    linger: Duration,
     mut rx: tokio::sync::mpsc::Receiver<PendingAppend>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
         batch.push(first);
-        let until = tokio::time::Instant::now() + BATCH_LINGER;
+        let until = tokio::time::Instant::now() + linger;
         while batch.len() < MAX_BATCH {
             match tokio::time::timeout_at(until, rx.recv()).await {
                 Ok(Some(p)) => batch.push(p),
@@ -266,11 +268,23 @@ impl RedisEventLog {
     /// [`Self::open`] with `shards` feed shards. Every process of one deployment must use the
     /// same number: it decides where a job's keys live.
     pub fn with_shards(redis: &Redis, prefix: &str, max_len: usize, shards: u32) -> Self {
+        Self::with_settings(redis, prefix, max_len, shards, DEFAULT_APPEND_LINGER)
+    }
+
+    /// [`Self::with_shards`] with appends gathered for `linger` before each script call.
+    pub fn with_settings(
+        redis: &Redis,
+        prefix: &str,
+        max_len: usize,
+        shards: u32,
+        linger: Duration,
+    ) -> Self {
         let (appends, rx) = tokio::sync::mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(run_batches(
             redis.conn(),
             publish_command(redis.is_cluster()),
             max_len.max(1),
+            linger,
             rx,
         ));
         Self {
