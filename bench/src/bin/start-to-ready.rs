@@ -153,7 +153,17 @@ async fn main() -> anyhow::Result<()> {
                 args.runs
             ),
         )
-        .header("binaries", bin_dir.display().to_string())
+        // The build profile, not the directory: results files are committed, and a path of
+        // this machine says nothing to anyone else.
+        .header(
+            "binaries",
+            format!(
+                "the `{}` build beside this benchmark",
+                bin_dir
+                    .file_name()
+                    .map_or_else(|| "?".into(), |n| n.to_string_lossy())
+            ),
+        )
         .header("stores", ecoscan_bench::system::stores());
     report.print();
     Ok(())
