@@ -27,9 +27,10 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use anyhow::{Context as _, bail};
 use opentelemetry::{
     Context, KeyValue,
-    propagation::{Extractor, Injector, TextMapCompositePropagator},
+    propagation::TextMapCompositePropagator,
     trace::{TraceContextExt, TracerProvider as _},
 };
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::{
     Resource,
     error::{OTelSdkError, OTelSdkResult},
@@ -469,31 +470,6 @@ pub fn inject_headers(headers: &mut http::HeaderMap) {
     opentelemetry::global::get_text_map_propagator(|p| {
         p.inject_context(&cx, &mut HeaderInjector(headers));
     });
-}
-
-struct HeaderExtractor<'a>(&'a http::HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
-    }
-}
-
-struct HeaderInjector<'a>(&'a mut http::HeaderMap);
-
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(k), Ok(v)) = (
-            http::HeaderName::from_bytes(key.as_bytes()),
-            http::HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(k, v);
-        }
-    }
 }
 
 #[cfg(test)]
