@@ -22,7 +22,7 @@ use std::{
 };
 
 use ecoscan_proto::v1::{CallStatus, LlmCall};
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -438,22 +438,17 @@ async fn openai_answer(
 ) {
     // Held until the stream ends: a streaming call occupies a provider slot throughout.
     let _permit = admitted.permit;
-    let mut body = admitted.response.bytes_stream();
-    let mut parser = openai::SseParser::default();
+    let mut events = openai::sse_events(admitted.response.bytes_stream(), timeout);
     let mut text = String::new();
     let outcome: Result<(), Option<LlmError>> = 'read: loop {
-        let chunk = match openai::next_chunk(&mut body, timeout).await {
-            Ok(Some(chunk)) => chunk,
-            Ok(None) => {
+        let events = match events.next().await {
+            Some(Ok(events)) => events,
+            Some(Err(e)) => break Err(Some(e)),
+            None => {
                 break Err(Some(LlmError::Transport(
                     "answer stream ended before [DONE]".into(),
                 )));
             }
-            Err(e) => break Err(Some(e)),
-        };
-        let events = match parser.push(&chunk) {
-            Ok(events) => events,
-            Err(e) => break Err(Some(e)),
         };
         for event in events {
             match event {

@@ -471,29 +471,33 @@ pub(crate) enum SseEvent {
     Nothing,
 }
 
-/// Splits a byte stream into lines and parses the `data:` ones (other SSE fields and comments
-/// are ignored).
-#[derive(Default)]
-pub(crate) struct SseParser {
-    buffer: Vec<u8>,
-}
-
-impl SseParser {
-    pub(crate) fn push(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, LlmError> {
-        self.buffer.extend_from_slice(bytes);
-        let mut events = Vec::new();
-        while let Some(pos) = self.buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.buffer.drain(..=pos).collect();
-            let line = std::str::from_utf8(&line)
-                .map_err(|_| LlmError::Malformed("stream line is not utf-8".into()))?
-                .trim_end_matches(['\n', '\r']);
-            let Some(data) = line.strip_prefix("data:") else {
-                continue;
-            };
-            events.extend(parse_data(data.trim())?);
+/// The parsed `data:` payloads of a streamed completion. `eventsource-stream` does the SSE
+/// framing (events split across chunks, `\r\n`, comments and other fields, multi-line data);
+/// `timeout` bounds the wait for each chunk of the body, comments included, so a provider's
+/// keep-alive comments keep a slow stream alive.
+pub(crate) fn sse_events<S>(
+    body: S,
+    timeout: Duration,
+) -> impl futures::Stream<Item = Result<Vec<SseEvent>, LlmError>> + Unpin
+where
+    S: futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+{
+    use eventsource_stream::{EventStreamError, Eventsource as _};
+    let chunks = futures::stream::unfold(body, move |mut body| async move {
+        match next_chunk(&mut body, timeout).await {
+            Ok(Some(chunk)) => Some((Ok(chunk), body)),
+            Ok(None) => None,
+            Err(e) => Some((Err(e), body)),
         }
-        Ok(events)
-    }
+    });
+    Box::pin(chunks).eventsource().map(|item| match item {
+        Ok(event) => parse_data(event.data.trim()),
+        Err(EventStreamError::Transport(e)) => Err(e),
+        Err(EventStreamError::Utf8(_)) => Err(LlmError::Malformed("stream is not utf-8".into())),
+        Err(EventStreamError::Parser(e)) => {
+            Err(LlmError::Malformed(format!("stream is not valid SSE: {e}")))
+        }
+    })
 }
 
 fn parse_data(data: &str) -> Result<Vec<SseEvent>, LlmError> {
@@ -550,17 +554,28 @@ pub(crate) async fn next_chunk(
 mod tests {
     use super::*;
 
-    #[test]
-    fn sse_parser_yields_deltas_usage_and_done_across_split_chunks() {
-        let mut p = SseParser::default();
-        let mut events = p
-            .push(b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"Hel")
-            .unwrap();
+    #[tokio::test]
+    async fn sse_parser_yields_deltas_usage_and_done_across_split_chunks() {
+        const FIRST: &[u8] = b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"Hel";
+        const REST: &[u8] = b"lo\"}}]}\r\n\r\n: keepalive\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+        async fn parsed(chunks: &[&'static [u8]]) -> Vec<SseEvent> {
+            let body = futures::stream::iter(
+                chunks
+                    .iter()
+                    .map(|c| Ok::<_, reqwest::Error>(bytes::Bytes::from_static(c)))
+                    .collect::<Vec<_>>(),
+            );
+            let mut out = Vec::new();
+            let mut events = sse_events(body, Duration::from_secs(5));
+            while let Some(batch) = events.next().await {
+                out.extend(batch.unwrap());
+            }
+            out
+        }
+        // Half an event is no event yet.
+        let events = parsed(&[FIRST]).await;
         assert!(events.is_empty());
-        events.extend(
-            p.push(b"lo\"}}]}\r\n\r\n: keepalive\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n")
-                .unwrap(),
-        );
+        let events = parsed(&[FIRST, REST]).await;
         assert_eq!(
             events,
             vec![
