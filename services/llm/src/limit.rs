@@ -1,68 +1,48 @@
 //! Provider limits: calls in flight and tokens per minute.
 
-use std::{
-    sync::Mutex,
-    time::{Duration, Instant},
-};
+use std::num::NonZeroU32;
 
-/// A token bucket refilled continuously at `per_minute / 60` tokens a second, holding at most
-/// one minute's worth. Waiters are not queued fairly; with a handful of concurrent calls
-/// (bounded by the concurrency semaphore) that is good enough.
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+
+/// A token budget refilled continuously at `per_minute / 60` tokens a second, holding at most
+/// one minute's worth (governor's GCRA, which is a token bucket in effect). Waiters are not
+/// queued fairly; with a handful of concurrent calls (bounded by the concurrency semaphore)
+/// that is good enough.
 pub(crate) struct TokenBucket {
-    capacity: f64,
-    per_second: f64,
-    state: Mutex<BucketState>,
-}
-
-struct BucketState {
-    available: f64,
-    refilled_at: Instant,
+    limiter: DefaultDirectRateLimiter,
+    capacity: NonZeroU32,
 }
 
 impl TokenBucket {
     pub(crate) fn per_minute(tokens: u32) -> Self {
-        let capacity = f64::from(tokens.max(1));
+        let capacity = NonZeroU32::new(tokens.max(1)).unwrap_or(NonZeroU32::MIN);
         Self {
+            limiter: RateLimiter::direct(Quota::per_minute(capacity)),
             capacity,
-            per_second: capacity / 60.0,
-            state: Mutex::new(BucketState {
-                available: capacity,
-                refilled_at: Instant::now(),
-            }),
         }
     }
 
     /// Takes `tokens` (capped at the capacity, so one huge request cannot wait forever), waiting
-    /// until the bucket holds them.
+    /// until the budget holds them.
     pub(crate) async fn acquire(&self, tokens: u32) {
-        let want = f64::from(tokens).min(self.capacity);
-        loop {
-            let wait = {
-                let mut s = self
-                    .state
-                    .lock()
-                    .expect("token bucket lock is never poisoned");
-                let now = Instant::now();
-                let elapsed = now.duration_since(s.refilled_at).as_secs_f64();
-                s.available = (s.available + elapsed * self.per_second).min(self.capacity);
-                s.refilled_at = now;
-                if s.available >= want {
-                    s.available -= want;
-                    return;
-                }
-                Duration::from_secs_f64((want - s.available) / self.per_second)
-            };
-            tracing::debug!(
-                wait_ms = wait.as_millis() as u64,
-                "waiting for the tokens-per-minute budget"
-            );
-            tokio::time::sleep(wait).await;
+        let Some(want) = NonZeroU32::new(tokens.min(self.capacity.get())) else {
+            return;
+        };
+        if self.limiter.check_n(want).is_ok_and(|r| r.is_ok()) {
+            return;
+        }
+        tracing::debug!(tokens, "waiting for the tokens-per-minute budget");
+        // `want` never exceeds the burst, so the limiter always grants it in time.
+        if let Err(e) = self.limiter.until_n_ready(want).await {
+            tracing::warn!(error = %e, "token budget refused a request within its capacity");
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
 
     #[tokio::test]
