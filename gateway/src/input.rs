@@ -46,19 +46,7 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
 }
 
 /// The image's MIME type from its first bytes, if it is one of the types we take.
-pub fn sniff_image(bytes: &[u8]) -> Option<&'static str> {
-    if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
-        Some("image/jpeg")
-    } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("image/png")
-    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
-        Some("image/gif")
-    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
-        Some("image/webp")
-    } else {
-        None
-    }
-}
+pub use ecoscan_common::image::sniff as sniff_image;
 
 /// Checks an image and returns its sniffed MIME type.
 pub fn check_image(bytes: &[u8], max: usize) -> Result<&'static str, ApiError> {

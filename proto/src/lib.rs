@@ -34,6 +34,30 @@ pub fn to_system_time(ts: &Timestamp) -> std::time::SystemTime {
     std::time::UNIX_EPOCH + std::time::Duration::new(ts.seconds as u64, ts.nanos.max(0) as u32)
 }
 
+/// Microseconds since the Unix epoch, the time representation of the SQL stores of analytics,
+/// notification and reward.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// A protobuf timestamp as microseconds since the Unix epoch (saturating).
+pub fn timestamp_us(t: &Timestamp) -> i64 {
+    t.seconds
+        .saturating_mul(1_000_000)
+        .saturating_add(i64::from(t.nanos) / 1_000)
+}
+
+/// Microseconds since the Unix epoch as a protobuf timestamp.
+pub fn timestamp_from_us(us: i64) -> Timestamp {
+    Timestamp {
+        seconds: us.div_euclid(1_000_000),
+        // Below one second in nanoseconds, so within i32.
+        nanos: (us.rem_euclid(1_000_000) * 1_000) as i32,
+    }
+}
+
 // `Scan` takes the same input as `Submit` in a message of its own (each RPC's request can
 // evolve alone); ingest and its callers convert between the two.
 impl From<v1::ScanRequest> for v1::SubmitRequest {

@@ -13,7 +13,7 @@ use std::{
     path::{Path, PathBuf},
     str::FromStr,
     sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use anyhow::{Context, bail};
@@ -21,13 +21,10 @@ use ecoscan_common::{
     CancellationToken,
     config::{env_duration, env_opt, env_or},
 };
-use ecoscan_proto::{
-    Timestamp,
-    v1::{
-        CallStatus, GetCallRequest, GetCallResponse, LlmCall, RecordRequest, RecordResponse,
-        RecordStreamRequest, RecordStreamResponse, UsageRequest, UsageResponse, UsageRow,
-        analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
-    },
+use ecoscan_proto::v1::{
+    CallStatus, GetCallRequest, GetCallResponse, LlmCall, RecordRequest, RecordResponse,
+    RecordStreamRequest, RecordStreamResponse, UsageRequest, UsageResponse, UsageRow,
+    analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
 };
 use tokio::{net::TcpListener, sync::oneshot};
 use tonic::{Request, Response, Status, Streaming};
@@ -656,24 +653,7 @@ fn nearest_rank(sorted: &[f64], percent: usize) -> f64 {
     sorted[rank - 1]
 }
 
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-fn ts_to_us(t: &Timestamp) -> i64 {
-    t.seconds
-        .saturating_mul(1_000_000)
-        .saturating_add(i64::from(t.nanos) / 1_000)
-}
-
-fn us_to_ts(us: i64) -> Timestamp {
-    Timestamp {
-        seconds: us.div_euclid(1_000_000),
-        nanos: i32::try_from(us.rem_euclid(1_000_000) * 1_000).expect("below one second in nanos"),
-    }
-}
+use ecoscan_proto::{now_us, timestamp_from_us as us_to_ts, timestamp_us as ts_to_us};
 
 #[tonic::async_trait]
 impl<S: CallStore> AnalyticsService for Analytics<S> {

@@ -9,6 +9,7 @@ pub mod client;
 pub mod codes;
 pub mod config;
 pub mod identity;
+pub mod image;
 pub mod metrics;
 pub mod server;
 pub mod shutdown;

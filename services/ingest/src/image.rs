@@ -4,19 +4,7 @@
 use crate::error::Error;
 
 /// The image type the bytes really are, or `None` when they are not an image we accept.
-pub fn sniff(bytes: &[u8]) -> Option<&'static str> {
-    if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
-        Some("image/jpeg")
-    } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("image/png")
-    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
-        Some("image/gif")
-    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
-        Some("image/webp")
-    } else {
-        None
-    }
-}
+pub use ecoscan_common::image::sniff;
 
 /// Checks the bytes and returns their real content type.
 pub fn validate(bytes: &[u8], declared: &str, max_bytes: usize) -> Result<&'static str, Error> {

@@ -10,10 +10,7 @@ pub mod redis_store;
 pub mod scheduler;
 pub mod store;
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, bail};
 use ecoscan_common::{
@@ -21,14 +18,11 @@ use ecoscan_common::{
     config::{env_duration, env_opt, env_or},
     identity::{IdentityError, caller, valid_user_id},
 };
-use ecoscan_proto::{
-    Timestamp,
-    v1::{
-        CancelRequest, CancelResponse, ListRequest, ListResponse, Notification, NotificationStatus,
-        NotifyRequest, NotifyResponse, ScheduleRequest, ScheduleResponse, SubscribeRequest,
-        SubscribeResponse,
-        notification_service_server::{NotificationService, NotificationServiceServer},
-    },
+use ecoscan_proto::v1::{
+    CancelRequest, CancelResponse, ListRequest, ListResponse, Notification, NotificationStatus,
+    NotifyRequest, NotifyResponse, ScheduleRequest, ScheduleResponse, SubscribeRequest,
+    SubscribeResponse,
+    notification_service_server::{NotificationService, NotificationServiceServer},
 };
 use tokio::{net::TcpListener, sync::mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -680,24 +674,7 @@ fn to_proto(row: NotificationRow) -> Notification {
     }
 }
 
-pub(crate) fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-fn ts_to_us(t: &Timestamp) -> i64 {
-    t.seconds
-        .saturating_mul(1_000_000)
-        .saturating_add(i64::from(t.nanos) / 1_000)
-}
-
-fn us_to_ts(us: i64) -> Timestamp {
-    Timestamp {
-        seconds: us.div_euclid(1_000_000),
-        nanos: i32::try_from(us.rem_euclid(1_000_000) * 1_000).expect("below one second in nanos"),
-    }
-}
+pub(crate) use ecoscan_proto::{now_us, timestamp_from_us as us_to_ts, timestamp_us as ts_to_us};
 
 /// The user the call acts for (see `ecoscan_common::identity`), recorded on the RPC's span.
 fn acting_user<T>(request: &Request<T>) -> Result<String, Error> {

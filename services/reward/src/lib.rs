@@ -262,18 +262,7 @@ fn ineligible(reason: &str) -> RewardDecision {
     }
 }
 
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-fn from_us(us: i64) -> ecoscan_proto::Timestamp {
-    ecoscan_proto::Timestamp {
-        seconds: us.div_euclid(1_000_000),
-        nanos: i32::try_from(us.rem_euclid(1_000_000) * 1_000).expect("below one second in nanos"),
-    }
-}
+use ecoscan_proto::{now_us, timestamp_from_us as from_us};
 
 #[tonic::async_trait]
 impl<S: RewardStore> RewardService for Reward<S> {

@@ -32,20 +32,7 @@ pub(crate) fn check(image: &[u8], content_type: &str) -> Result<&'static str, Er
     Ok(sniffed)
 }
 
-/// The image type from the file's magic bytes.
-fn sniff(b: &[u8]) -> Option<&'static str> {
-    if b.starts_with(&[0xFF, 0xD8, 0xFF]) {
-        Some("image/jpeg")
-    } else if b.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("image/png")
-    } else if b.starts_with(b"GIF87a") || b.starts_with(b"GIF89a") {
-        Some("image/gif")
-    } else if b.len() >= 12 && &b[..4] == b"RIFF" && &b[8..12] == b"WEBP" {
-        Some("image/webp")
-    } else {
-        None
-    }
-}
+use ecoscan_common::image::sniff;
 
 #[cfg(test)]
 mod tests {

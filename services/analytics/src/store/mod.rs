@@ -11,9 +11,7 @@ pub use postgres::PgCallStore;
 pub use sqlite::SqliteCallStore;
 
 /// Whether `url` names a PostgreSQL database (anything else is taken for SQLite).
-pub fn is_postgres(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
+pub use ecoscan_sql::is_postgres;
 
 /// The store the configuration names: PostgreSQL for a `postgres://` URL, SQLite otherwise.
 #[derive(Debug, Clone)]
