@@ -22,7 +22,7 @@ use ecoscan_bench::{
     stats::{Samples, fmt_duration, fmt_opt, fmt_rate, thousands},
     system,
 };
-use ecoscan_notification::{redis_store::RedisScheduler, scheduler::Scheduler as _};
+use ecoscan_notification::scheduler::{RedisScheduler, Scheduler as _};
 use rand::Rng as _;
 
 #[derive(Parser, Debug)]

@@ -39,7 +39,7 @@ use ecoscan_bench::{
     system,
 };
 use ecoscan_common::{CancellationToken, client::TracedChannel};
-use ecoscan_notification::redis_store::RedisScheduler;
+use ecoscan_notification::scheduler::RedisScheduler;
 use ecoscan_proto::{
     Timestamp,
     v1::{

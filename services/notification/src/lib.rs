@@ -6,7 +6,6 @@ mod error;
 pub mod hub;
 pub mod metrics;
 pub mod reconcile;
-pub mod redis_store;
 pub mod scheduler;
 pub mod store;
 
@@ -226,7 +225,7 @@ pub async fn serve(
     let kick = Kick::default();
     let (scheduler, fanout, relay) = match &config.redis {
         Some(settings) => {
-            let (scheduler, fanout, relay) = redis_store::open(
+            let (scheduler, fanout, relay) = open_redis(
                 settings,
                 &config.redis_prefix,
                 config.poll_interval,
@@ -776,4 +775,28 @@ impl<St: NotificationStore, Sc: Scheduler> NotificationService for Notifications
         let notifications = Notifications::list(self, &user, request.into_inner()).await?;
         Ok(Response::new(ListResponse { notifications }))
     }
+}
+
+/// The scheduler and the fan-out of one process on `settings`' Redis (one server or a
+/// Cluster), sharing one multiplexed connection; with the subscription that makes two Redis
+/// connections per process, however many subscribers it has. Each time the subscription comes
+/// back after a lost connection, `resynced` asks for a reconcile sweep.
+async fn open_redis(
+    settings: &ecoscan_redis::Settings,
+    prefix: &str,
+    poll: Duration,
+    hub: Arc<Hub>,
+    stop: CancellationToken,
+    resynced: Kick,
+) -> anyhow::Result<(
+    scheduler::RedisScheduler,
+    hub::RedisFanout,
+    tokio::task::JoinHandle<()>,
+)> {
+    let redis = ecoscan_redis::Redis::connect(settings, "ecoscan-notification")
+        .await
+        .context("failed to connect to redis (REDIS_URL)")?;
+    let scheduler = scheduler::RedisScheduler::new(&redis, prefix, poll);
+    let (fanout, relay) = hub::RedisFanout::start_with(&redis, prefix, hub, stop, resynced).await?;
+    Ok((scheduler, fanout, relay))
 }

@@ -193,7 +193,7 @@ macro_rules! conformance {
         }
         mod redis {
             use std::{sync::Arc, time::Duration};
-            use ecoscan_notification::redis_store::RedisScheduler;
+            use ecoscan_notification::scheduler::RedisScheduler;
             use crate::support::RedisPrefix;
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,7 +208,7 @@ macro_rules! conformance {
         }
         mod redis_cluster {
             use std::{sync::Arc, time::Duration};
-            use ecoscan_notification::redis_store::RedisScheduler;
+            use ecoscan_notification::scheduler::RedisScheduler;
             use ecoscan_redis::{Redis, testing::PrivateCluster};
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,11 +10,15 @@ use std::{
 use ecoscan_proto::v1::Notification;
 use tokio::sync::broadcast::{self, error::RecvError};
 
+mod redis;
+
+pub use redis::RedisFanout;
+
 /// How a delivered notification reaches live subscribers: this process's hub directly, or every
 /// replica's hub through Redis (this process's included, by its own subscription).
 pub enum Fanout {
     Local(Arc<Hub>),
-    Redis(crate::redis_store::RedisFanout),
+    Redis(RedisFanout),
 }
 
 impl Fanout {
