@@ -50,7 +50,6 @@ const REVIEWED_LONG_MODULES: &[&str] = &[
     "services/ingest/src/store/redis.rs",
     "services/llm/src/lib.rs",
     "services/llm/src/openai.rs",
-    "services/notification/src/lib.rs",
     "services/rule/src/dataset.rs",
     "services/suite/src/lib.rs",
 ];
