@@ -40,7 +40,6 @@ const REVIEWED_LONG_MODULES: &[&str] = &[
     "gateway/src/auth.rs",
     "gateway/src/openapi.rs",
     "gateway/src/sse.rs",
-    "services/analytics/src/lib.rs",
     "services/analytics/src/spool.rs",
     "services/common/src/balance.rs",
     "services/common/src/telemetry.rs",
