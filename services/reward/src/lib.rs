@@ -6,81 +6,23 @@ pub mod catalogue;
 mod error;
 pub mod store;
 
-use std::sync::Arc;
+mod config;
+mod service;
+
+pub use config::{Config, DEFAULT_DATABASE_URL};
+pub use service::Reward;
 
 use anyhow::Context;
-use ecoscan_common::metrics::Labels1;
-use ecoscan_common::{
-    CancellationToken,
-    config::{env_opt, env_or},
-    identity::{IdentityError, caller, valid_user_id},
-};
-use ecoscan_proto::v1::{
-    EvaluateRequest, EvaluateResponse, ListOwnedRequest, ListOwnedResponse, OwnedCharacter,
-    RewardDecision,
-    reward_service_server::{RewardService, RewardServiceServer},
-};
-use prometheus_client::metrics::{counter::Counter, family::Family};
+use ecoscan_common::CancellationToken;
+use ecoscan_proto::v1::reward_service_server::RewardServiceServer;
 use tokio::net::TcpListener;
-use tonic::{Request, Response, Status};
 
 pub use catalogue::Catalogue;
 pub use error::Error;
-use store::{AnyRewardStore, Grant, RewardStore, StoredDecision};
+use store::AnyRewardStore;
 
 /// Fully-qualified gRPC service name.
 pub const SERVICE_NAME: &str = "ecoscan.v1.RewardService";
-
-/// Default database: a SQLite file under `./data`.
-pub const DEFAULT_DATABASE_URL: &str = "sqlite://./data/reward.db?mode=rwc";
-
-/// Configuration of the reward service.
-///
-/// Environment variables:
-/// - `REWARD_DATABASE_URL`, else `DATABASE_URL`: sqlx database URL (default
-///   `sqlite://./data/reward.db?mode=rwc`; `sqlite::memory:` for a throw-away database; a
-///   `postgres://` URL selects PostgreSQL, whose migrations are applied at start). The parent
-///   directory of a SQLite file is created.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Where grants and decisions are stored.
-    pub database_url: String,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            database_url: DEFAULT_DATABASE_URL.to_owned(),
-        }
-    }
-}
-
-impl Config {
-    /// Reads the configuration from the environment (see the type's docs).
-    pub fn from_env() -> anyhow::Result<Self> {
-        Ok(Self {
-            database_url: match env_opt("REWARD_DATABASE_URL") {
-                Some(url) => url,
-                None => env_or("DATABASE_URL", DEFAULT_DATABASE_URL.to_owned())?,
-            },
-        })
-    }
-}
-
-impl Config {
-    /// Switches this configuration onto PostgreSQL when `REWARD_DATABASE_URL` (else
-    /// `DATABASE_URL`) is a `postgres://` URL, and leaves it as it is otherwise. `ecoscan up`
-    /// builds its own embedded configuration and passes it through here.
-    pub fn with_stores_from_env(mut self) -> Self {
-        if let Some(url) = env_opt("REWARD_DATABASE_URL")
-            .or_else(|| env_opt("DATABASE_URL"))
-            .filter(|u| store::is_postgres(u))
-        {
-            self.database_url = url;
-        }
-        self
-    }
-}
 
 /// Brings the database's schema up to date and returns (`ecoscan-reward migrate`); `serve` does
 /// the same at start.
@@ -127,175 +69,4 @@ pub async fn serve(
     .await;
     store.close().await;
     result
-}
-
-/// The RewardService implementation over any [`RewardStore`].
-pub struct Reward<S> {
-    catalogue: Arc<Catalogue>,
-    store: S,
-    /// `reward_decisions_total{reason}`.
-    decisions: Family<Labels1, Counter>,
-}
-
-impl<S: RewardStore> Reward<S> {
-    /// A service granting characters from `catalogue`, stored in `store`.
-    pub fn new(catalogue: Catalogue, store: S) -> Self {
-        Self {
-            catalogue: Arc::new(catalogue),
-            store,
-            decisions: Family::default(),
-        }
-    }
-
-    /// Counts decisions in `metrics` as `reward_decisions_total{reason}`.
-    #[must_use]
-    pub fn with_metrics(self, metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
-        metrics.registry().register(
-            "reward_decisions",
-            "Reward decisions returned, by reason (repeats of a job's decision included)",
-            self.decisions.clone(),
-        );
-        self
-    }
-
-    /// Decides (and grants) what the scan earns; see the RPC's docs.
-    pub async fn evaluate(
-        &self,
-        user_id: &str,
-        req: EvaluateRequest,
-    ) -> Result<RewardDecision, Error> {
-        if req.job_id.trim().is_empty() {
-            return Err(Error::EmptyJobId);
-        }
-        if !valid_user_id(user_id) {
-            return Err(Error::Identity(IdentityError::Invalid));
-        }
-        let classification = req.classification.ok_or(Error::MissingClassification)?;
-
-        // A replay returns the stored decision whatever it carries this time.
-        if let Some(stored) = self
-            .store
-            .decision(&req.job_id)
-            .await
-            .map_err(Error::Internal)?
-        {
-            return self.stored_to_proto(stored, user_id);
-        }
-
-        // Ineligible decisions grant nothing and follow from the request alone, so they are
-        // answered without storing anything.
-        let Some(rules) = req.rules else {
-            return Ok(ineligible("no_rules"));
-        };
-        if !rules.recyclable {
-            return Ok(ineligible("not_recyclable"));
-        }
-        let Some(character) = self.catalogue.for_category(&classification.middle_category) else {
-            return Ok(ineligible("no_character_for_category"));
-        };
-
-        let stored = self
-            .store
-            .grant(Grant {
-                job_id: req.job_id,
-                user_id: user_id.to_owned(),
-                character_code: character.code.clone(),
-                now_us: now_us(),
-            })
-            .await
-            .map_err(Error::Internal)?;
-        self.stored_to_proto(stored, user_id)
-    }
-
-    /// Characters `user_id` owns, oldest first.
-    pub async fn list_owned(&self, user_id: &str) -> Result<Vec<OwnedCharacter>, Error> {
-        if !valid_user_id(user_id) {
-            return Err(Error::Identity(IdentityError::Invalid));
-        }
-        let rows = self
-            .store
-            .list_owned(user_id)
-            .await
-            .map_err(Error::Internal)?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|row| {
-                let Some(character) = self.catalogue.by_code(&row.character_code) else {
-                    tracing::warn!(code = %row.character_code, "owned character is not in the catalogue");
-                    return None;
-                };
-                Some(OwnedCharacter {
-                    character: Some(character.clone()),
-                    acquired_at: Some(from_us(row.acquired_at_us)),
-                    job_id: row.job_id,
-                })
-            })
-            .collect())
-    }
-
-    fn stored_to_proto(&self, d: StoredDecision, user_id: &str) -> Result<RewardDecision, Error> {
-        if d.user_id != user_id {
-            return Err(Error::JobOfAnotherUser(d.job_id));
-        }
-        let character = d.character_code.as_deref().and_then(|code| {
-            let c = self.catalogue.by_code(code);
-            if c.is_none() {
-                tracing::warn!(code, "decided character is not in the catalogue");
-            }
-            c.cloned()
-        });
-        Ok(RewardDecision {
-            eligible: d.eligible,
-            newly_granted: d.newly_granted,
-            character,
-            reason: d.reason,
-        })
-    }
-}
-
-fn ineligible(reason: &str) -> RewardDecision {
-    RewardDecision {
-        eligible: false,
-        newly_granted: false,
-        character: None,
-        reason: reason.to_owned(),
-    }
-}
-
-use ecoscan_proto::{now_us, timestamp_from_us as from_us};
-
-#[tonic::async_trait]
-impl<S: RewardStore> RewardService for Reward<S> {
-    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id, user_id, reason))]
-    async fn evaluate(
-        &self,
-        request: Request<EvaluateRequest>,
-    ) -> Result<Response<EvaluateResponse>, Status> {
-        let user = caller(request.metadata()).map_err(Error::from)?;
-        tracing::Span::current().record("user_id", user.as_str());
-        let decision = Reward::evaluate(self, &user, request.into_inner()).await?;
-        self.decisions
-            .get_or_create(&[("reason", decision.reason.clone())])
-            .inc();
-        tracing::Span::current().record("reason", decision.reason.as_str());
-        tracing::info!(
-            eligible = decision.eligible,
-            newly_granted = decision.newly_granted,
-            "reward decided"
-        );
-        Ok(Response::new(EvaluateResponse {
-            decision: Some(decision),
-        }))
-    }
-
-    #[tracing::instrument(skip_all, fields(user_id))]
-    async fn list_owned(
-        &self,
-        request: Request<ListOwnedRequest>,
-    ) -> Result<Response<ListOwnedResponse>, Status> {
-        let user = caller(request.metadata()).map_err(Error::from)?;
-        tracing::Span::current().record("user_id", user.as_str());
-        let characters = Reward::list_owned(self, &user).await?;
-        Ok(Response::new(ListOwnedResponse { characters }))
-    }
 }
