@@ -79,7 +79,9 @@ fi
 # shellcheck source=lib/suite.sh
 source infra/lib/suite.sh
 suite_build
-suite_start GATEWAY_JAEGER_URL="$JAEGER_URL"
+# The mock model at 2 s a call, as a person would see a real one: its answer then streams in
+# several deltas (ingest coalesces them per 250 ms), which the page must show growing.
+suite_start GATEWAY_JAEGER_URL="$JAEGER_URL" LLM_MOCK_LATENCY=2s
 
 started=$SECONDS
 status=0
