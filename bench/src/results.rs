@@ -121,27 +121,8 @@ impl ScratchStores {
         let mut conn = redis::Client::open(REDIS_URL)?
             .get_multiplexed_async_connection()
             .await?;
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{}:*", self.id))
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
-            if !keys.is_empty() {
-                redis::cmd("UNLINK")
-                    .arg(&keys)
-                    .query_async::<()>(&mut conn)
-                    .await?;
-            }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
-        }
+        ecoscan_redis::unlink_prefixed(&mut conn, &format!("{}:", self.id)).await?;
+        Ok(())
     }
 }
 

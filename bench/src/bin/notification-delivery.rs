@@ -704,27 +704,5 @@ async fn remove_keys(url: &str, prefix: &str) -> anyhow::Result<usize> {
     let mut conn = redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?;
-    let mut cursor: u64 = 0;
-    let mut removed = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            removed += keys.len();
-            redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async::<()>(&mut conn)
-                .await?;
-        }
-        if next == 0 {
-            return Ok(removed);
-        }
-        cursor = next;
-    }
+    Ok(ecoscan_redis::unlink_prefixed(&mut conn, prefix).await?)
 }

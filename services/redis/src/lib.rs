@@ -408,6 +408,38 @@ fn cluster_client(
     Ok(builder.build()?)
 }
 
+/// Unlinks every key matching `prefix*` on one server, walking it with `SCAN` (never `KEYS`,
+/// which would stall a server others use); returns how many keys there were. For tests,
+/// benchmarks and tools that keep their keys under a prefix of their own.
+pub async fn unlink_prefixed<C: ConnectionLike>(
+    conn: &mut C,
+    prefix: &str,
+) -> redis::RedisResult<usize> {
+    let mut cursor: u64 = 0;
+    let mut removed = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        if !keys.is_empty() {
+            removed += keys.len();
+            redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async::<()>(conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(removed);
+        }
+        cursor = next;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,12 +28,11 @@ use std::{
 };
 
 use common::{FollowedSse, image_form};
-use ecoscan_ingest::store::redis::{DEFAULT_FEED_SHARDS, shard_of};
 use ecoscan_proto::v1::{EventStatus, JobStatus, ScanEvent, Stage};
 use sqlx::{PgPool, Row};
 use support::{
     processes::{Cluster, Service},
-    stores::{PrivateRedis, TestStores, logged_event},
+    stores::{PrivateRedis, TestStores},
 };
 use tokio::{
     net::{TcpListener, TcpStream},
@@ -250,30 +249,6 @@ async fn scan(http: reqwest::Client, gateway: String, i: usize) -> Scan {
     }
 }
 
-/// A job's whole event log, read from Redis.
-async fn event_log(
-    redis: &mut ecoscan_redis::Conn,
-    stores: &TestStores,
-    job_id: &str,
-) -> Vec<ScanEvent> {
-    let shard = shard_of(job_id, DEFAULT_FEED_SHARDS);
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!(
-            "{}scan:{{s{shard}}}:{job_id}:events",
-            stores.prefix
-        ))
-        .arg("-")
-        .arg("+")
-        .query_async(redis)
-        .await
-        .expect("XRANGE");
-    reply
-        .ids
-        .iter()
-        .map(|e| logged_event(&e.get::<Vec<u8>>("ev").expect("event body")))
-        .collect()
-}
-
 fn count(log: &[ScanEvent], stage: Stage, status: EventStatus) -> usize {
     log.iter()
         .filter(|e| e.stage == stage as i32 && e.status == status as i32)
@@ -420,7 +395,7 @@ async fn scans_survive_every_process_killed_redis_paused_postgres_cut_and_s3_sto
     for scan in &scans {
         let job = &scan.job_id;
         let status = rows[job];
-        let log = event_log(&mut redis_conn, &stores, job).await;
+        let log = stores.event_log(&mut redis_conn, job).await;
         assert_eq!(
             count(&log, Stage::Done, EventStatus::Completed)
                 + count(&log, Stage::Done, EventStatus::Failed),
@@ -515,25 +490,7 @@ async fn scans_survive_every_process_killed_redis_paused_postgres_cut_and_s3_sto
 
     // No reward granted twice: one owner row per (user, character), from the one job whose
     // decision says it was newly granted; every eligible decision is the one reward stored.
-    let decisions: HashMap<String, (String, bool, bool, Option<String>)> = sqlx::query(
-        "SELECT job_id, user_id, eligible, newly_granted, character_code FROM reward_decisions",
-    )
-    .fetch_all(&pg)
-    .await
-    .expect("reward decisions")
-    .iter()
-    .map(|r| {
-        (
-            r.get("job_id"),
-            (
-                r.get("user_id"),
-                r.get("eligible"),
-                r.get("newly_granted"),
-                r.get("character_code"),
-            ),
-        )
-    })
-    .collect();
+    let decisions = support::stores::reward_decisions(&pg).await;
     let owned: HashMap<(String, String), String> =
         sqlx::query("SELECT user_id, character_code, job_id FROM owned_characters")
             .fetch_all(&pg)

@@ -20,7 +20,6 @@ use std::{
 
 use common::image_form;
 use ecoscan_common::client::request_as;
-use ecoscan_ingest::store::redis::{DEFAULT_FEED_SHARDS, shard_of};
 use ecoscan_proto::v1::{
     EventStatus, GetResultRequest, JobStatus, ListOwnedRequest, ScanEvent, ScanResult, Stage,
     reward_service_client::RewardServiceClient, scan_service_client::ScanServiceClient,
@@ -248,25 +247,7 @@ async fn assert_rewards_granted_once(
     scans: &[Scan],
     results: &HashMap<String, ScanResult>,
 ) -> usize {
-    let stored: HashMap<String, (String, bool, bool, Option<String>)> = sqlx::query(
-        "SELECT job_id, user_id, eligible, newly_granted, character_code FROM reward_decisions",
-    )
-    .fetch_all(pg)
-    .await
-    .expect("read reward decisions")
-    .iter()
-    .map(|r| {
-        (
-            r.get("job_id"),
-            (
-                r.get("user_id"),
-                r.get("eligible"),
-                r.get("newly_granted"),
-                r.get("character_code"),
-            ),
-        )
-    })
-    .collect();
+    let stored = support::stores::reward_decisions(pg).await;
 
     // (user, character) -> (jobs that earned it, jobs that were granted it)
     let mut earned: HashMap<(&str, String), (usize, Vec<&str>)> = HashMap::new();
@@ -345,31 +326,6 @@ async fn assert_rewards_granted_once(
         );
     }
     earned.values().filter(|(n, _)| *n > 1).count()
-}
-
-/// A job's whole event log, read from Redis.
-async fn event_log(
-    redis: &mut ecoscan_redis::Conn,
-    stores: &TestStores,
-    job_id: &str,
-) -> Vec<ScanEvent> {
-    let shard = shard_of(job_id, DEFAULT_FEED_SHARDS);
-    let key = format!("{}scan:{{s{shard}}}:{job_id}:events", stores.prefix);
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(&key)
-        .arg("-")
-        .arg("+")
-        .query_async(redis)
-        .await
-        .expect("XRANGE");
-    reply
-        .ids
-        .iter()
-        .map(|e| {
-            let body: Vec<u8> = e.get("ev").expect("event body");
-            support::stores::logged_event(&body)
-        })
-        .collect()
 }
 
 /// Reads each job's events through the gateway (SSE from the start, as its owner): the stream
@@ -523,7 +479,7 @@ async fn ingest_killed_mid_run(stores: TestStores) {
     let mut logs = HashMap::new();
     let mut redis = stores.redis().await;
     for scan in &scans {
-        let log = event_log(&mut redis, &stores, &scan.job_id).await;
+        let log = stores.event_log(&mut redis, &scan.job_id).await;
         let done: Vec<&ScanEvent> = log
             .iter()
             .filter(|e| e.stage == Stage::Done as i32)
@@ -628,7 +584,7 @@ async fn the_sweeper_finishes_every_job_when_redis_restarts_empty() {
     // What the log kept after the restart never says a job ended twice.
     let mut logs = stores.redis().await;
     for scan in &scans {
-        let log = event_log(&mut logs, &stores, &scan.job_id).await;
+        let log = stores.event_log(&mut logs, &scan.job_id).await;
         let done = log.iter().filter(|e| e.stage == Stage::Done as i32).count();
         assert!(
             done <= 1,

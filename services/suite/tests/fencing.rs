@@ -13,13 +13,12 @@ mod support;
 use std::{collections::HashMap, time::Duration};
 
 use common::{FollowedSse, image_form};
-use ecoscan_ingest::store::redis::{DEFAULT_FEED_SHARDS, shard_of};
 use ecoscan_proto::v1::{EventStatus, JobStatus, ScanEvent, Stage, scan_event::Payload};
 use futures::{StreamExt, stream};
 use sqlx::{PgPool, Row};
 use support::{
     processes::{Cluster, Service},
-    stores::{PrivateRedis, TestStores, logged_event},
+    stores::{PrivateRedis, TestStores},
 };
 use tokio::time::Instant;
 
@@ -32,30 +31,6 @@ const PAUSE: Duration = Duration::from_millis(2500);
 const SLOW: Duration = Duration::from_secs(5);
 const FAST: Duration = Duration::from_millis(200);
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// A job's whole event log, read from Redis.
-async fn event_log(
-    redis: &mut ecoscan_redis::Conn,
-    stores: &TestStores,
-    job_id: &str,
-) -> Vec<ScanEvent> {
-    let shard = shard_of(job_id, DEFAULT_FEED_SHARDS);
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!(
-            "{}scan:{{s{shard}}}:{job_id}:events",
-            stores.prefix
-        ))
-        .arg("-")
-        .arg("+")
-        .query_async(redis)
-        .await
-        .expect("XRANGE");
-    reply
-        .ids
-        .iter()
-        .map(|e| logged_event(&e.get::<Vec<u8>>("ev").expect("event body")))
-        .collect()
-}
 
 /// `value` with every fractional number rounded to `f32`, as the proto fields are: the gateway
 /// writes `0.9` in an SSE event and `0.8999999761581421` in a result for the same `f32`.
@@ -163,7 +138,7 @@ async fn a_redis_stall_past_the_lease_mid_answer_leaves_one_completion_per_stage
     loop {
         let mut in_stage = 0;
         for job in &jobs {
-            let log = event_log(&mut log_reader, &stores, job).await;
+            let log = stores.event_log(&mut log_reader, job).await;
             let ready = count(&log, Stage::Answer, EventStatus::Delta) > 0;
             if ready {
                 in_stage += 1;
@@ -213,7 +188,7 @@ async fn a_redis_stall_past_the_lease_mid_answer_leaves_one_completion_per_stage
     };
     let mut taken_over = 0;
     for job in &jobs {
-        let log = event_log(&mut log_reader, &stores, job).await;
+        let log = stores.event_log(&mut log_reader, job).await;
         for stage in [Stage::Vision, Stage::Rule, Stage::Answer, Stage::Reward] {
             assert_eq!(
                 count(&log, stage, EventStatus::Completed),

@@ -251,32 +251,64 @@ pub async fn client_names<C: redis::aio::ConnectionLike>(conn: &mut C) -> Vec<St
         .collect()
 }
 
-/// Deletes every key under `prefix` (SCAN, never KEYS, on a server others use).
+/// Deletes every key under `prefix`.
 async fn delete_redis_keys(url: &str, prefix: &str) -> redis::RedisResult<()> {
     let mut conn = redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?;
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            redis::cmd("DEL")
-                .arg(&keys)
-                .query_async::<()>(&mut conn)
-                .await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
+    ecoscan_redis::unlink_prefixed(&mut conn, prefix).await?;
+    Ok(())
+}
+
+impl TestStores {
+    /// Every event in `job_id`'s log as ingest stored it in Redis (under this test's prefix).
+    pub async fn event_log(
+        &self,
+        redis: &mut ecoscan_redis::Conn,
+        job_id: &str,
+    ) -> Vec<ecoscan_proto::v1::ScanEvent> {
+        use ecoscan_ingest::store::redis::{DEFAULT_FEED_SHARDS, shard_of};
+        let shard = shard_of(job_id, DEFAULT_FEED_SHARDS);
+        let key = format!("{}scan:{{s{shard}}}:{job_id}:events", self.prefix);
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query_async(redis)
+            .await
+            .expect("XRANGE");
+        reply
+            .ids
+            .iter()
+            .map(|e| logged_event(&e.get::<Vec<u8>>("ev").expect("event body")))
+            .collect()
     }
+}
+
+/// Reward's stored decisions by job: `(user, eligible, newly granted, character code)`.
+pub async fn reward_decisions(
+    pg: &PgPool,
+) -> std::collections::HashMap<String, (String, bool, bool, Option<String>)> {
+    use sqlx::Row;
+    sqlx::query(
+        "SELECT job_id, user_id, eligible, newly_granted, character_code FROM reward_decisions",
+    )
+    .fetch_all(pg)
+    .await
+    .expect("read reward decisions")
+    .iter()
+    .map(|r| {
+        (
+            r.get("job_id"),
+            (
+                r.get("user_id"),
+                r.get("eligible"),
+                r.get("newly_granted"),
+                r.get("character_code"),
+            ),
+        )
+    })
+    .collect()
 }
 
 /// An event as ingest's Redis log stores it: `<job>\n<id>\n<seq>\n<protobuf body>`.
