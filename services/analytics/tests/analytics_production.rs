@@ -17,10 +17,6 @@ use ecoscan_proto::v1::{
     analytics_service_client::AnalyticsServiceClient,
 };
 use support::PgSchema;
-use tokio::{
-    net::{TcpListener, TcpStream},
-    sync::watch,
-};
 
 /// Where the tests find S3 unless `TEST_S3_ENDPOINT` says otherwise.
 const DEFAULT_TEST_S3_ENDPOINT: &str = "http://127.0.0.1:9000";
@@ -150,55 +146,6 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
     objects.delete_bucket().await.unwrap();
 }
 
-/// A loopback TCP proxy to S3 that the test takes down (every connection, open or new, is cut)
-/// and brings back, like an S3 endpoint that becomes unreachable for a while.
-struct Proxy {
-    addr: SocketAddr,
-    up: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (up, watch) = watch::channel(true);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                let mut watch = watch.clone();
-                if !*watch.borrow() {
-                    // Down: the connection is closed at once, before a byte of HTTP.
-                    drop(inbound);
-                    continue;
-                }
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = watch.wait_for(|up| !up) => {}
-                    }
-                });
-            }
-        });
-        Self { addr, up, task }
-    }
-
-    fn set_up(&self, up: bool) {
-        self.up.send_replace(up);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 async fn scrape_value(addr: SocketAddr, name: &str) -> f64 {
     let text = ecoscan_common::testing::scrape(addr).await;
     ecoscan_common::testing::sample(&text, name, &[]).unwrap_or_else(|| panic!("{name}"))
@@ -214,12 +161,12 @@ async fn calls_recorded_while_s3_is_unreachable_land_exactly_once_after_it_retur
         .trim_end_matches('/')
         .parse()
         .expect("TEST_S3_ENDPOINT is http://<ip>:<port>");
-    let proxy = Proxy::start(target).await;
+    let proxy = ecoscan_common::testing::CuttingProxy::start(target).await;
     let spool = tempfile::TempDir::new().unwrap();
     let config = Config {
         database_url: schema.url.clone(),
         bodies: ObjectStoreConfig::S3(S3Config {
-            endpoint: format!("http://{}", proxy.addr),
+            endpoint: format!("http://{}", proxy.addr()),
             ..s3.clone()
         }),
         batch_linger: Duration::from_millis(5),

@@ -165,3 +165,61 @@ pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
                 .then(|| value.parse().ok())?
         })
 }
+
+/// A loopback TCP proxy in front of `target` that a test takes down and brings back. Down, it
+/// cuts every open connection and closes every new one at once, before a byte passes: an
+/// endpoint that stopped (S3, say), whose data is still there when it comes back.
+pub struct CuttingProxy {
+    addr: SocketAddr,
+    up: tokio::sync::watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl CuttingProxy {
+    /// Listens on a free loopback port, forwarding to `target`; up.
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let addr = listener.local_addr().expect("the proxy's address");
+        let (up, watching) = tokio::sync::watch::channel(true);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                let mut watching = watching.clone();
+                if !*watching.borrow() {
+                    drop(inbound);
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = watching.wait_for(|up| !up) => {}
+                    }
+                });
+            }
+        });
+        Self { addr, up, task }
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Takes the endpoint down (`false`: open connections are cut, new ones closed) or up.
+    pub fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
+
+impl Drop for CuttingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -34,11 +34,7 @@ use support::{
     processes::{Cluster, Service},
     stores::{PrivateRedis, TestStores},
 };
-use tokio::{
-    net::{TcpListener, TcpStream},
-    sync::watch,
-    time::Instant,
-};
+use tokio::{net::TcpStream, time::Instant};
 
 const SCANS: usize = 300;
 /// Scans are submitted at an even pace over this long, so that every fault hits scans in flight.
@@ -140,56 +136,6 @@ impl Drop for Moto {
     }
 }
 
-/// A loopback TCP proxy in front of the S3 endpoint. Down, it cuts every open connection and
-/// closes every new one at once: an endpoint that stopped, whose data is still there after.
-struct Proxy {
-    addr: SocketAddr,
-    up: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the proxy");
-        let addr = listener.local_addr().expect("the proxy's address");
-        let (up, watching) = watch::channel(true);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                let mut watching = watching.clone();
-                if !*watching.borrow() {
-                    drop(inbound);
-                    continue;
-                }
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = watching.wait_for(|up| !up) => {}
-                    }
-                });
-            }
-        });
-        Self { addr, up, task }
-    }
-
-    fn set_up(&self, up: bool) {
-        self.up.send_replace(up);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// One scan as its user saw it.
 #[derive(Debug)]
 struct Scan {
@@ -281,9 +227,9 @@ async fn scans_survive_every_process_killed_redis_paused_postgres_cut_and_s3_sto
 
     let redis = PrivateRedis::start().await;
     let moto = Moto::start().await;
-    let s3 = Proxy::start(moto.addr).await;
+    let s3 = ecoscan_common::testing::CuttingProxy::start(moto.addr).await;
     let mut stores = TestStores::create(Some(redis.url())).await;
-    stores.s3_endpoint = format!("http://{}", s3.addr);
+    stores.s3_endpoint = format!("http://{}", s3.addr());
     // The test's own connections (this pool) are not named, so terminating the services'
     // connections never touches them, nor any other test's.
     let pg = stores.pg().await;
