@@ -98,20 +98,7 @@ async fn an_ingest_replica_drains_on_sigterm_without_failing_a_scan() {
         .expect("the load ran");
     assert_eq!(watched.len(), JOBS);
     for (job, events) in &watched {
-        let seqs: Vec<u64> = events
-            .iter()
-            .map(|e| e.data["seq"].as_u64().expect("seq"))
-            .collect();
-        let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
-        assert_eq!(
-            seqs, expected,
-            "job {job}: every event once, in order, on one connection: {events:#?}"
-        );
-        assert_eq!(
-            events.last().map(|e| e.event.as_str()),
-            Some("ready"),
-            "job {job} ends with ready: {events:#?}"
-        );
+        common::assert_whole_stream(job, events);
     }
     let statuses: Vec<i32> = sqlx::query("SELECT status FROM scan_jobs")
         .fetch_all(&pg)

@@ -143,20 +143,7 @@ async fn run(stores: TestStores) {
     let all = tokio::time::timeout(deadline, async {
         while let Some(joined) = clients.join_next().await {
             let (job, events) = joined.expect("SSE client");
-            let seqs: Vec<u64> = events
-                .iter()
-                .map(|e| e.data["seq"].as_u64().expect("seq"))
-                .collect();
-            let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
-            assert_eq!(
-                seqs, expected,
-                "job {job}: every event once, in order, no gap: {events:#?}"
-            );
-            assert_eq!(
-                events.last().map(|e| e.event.as_str()),
-                Some("ready"),
-                "job {job} ends with ready"
-            );
+            common::assert_whole_stream(&job, &events);
             seen += 1;
         }
     })

@@ -86,6 +86,26 @@ pub struct Sse {
     pub data: serde_json::Value,
 }
 
+/// Asserts that `events` is job `job`'s whole stream as one client saw it: every event once, in
+/// order (`seq` 1, 2, … with no gap), ending with `ready`.
+#[allow(dead_code)] // Each test binary uses its own part of this module.
+pub fn assert_whole_stream(job: &str, events: &[Sse]) {
+    let seqs: Vec<u64> = events
+        .iter()
+        .map(|e| e.data["seq"].as_u64().expect("seq"))
+        .collect();
+    let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
+    assert_eq!(
+        seqs, expected,
+        "job {job}: every event once, in order, no gap: {events:#?}"
+    );
+    assert_eq!(
+        events.last().map(|e| e.event.as_str()),
+        Some("ready"),
+        "job {job} ends with ready: {events:#?}"
+    );
+}
+
 /// Reads an SSE response to its end (the server closes after `ready` or `error`), with a
 /// generous overall deadline so a hung stream fails the test instead of hanging it.
 pub async fn read_sse(res: reqwest::Response) -> Vec<Sse> {
