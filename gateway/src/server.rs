@@ -20,6 +20,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use ecoscan_common::CancellationToken;
+use futures::FutureExt as _;
 use http_body_util::BodyExt as _;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -32,6 +33,8 @@ use crate::{config::Limits, error::ApiError};
 
 /// How long open connections may take to finish after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(30);
+/// The largest request line and headers accepted (hyper's minimum buffer size).
+pub(crate) const MAX_REQUEST_HEAD: usize = 8 * 1024;
 /// Windows over which a body's minimum rate is checked.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
 
@@ -50,7 +53,13 @@ pub(crate) async fn serve(
         .timer(TokioTimer::new())
         // Starts whenever the connection waits for a request's head: slow headers and idle
         // keep-alive connections are both cut after it.
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(limits.header_timeout)
+        // Request heads of at most 8 KiB (hyper answers 431 beyond), which also keeps each
+        // connection's read buffer at 8 KiB: with hyper's default the buffer of every
+        // connection doubles to 16 KiB on the second read of its first request (the version
+        // sniffing above hands hyper the first bytes as a short read of their own), and an
+        // idle SSE connection holds it for its whole life.
+        .max_buf_size(MAX_REQUEST_HEAD);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -84,13 +93,14 @@ pub(crate) async fn serve(
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
             .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
+        // A combinator rather than an `async` block, which would hold a second copy of the
+        // connection's future (~1.7 KiB) in the task of every connection.
+        tokio::spawn(graceful.watch(connection).map(move |ended| {
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(permit);
-        });
+        }));
     }
     drop(listener);
     if tokio::time::timeout(DRAIN, graceful.shutdown())

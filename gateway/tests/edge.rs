@@ -560,3 +560,24 @@ fn check_cut(i: usize, took: Duration, response: &str) {
         );
     }
 }
+
+#[tokio::test]
+async fn request_heads_over_8_kib_are_431_and_the_others_are_served() {
+    let env = start().await;
+    let with_header = |bytes: usize| {
+        env.http
+            .get(env.url("/api/v1/characters/me"))
+            .header("x-user-id", "alice")
+            .header("x-padding", "p".repeat(bytes))
+            .send()
+    };
+    // A long head that fits (a large token or cookie) is served as usual.
+    let res = with_header(7 * 1024).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // Past 8 KiB hyper answers 431 itself, before any route runs.
+    let res = with_header(9 * 1024).await.unwrap();
+    assert_eq!(res.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    // And the gateway goes on serving others.
+    let res = with_header(16).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
