@@ -25,7 +25,10 @@ use ecoscan_ingest::{
 use ecoscan_proto::v1::{
     Classification, DisposalRules, ErrorInfo, EventStatus, JobStatus, ScanEvent, Stage,
 };
-use ecoscan_redis::{Redis, Settings, redis, testing::PrivateCluster};
+use ecoscan_redis::{
+    Redis, Settings, redis,
+    testing::{PrivateCluster, PrivateRedis},
+};
 
 /// The next event of `job` on `feed`, skipping resyncs (a feed says one when it starts).
 async fn next_event(feed: &mut Box<dyn Feed>, job: &str) -> ScanEvent {
@@ -863,6 +866,43 @@ async fn a_stale_writer_cannot_fork_a_log(scope: &RedisScope, settings: Settings
         .map(|e| e.seq)
         .collect();
     assert_eq!(seqs, [1, 2, 3], "one log, no event twice");
+}
+
+/// Appends are sent by the script's SHA: a Redis that restarted empty (no scripts cached)
+/// answers `NOSCRIPT` once, the script is loaded again, and appends go on.
+#[tokio::test]
+async fn redis_event_log_appends_after_a_restarted_redis_lost_its_scripts() {
+    let mut server = PrivateRedis::start().await;
+    let redis = Redis::connect(&server.settings(), "test-restart")
+        .await
+        .unwrap();
+    let log = RedisEventLog::open(&redis, "t:", 100);
+    let first = uuid::Uuid::now_v7().to_string();
+    assert_eq!(log.append(ev(&first, Stage::Queued)).await.unwrap().seq, 1);
+
+    server.kill();
+    server.start_again().await;
+    let job = uuid::Uuid::now_v7().to_string();
+    // The first tries may meet the reconnecting connection; the script is what is tested.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let appended = loop {
+        match log.append(ev(&job, Stage::Queued)).await {
+            Ok(e) => break e,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("appends did not resume after the restart: {e}"),
+        }
+    };
+    assert_eq!(appended.seq, 1);
+    let kept: Vec<u64> = log
+        .read_after(&job, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(kept, [1]);
 }
 
 #[tokio::test]

@@ -73,20 +73,20 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 /// is stale (another wrote meanwhile) is refused instead of forking the log, and its event is
 /// not published. Each event carries its writer's claim epoch, refused when below the job's
 /// `fence` (a newer claim exists: the writer lost the job). A final event (flag `1`) is
-/// appended only when its job has none yet (the `finished` key marks it). Published as
-/// `<length>:<message>` items, one message per appended event. Returns per event: 1 appended,
+/// appended only when its job has none yet (the `finished` key marks it). The appended events
+/// are published as one message of `<length>:<message>` items. Returns per event: 1 appended,
 /// 0 the job's final event was there already, -1 refused (stale id), -2 fenced.
 /// KEYS: per event its stream, its `finished` key and its `fence` key, then the channel to
-/// publish on. ARGV: max len, publish command, the whole batch as published (built by the
-/// caller, so the script copies no message), then per event: id, message, final flag, epoch.
-/// Sent as `EVAL` (Redis keeps the compiled script; a restarted Redis never answers
-/// `NOSCRIPT`).
+/// publish on. ARGV: max len, publish command, then per event: id, message, final flag, epoch.
+/// Each message crosses the network once: the published batch is built here, not sent twice.
+/// Called by its SHA (`EVALSHA`; loaded again after a `NOSCRIPT` from a restarted Redis), so
+/// Redis neither receives nor hashes the body on every call.
 const APPEND_BATCH: &str = r"
 local n = (#KEYS - 1) / 3
-local out, all = {}, true
+local out, published = {}, {}
 for i = 1, n do
   local events, finished, fence = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local id, msg, final, epoch = ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2], tonumber(ARGV[4 * i + 3])
+  local id, msg, final, epoch = ARGV[4 * i - 1], ARGV[4 * i], ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2])
   if epoch < tonumber(redis.call('GET', fence) or '0') then
     out[i] = -2
   elseif final == '1' and redis.call('EXISTS', finished) == 1 then
@@ -98,25 +98,20 @@ for i = 1, n do
     else
       if final == '1' then redis.call('SET', finished, '1') end
       out[i] = 1
+      local k = #published
+      published[k + 1] = #msg
+      published[k + 2] = ':'
+      published[k + 3] = msg
     end
   end
-  if out[i] ~= 1 then all = false end
 end
-if all then
-  redis.call(ARGV[2], KEYS[#KEYS], ARGV[3])
-else
-  -- Some were not appended (rare): publish only those that were.
-  local published = {}
-  for i = 1, n do
-    if out[i] == 1 then
-      local msg = ARGV[4 * i + 1]
-      published[#published + 1] = #msg .. ':' .. msg
-    end
-  end
-  if #published > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
-end
+if #published > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
 return out
 ";
+
+/// [`APPEND_BATCH`], with its SHA computed once.
+static APPEND_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(APPEND_BATCH));
 
 /// Raises a job's fence (KEYS[1]) to ARGV[1] unless a newer claim raised it further: 1, or 0
 /// when fenced.
@@ -197,29 +192,20 @@ async fn send_batch(
     max_len: usize,
     batch: Vec<PendingAppend>,
 ) {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(APPEND_BATCH).arg(batch.len() * 3 + 1);
+    let mut call = APPEND_SCRIPT.prepare_invoke();
     for p in &batch {
-        cmd.arg(&p.events_key)
-            .arg(&p.finished_key)
-            .arg(&p.fence_key);
+        call.key(&p.events_key)
+            .key(&p.finished_key)
+            .key(&p.fence_key);
     }
-    let mut published = Vec::with_capacity(batch.iter().map(|p| p.message.len() + 8).sum());
+    call.key(&batch[0].channel).arg(max_len).arg(publish);
     for p in &batch {
-        published.extend(format!("{}:", p.message.len()).into_bytes());
-        published.extend_from_slice(&p.message);
-    }
-    cmd.arg(&batch[0].channel)
-        .arg(max_len)
-        .arg(publish)
-        .arg(published);
-    for p in &batch {
-        cmd.arg(&p.id)
+        call.arg(&p.id)
             .arg(p.message.as_slice())
             .arg(if p.is_final { "1" } else { "0" })
             .arg(p.epoch);
     }
-    match cmd.query_async::<Vec<i64>>(&mut conn).await {
+    match call.invoke_async::<Vec<i64>>(&mut conn).await {
         Ok(results) => {
             for (p, r) in batch.into_iter().zip(results) {
                 let _ = p.reply.send(Ok(r));
