@@ -29,6 +29,10 @@ fn parse_locale(locale: &str) -> Result<Locale, Error> {
     }
 }
 
+/// How long a finished stage waits for its model call's analytics report to be acknowledged
+/// before it answers (see `ecoscan_llm::AnalyticsReporter::settled`).
+const REPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[tonic::async_trait]
 impl AnswerService for AnswerSvc {
     type GenerateStream = ReceiverStream<Result<GenerateResponse, Status>>;
@@ -123,6 +127,12 @@ async fn run(llm: &Llm, work: Work, tx: &EventSender) -> Result<(), Error> {
                 }
             }
             AnswerChunk::Done(usage) => {
+                // The call's analytics report leaves this process before the answer does.
+                if !llm.reports_settled(REPORT_WAIT).await {
+                    tracing::warn!(
+                        "analytics has not acknowledged the call's report yet; answering anyway, the report is retried in the background"
+                    );
+                }
                 let steps = if rule_steps.is_empty() {
                     compose::steps_from_text(&text)
                 } else {

@@ -124,6 +124,15 @@ impl Llm {
     }
 
     /// Classifies an image into one path of `input.taxonomy`.
+    /// Waits (at most `within`) until this client's calls so far have reached analytics; see
+    /// [`AnalyticsReporter::settled`]. At once when nothing is reported.
+    pub async fn reports_settled(&self, within: Duration) -> bool {
+        match &self.inner.reporter {
+            Some(reporter) => reporter.settled(within).await,
+            None => true,
+        }
+    }
+
     pub async fn classify(&self, input: ClassifyInput) -> Result<ClassifyOutput, LlmError> {
         let model = self.inner.config.model_for(Operation::Classify).to_owned();
         let span = self.call_span(Operation::Classify, &model, &input.job_id);

@@ -58,10 +58,24 @@ struct Inner {
     last_warning: Mutex<Option<Instant>>,
 }
 
-#[derive(Default)]
 struct Counters {
     dropped: AtomicU64,
     sent: AtomicU64,
+    /// Calls queued for the background task so far.
+    queued: AtomicU64,
+    /// Calls the background task is done with (acknowledged or dropped), in queue order.
+    settled: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            dropped: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            settled: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl AnalyticsReporter {
@@ -97,6 +111,8 @@ impl AnalyticsReporter {
             .span_context()
             .clone();
         let service = ecoscan_common::telemetry::current_service();
+        // Counted before sending: the background task may settle the call at once.
+        self.inner.counters.queued.fetch_add(1, Ordering::SeqCst);
         if self
             .inner
             .tx
@@ -107,9 +123,23 @@ impl AnalyticsReporter {
             })
             .is_err()
         {
+            self.inner.counters.queued.fetch_sub(1, Ordering::SeqCst);
             let total = self.inner.counters.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             self.warn_dropped(total);
         }
+    }
+
+    /// Waits until every call reported so far has reached analytics (or was given up on), for
+    /// at most `within`; false if the time ran out. A stage calls it before it answers: once
+    /// its answer is out, the process may be killed, and a report still in this process's
+    /// memory would be lost with it. Bounded, so an analytics outage slows stages by at most
+    /// `within` and loses nothing that the background retries can still deliver.
+    pub async fn settled(&self, within: Duration) -> bool {
+        let target = self.inner.counters.queued.load(Ordering::SeqCst);
+        let mut settled = self.inner.counters.settled.subscribe();
+        tokio::time::timeout(within, settled.wait_for(|n| *n >= target))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// Calls dropped so far (buffer full, or analytics unreachable after retries).
@@ -179,6 +209,7 @@ async fn drain(client: Client, mut rx: mpsc::Receiver<Reported>, counters: Arc<C
         match result {
             Ok(_) => {
                 counters.sent.fetch_add(n, Ordering::Relaxed);
+                counters.settled.send_modify(|s| *s += n);
             }
             Err(status) => {
                 let total = counters.dropped.fetch_add(n, Ordering::Relaxed) + n;
@@ -189,6 +220,7 @@ async fn drain(client: Client, mut rx: mpsc::Receiver<Reported>, counters: Arc<C
                     error = %status.message(),
                     "failed to report llm calls to analytics, dropping them"
                 );
+                counters.settled.send_modify(|s| *s += n);
             }
         }
     }

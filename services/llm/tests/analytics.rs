@@ -200,3 +200,39 @@ async fn a_full_buffer_drops_and_counts_instead_of_blocking() {
 
     assert_eq!(reporter.dropped(), 99);
 }
+
+#[tokio::test]
+async fn settled_returns_once_analytics_acknowledged_every_report_so_far() {
+    let (server, recorder) = start_recorder().await;
+    let reporter = AnalyticsReporter::new(&server.uri()).unwrap();
+    let llm = Llm::new(
+        LlmConfig {
+            mock_latency: Duration::from_millis(5),
+            ..LlmConfig::default()
+        },
+        "vision",
+        Some(reporter.clone()),
+    )
+    .unwrap();
+    for _ in 0..3 {
+        llm.classify(input()).await.unwrap();
+    }
+    // No polling: when it returns true, analytics has all three already.
+    assert!(llm.reports_settled(Duration::from_secs(30)).await);
+    assert_eq!(recorder.calls.lock().unwrap().len(), 3);
+    assert_eq!(reporter.sent(), 3);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn settled_gives_up_after_its_bound_while_analytics_is_unreachable() {
+    let dead_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let reporter = AnalyticsReporter::new(&format!("http://127.0.0.1:{dead_port}")).unwrap();
+    reporter.report(LlmCall::default());
+    // The background task is still retrying: the wait ends at its bound, with false.
+    assert!(!reporter.settled(Duration::from_millis(300)).await);
+    assert_eq!(reporter.sent(), 0);
+}

@@ -16,6 +16,10 @@ use tracing::Instrument;
 
 use crate::{error::Error, image, taxonomy::TaxonomyCache};
 
+/// How long a classification waits for its model call's analytics report to be acknowledged
+/// before it answers (see `ecoscan_llm::AnalyticsReporter::settled`).
+const REPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Clone)]
 pub(crate) struct Vision {
     pub(crate) inner: Arc<Inner>,
@@ -98,6 +102,12 @@ async fn run(
         })
         .await?;
 
+    // The call's analytics report leaves this process before the classification does.
+    if !inner.llm.reports_settled(REPORT_WAIT).await {
+        tracing::warn!(
+            "analytics has not acknowledged the call's report yet; answering anyway, the report is retried in the background"
+        );
+    }
     progress(
         tx,
         "validate_output",
