@@ -399,12 +399,13 @@ pub(crate) async fn events(
     let id = path_job_id(path)?;
     let Query(query) = query.map_err(|e| ApiError::InvalidArgument(e.body_text()))?;
     // A malformed query id is refused even when the header wins: it is still bad input.
-    if let Some(q) = query.last_event_id.as_deref().filter(|q| !q.is_empty()) {
-        if !valid_event_id(q) {
-            return Err(ApiError::InvalidArgument(
-                "last_event_id must be an event id like 1718000000000-0".into(),
-            ));
-        }
+    if let Some(q) = query.last_event_id.as_deref()
+        && !q.is_empty()
+        && !valid_event_id(q)
+    {
+        return Err(ApiError::InvalidArgument(
+            "last_event_id must be an event id like 1718000000000-0".into(),
+        ));
     }
     let slot = state.sse.take(&caller.user)?;
     // The header is what a reconnecting EventSource sends; the query is for clients that
