@@ -36,6 +36,7 @@ const MAX_MODULE_LINES: usize = 500;
 const REVIEWED_LONG_MODULES: &[&str] = &[
     "bench/src/bin/gateway-throughput.rs",
     "bench/src/bin/notification-delivery.rs",
+    "bench/src/bin/scan-load.rs",
     "bench/src/bin/sse-fanout.rs",
     "gateway/src/auth.rs",
     "gateway/src/openapi.rs",
@@ -44,7 +45,6 @@ const REVIEWED_LONG_MODULES: &[&str] = &[
     "services/common/src/balance.rs",
     "services/common/src/telemetry.rs",
     "services/ingest/src/fetch/addr.rs",
-    "services/ingest/src/pipeline.rs",
     "services/ingest/src/store/jobs.rs",
     "services/ingest/src/store/redis.rs",
     "services/llm/src/lib.rs",

@@ -1,0 +1,43 @@
+//! Rule: the classification and the user's locale in, the local disposal rules out.
+
+use ecoscan_common::client::request_as;
+use ecoscan_proto::v1::{LookupRequest, Stage, lookup_response::Event};
+use tokio_stream::StreamExt;
+
+use super::{Call, Calls, Messages, StageDef, StageError, StageMsg, input};
+use crate::store::{Job, jobs::Checkpoint};
+
+pub(super) const STAGE: StageDef = StageDef {
+    stage: Stage::Rule,
+    completed: "rules found",
+    missing: "rule ended its stream without rules",
+    stored: |job| job.rules.clone().map(Checkpoint::Rules),
+    call,
+};
+
+fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
+    Box::pin(async move {
+        let req = LookupRequest {
+            classification: Some(input(&job.classification, "classification", Stage::Rule)?),
+            locale: job.locale.clone(),
+        };
+        let stream = calls
+            .clients
+            .rule
+            .clone()
+            .lookup(request_as(req, calls.deadline, &job.user_id))
+            .await
+            .map_err(StageError::from)?
+            .into_inner();
+        let messages: Messages = Box::pin(stream.filter_map(|m| {
+            m.map(|m| {
+                m.event.map(|e| match e {
+                    Event::Progress(p) => StageMsg::Progress(p),
+                    Event::Rules(r) => StageMsg::Output(Box::new(Checkpoint::Rules(r))),
+                })
+            })
+            .transpose()
+        }));
+        Ok(messages)
+    })
+}

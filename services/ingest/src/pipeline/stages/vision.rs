@@ -1,0 +1,59 @@
+//! Vision: the photo in, a classification out, with its progress on the way.
+
+use ecoscan_common::client::request_as;
+use ecoscan_proto::v1::{ClassifyRequest, Stage, classify_response::Event};
+use tokio_stream::StreamExt;
+
+use super::{Call, Calls, Messages, StageDef, StageError, StageMsg};
+use crate::error::StoreError;
+use crate::store::{Job, jobs::Checkpoint};
+
+pub(super) const STAGE: StageDef = StageDef {
+    stage: Stage::Vision,
+    completed: "classified",
+    missing: "vision ended its stream without a classification",
+    stored: |job| job.classification.clone().map(Checkpoint::Classification),
+    call,
+};
+
+fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
+    Box::pin(async move {
+        let image = calls
+            .objects
+            .get(&job.image_key)
+            .await
+            .map_err(StoreError::from)?
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "image {} of job {} is missing",
+                    job.image_key, job.id
+                ))
+            })?;
+        let req = ClassifyRequest {
+            job_id: job.id.clone(),
+            image: image.to_vec(),
+            content_type: job.content_type.clone(),
+            hint: job.hint.clone(),
+        };
+        let stream = calls
+            .clients
+            .vision
+            .clone()
+            .classify(request_as(req, calls.deadline, &job.user_id))
+            .await
+            .map_err(StageError::from)?
+            .into_inner();
+        let messages: Messages = Box::pin(stream.filter_map(|m| {
+            m.map(|m| {
+                m.event.map(|e| match e {
+                    Event::Progress(p) => StageMsg::Progress(p),
+                    Event::Classification(c) => {
+                        StageMsg::Output(Box::new(Checkpoint::Classification(c)))
+                    }
+                })
+            })
+            .transpose()
+        }));
+        Ok(messages)
+    })
+}
