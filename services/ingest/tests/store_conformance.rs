@@ -920,6 +920,64 @@ async fn redis_cluster_event_log_refuses_a_stale_writer() {
     scope.cleanup().await;
 }
 
+/// A worker that claims a job goes on from the end of its log whoever wrote it (the fence
+/// tells it where the end is), and a writer that guessed a new log for a job whose log exists
+/// goes on from its end too.
+async fn a_claim_goes_on_from_the_logs_end(scope: &RedisScope, settings: Settings) {
+    let submitter = RedisEventLog::open(&scope.redis, &scope.prefix, 100);
+    let other = Redis::connect(&settings, "test-claimer").await.unwrap();
+    let worker = RedisEventLog::open(&other, &scope.prefix, 100);
+    let job = uuid::Uuid::now_v7().to_string();
+    for want in 1..=3 {
+        let got = submitter.append(ev(&job, Stage::Queued)).await.unwrap();
+        assert_eq!(got.seq, want);
+    }
+    worker.fence(&job, 1).await.unwrap();
+    let next = worker.append_as(ev(&job, Stage::Vision), 1).await.unwrap();
+    assert_eq!(next.seq, 4, "the claim goes on after the three events");
+    assert!(
+        matches!(
+            submitter.append(ev(&job, Stage::Queued)).await,
+            Err(StoreError::Fenced { .. })
+        ),
+        "the writer before the claim is fenced"
+    );
+    // A third process writing before any claim on a log it does not know: its guess (a new
+    // log) is refused by the log and it goes on from the end.
+    let third_conn = Redis::connect(&settings, "test-third").await.unwrap();
+    let third = RedisEventLog::open(&third_conn, &scope.prefix, 100);
+    let other_job = uuid::Uuid::now_v7().to_string();
+    submitter
+        .append(ev(&other_job, Stage::Queued))
+        .await
+        .unwrap();
+    let appended = third.append(ev(&other_job, Stage::Vision)).await.unwrap();
+    assert_eq!(appended.seq, 2);
+    let seqs: Vec<u64> = worker
+        .read_after(&job, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4], "one log, no event twice");
+}
+
+#[tokio::test]
+async fn redis_event_log_claims_go_on_from_the_logs_end() {
+    let scope = RedisScope::new().await;
+    a_claim_goes_on_from_the_logs_end(&scope, Settings::single(redis_url())).await;
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_cluster_event_log_claims_go_on_from_the_logs_end() {
+    let scope = RedisScope::cluster().await;
+    let settings = scope.cluster.as_ref().unwrap().settings();
+    a_claim_goes_on_from_the_logs_end(&scope, settings).await;
+    scope.cleanup().await;
+}
+
 #[tokio::test]
 async fn redis_event_log_feeds_a_watcher_events_appended_by_another_process() {
     let scope = RedisScope::new().await;

@@ -14,10 +14,11 @@
 //! Appending is **one script call per batch** (`EVAL`: an `XADD` per event and one `PUBLISH`
 //! of them all, `SPUBLISH` on a Cluster): a process's appends of the same 5 ms gather into one
 //! call (on a Cluster, per shard, whose keys share a slot), so under load one call, one round
-//! trip and one publish carry many events, and idle an event costs one of each. The writer numbers its events (it
-//! remembers each job's last `seq`; a job new to the process reads its log's end once) and gives
-//! each the id `<T>-<seq>`; `XADD` refuses an id that is not past the stream's end, so two
-//! writers of one job cannot fork its log. Every process's hub
+//! trip and one publish carry many events, and idle an event costs one of each. The writer
+//! numbers its events (it remembers each job's last `seq`; a claim's fence script returns the
+//! log's end, and the `queued` event of a job just submitted assumes a new log) and gives each
+//! the id `<T>-<seq>`; `XADD` refuses an id that is not past the stream's end, so two writers
+//! of one job cannot fork its log. Every process's hub
 //! subscribes to all N shard channels on one connection and filters in memory, so the Redis
 //! cost of an event is flat in the number of jobs and watchers. Pub/Sub drops what a
 //! disconnected subscriber misses; the feed then says [`FeedItem::Resync`] and watchers catch
@@ -113,13 +114,20 @@ return out
 static APPEND_SCRIPT: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(APPEND_BATCH));
 
-/// Raises a job's fence (KEYS[1]) to ARGV[1] unless a newer claim raised it further: 1, or 0
-/// when fenced.
+/// Raises a job's fence (KEYS[1]) to ARGV[1] unless a newer claim raised it further, and
+/// returns the id of the last event in the job's log (KEYS[2]; `''` when it has none), so that
+/// the new writer knows where to go on without a second round trip; `0` when fenced.
 const RAISE_FENCE: &str = r"
 if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
-return 1
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #last == 0 then return '' end
+return last[1][1]
 ";
+
+/// [`RAISE_FENCE`], with its SHA computed once.
+static FENCE_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(RAISE_FENCE));
 
 /// Starts a job's log again (an operator requeued it): empties the stream (it keeps its last
 /// id, so ids go on increasing), forgets the final event, appends ARGV[2] with id ARGV[1] and
@@ -299,19 +307,23 @@ impl RedisEventLog {
         format!("{}scan:{{s{shard}}}:feed", self.prefix)
     }
 
-    /// The `seq` the job's next event gets.
-    async fn next_seq(&self, job_id: &str) -> Result<u64, StoreError> {
+    /// The `seq` the job's next event gets, and whether it is a guess. Only the writer before
+    /// any claim (epoch 0: the `queued` event of a job just submitted) guesses, that the log is
+    /// new; a guess that was wrong is refused by `XADD` and [`Self::invoke`] reads the log's
+    /// end then. Everyone else reads the end of a log it does not know (a claim's fence
+    /// returns it, so a worker never does).
+    async fn next_seq(&self, job_id: &str, epoch: u64) -> Result<(u64, bool), StoreError> {
         let known = self
             .seqs
             .lock()
             .expect("seq cache lock poisoned")
             .get(job_id)
             .copied();
-        let last = match known {
-            Some(seq) => seq,
-            None => self.last_id(job_id).await?.map_or(0, |id| id.n),
-        };
-        Ok(last + 1)
+        Ok(match known {
+            Some(seq) => (seq + 1, false),
+            None if epoch == 0 => (1, true),
+            None => (self.last_id(job_id).await?.map_or(0, |id| id.n) + 1, false),
+        })
     }
 
     fn remember(&self, job_id: &str, seq: Option<u64>) {
@@ -333,12 +345,31 @@ impl RedisEventLog {
 
     async fn invoke(
         &self,
-        mut event: ScanEvent,
+        event: ScanEvent,
         epoch: u64,
         is_final: bool,
     ) -> Result<Option<ScanEvent>, StoreError> {
         let job_id = event.job_id.clone();
-        let seq = self.next_seq(&job_id).await?;
+        let (seq, guessed) = self.next_seq(&job_id, epoch).await?;
+        match self.invoke_at(event.clone(), seq, epoch, is_final).await {
+            // The log was not new after all: go on from its end.
+            Err(StoreError::Conflict(_)) if guessed => {
+                let seq = self.last_id(&job_id).await?.map_or(0, |id| id.n) + 1;
+                self.invoke_at(event, seq, epoch, is_final).await
+            }
+            other => other,
+        }
+    }
+
+    /// Appends `event` as number `seq` of its job.
+    async fn invoke_at(
+        &self,
+        mut event: ScanEvent,
+        seq: u64,
+        epoch: u64,
+        is_final: bool,
+    ) -> Result<Option<ScanEvent>, StoreError> {
+        let job_id = event.job_id.clone();
         let id = EventId::of(&job_id, seq);
         event.event_id = id.to_string();
         event.seq = seq;
@@ -453,26 +484,32 @@ impl EventLog for RedisEventLog {
     #[tracing::instrument(
         name = "db",
         skip_all,
-        fields(otel.name = "SET scan fence", otel.kind = "client", db.system = "redis", db.operation.name = "EVAL", job.id = %job_id),
+        fields(otel.name = "SET scan fence", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %job_id),
         err
     )]
     async fn fence(&self, job_id: &str, epoch: u64) -> Result<(), StoreError> {
-        // Whoever wrote the log last, this writer reads its end again before appending.
+        // Whoever wrote the log last, this writer goes on from its end, which the script
+        // returns with the raised fence.
         self.remember(job_id, None);
-        let raised: i64 = redis::cmd("EVAL")
-            .arg(RAISE_FENCE)
-            .arg(1)
-            .arg(self.key(job_id, "fence"))
+        let raised: redis::Value = FENCE_SCRIPT
+            .key(self.key(job_id, "fence"))
+            .key(self.key(job_id, "events"))
             .arg(epoch)
-            .query_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn.clone())
             .await?;
-        if raised == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::Fenced {
+        match raised {
+            redis::Value::Int(0) => Err(StoreError::Fenced {
                 job: job_id.to_owned(),
                 epoch,
-            })
+            }),
+            end => {
+                let end: String = redis::from_redis_value_ref(&end).map_err(|e| {
+                    StoreError::Corrupt(format!("the fence script answered {end:?}: {e}"))
+                })?;
+                let last = if end.is_empty() { 0 } else { parse_id(&end)?.n };
+                self.remember(job_id, Some(last));
+                Ok(())
+            }
         }
     }
 
