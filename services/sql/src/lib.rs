@@ -7,8 +7,7 @@ pub mod testing;
 use std::{str::FromStr, time::Duration};
 
 use sqlx::{
-    SqlStr,
-    migrate::{Migration, MigrationType, Migrator},
+    migrate::Migrator,
     postgres::{PgPool, PgPoolOptions},
     sqlite::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -53,26 +52,13 @@ pub async fn open_sqlite(url: &str, schema: &'static str) -> Result<SqlitePool, 
     Ok(pool)
 }
 
-/// A migrator over embedded `(version, description, sql)` steps, recording what it applied in
+/// `migrator` (a service's `sqlx::migrate!` of its `migrations/postgres/` directory: files
+/// `<version>_<description>.sql`, embedded at build time) recording what it applied in
 /// `table`: each service has its own table, so services sharing one database (through
 /// `DATABASE_URL`) never mistake each other's versions for theirs.
-pub fn migrator(table: &'static str, steps: &[(i64, &'static str, &'static str)]) -> Migrator {
-    let mut m = Migrator::with_migrations(
-        steps
-            .iter()
-            .map(|&(version, description, sql)| {
-                Migration::new(
-                    version,
-                    description.into(),
-                    MigrationType::Simple,
-                    SqlStr::from_static(sql),
-                    false,
-                )
-            })
-            .collect(),
-    );
-    m.dangerous_set_table_name(table);
-    m
+pub fn tracked_in(table: &'static str, mut migrator: Migrator) -> Migrator {
+    migrator.dangerous_set_table_name(table);
+    migrator
 }
 
 /// Connects to PostgreSQL and applies pending migrations. Replicas starting together wait on the
@@ -148,7 +134,7 @@ mod tests {
     #[tokio::test]
     async fn migrations_apply_once_into_their_own_table() {
         let schema = testing::PgSchema::create().await;
-        let m = migrator("_sql_test_migrations", &[(1, "init", SCHEMA)]);
+        let m = tracked_in("_sql_test_migrations", sqlx::migrate!("./test-migrations"));
         let pool = connect_postgres(&schema.url, 2, &m).await.unwrap();
         let again = connect_postgres(&schema.url, 2, &m).await.unwrap();
         let n: i64 = sqlx::query("SELECT COUNT(*) FROM _sql_test_migrations")

@@ -24,20 +24,9 @@ const MAX_CONNECTIONS: u32 = 16;
 /// Ingest's migrations, tracked in their own table so services sharing one database never
 /// mistake each other's versions for theirs.
 pub fn migrator() -> Migrator {
-    ecoscan_sql::migrator(
+    ecoscan_sql::tracked_in(
         "_ingest_migrations",
-        &[
-            (
-                1,
-                "init",
-                include_str!("../../migrations/postgres/0001_init.sql"),
-            ),
-            (
-                2,
-                "fencing dead letters",
-                include_str!("../../migrations/postgres/0002_fencing_dead_letters.sql"),
-            ),
-        ],
+        sqlx::migrate!("./migrations/postgres"),
     )
 }
 

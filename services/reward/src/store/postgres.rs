@@ -16,13 +16,9 @@ const MAX_CONNECTIONS: u32 = 10;
 /// The reward schema's migrations, tracked in their own table so services sharing one database
 /// (through `DATABASE_URL`) never mistake each other's versions for theirs.
 pub fn migrator() -> Migrator {
-    ecoscan_sql::migrator(
+    ecoscan_sql::tracked_in(
         "_reward_migrations",
-        &[(
-            1,
-            "init",
-            include_str!("../../migrations/postgres/0001_init.sql"),
-        )],
+        sqlx::migrate!("./migrations/postgres"),
     )
 }
 
