@@ -60,6 +60,20 @@ pub fn terminal_event_from_row(job: &Job) -> ScanEvent {
     }
 }
 
+/// The `failed` event of the stage a job failed in: it carries the error, at the top of the
+/// stage's progress range.
+pub(crate) fn failed(job_id: &str, stage: Stage, error: &ErrorInfo) -> ScanEvent {
+    let (_, hi) = progress_range(stage);
+    event(
+        job_id,
+        stage,
+        EventStatus::Failed,
+        hi,
+        &error.message,
+        Some(Payload::Error(error.clone())),
+    )
+}
+
 /// Where each stage sits in the job's overall progress.
 pub(crate) fn progress_range(stage: Stage) -> (f32, f32) {
     match stage {

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     error::StoreError,
-    event::{event, progress_range, stage_name, terminal_event_from_row},
+    event::{event, failed, progress_range, stage_name, terminal_event_from_row},
     store::{Job, Lease, jobs::Checkpoint},
 };
 
@@ -164,19 +164,7 @@ impl Ctx {
                     retryable: codes::retryable(status.code()),
                 };
                 tracing::warn!(job.id = %job_id, stage = stage_name(stage), code = %error.code, error = %status.message(), "scan failed");
-                let (_, hi) = progress_range(stage);
-                self.append(
-                    epoch,
-                    event(
-                        job_id,
-                        stage,
-                        EventStatus::Failed,
-                        hi,
-                        &error.message,
-                        Some(Payload::Error(error.clone())),
-                    ),
-                )
-                .await?;
+                self.append(epoch, failed(job_id, stage, &error)).await?;
                 self.stores
                     .jobs
                     .finish(job_id, epoch, JobStatus::Failed, Some(error))
@@ -227,19 +215,8 @@ impl Ctx {
             job.stage
         };
         tracing::error!(job.id = %job.id, attempts = job.attempts, reason, "dead-lettering job");
-        let (_, hi) = progress_range(stage);
-        self.append(
-            job.lease_epoch,
-            event(
-                &job.id,
-                stage,
-                EventStatus::Failed,
-                hi,
-                &error.message,
-                Some(Payload::Error(error.clone())),
-            ),
-        )
-        .await?;
+        self.append(job.lease_epoch, failed(&job.id, stage, &error))
+            .await?;
         self.stores
             .jobs
             .dead_letter(&job.id, job.lease_epoch, error)

@@ -3,9 +3,8 @@
 
 use ecoscan_common::client::request_as;
 use ecoscan_proto::v1::{GenerateRequest, Stage, generate_response::Event};
-use tokio_stream::StreamExt;
 
-use super::{Call, Calls, Messages, StageDef, StageError, StageMsg, input};
+use super::{Call, Calls, StageDef, StageError, StageMsg, input, messages};
 use crate::store::{Job, jobs::Checkpoint};
 
 pub(super) const STAGE: StageDef = StageDef {
@@ -32,16 +31,12 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             .await
             .map_err(StageError::from)?
             .into_inner();
-        let messages: Messages = Box::pin(stream.filter_map(|m| {
-            m.map(|m| {
-                m.event.map(|e| match e {
-                    Event::Progress(p) => StageMsg::Progress(p),
-                    Event::Delta(d) => StageMsg::Delta(d),
-                    Event::Answer(a) => StageMsg::Output(Box::new(Checkpoint::Answer(a))),
-                })
+        Ok(messages(stream, |m| {
+            m.event.map(|e| match e {
+                Event::Progress(p) => StageMsg::Progress(p),
+                Event::Delta(d) => StageMsg::Delta(d),
+                Event::Answer(a) => StageMsg::Output(Box::new(Checkpoint::Answer(a))),
             })
-            .transpose()
-        }));
-        Ok(messages)
+        }))
     })
 }

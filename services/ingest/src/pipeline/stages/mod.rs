@@ -39,6 +39,15 @@ pub(super) type Messages = Pin<Box<dyn Stream<Item = Result<StageMsg, Status>> +
 /// A stage call being made: resolves to its messages once the service has answered.
 pub(super) type Call<'a> = Pin<Box<dyn Future<Output = Result<Messages, StageError>> + Send + 'a>>;
 
+/// A stage service's response stream as [`StageMsg`]s: `map` turns each response into its
+/// message (`None` for one that carries nothing).
+fn messages<T: Send + 'static>(
+    stream: tonic::Streaming<T>,
+    map: fn(T) -> Option<StageMsg>,
+) -> Messages {
+    Box::pin(stream.filter_map(move |m| m.map(map).transpose()))
+}
+
 /// What a stage call needs besides the job.
 pub(super) struct Calls<'a> {
     pub clients: &'a StageClients,

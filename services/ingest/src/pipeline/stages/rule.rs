@@ -2,9 +2,8 @@
 
 use ecoscan_common::client::request_as;
 use ecoscan_proto::v1::{LookupRequest, Stage, lookup_response::Event};
-use tokio_stream::StreamExt;
 
-use super::{Call, Calls, Messages, StageDef, StageError, StageMsg, input};
+use super::{Call, Calls, StageDef, StageError, StageMsg, input, messages};
 use crate::store::{Job, jobs::Checkpoint};
 
 pub(super) const STAGE: StageDef = StageDef {
@@ -29,15 +28,11 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             .await
             .map_err(StageError::from)?
             .into_inner();
-        let messages: Messages = Box::pin(stream.filter_map(|m| {
-            m.map(|m| {
-                m.event.map(|e| match e {
-                    Event::Progress(p) => StageMsg::Progress(p),
-                    Event::Rules(r) => StageMsg::Output(Box::new(Checkpoint::Rules(r))),
-                })
+        Ok(messages(stream, |m| {
+            m.event.map(|e| match e {
+                Event::Progress(p) => StageMsg::Progress(p),
+                Event::Rules(r) => StageMsg::Output(Box::new(Checkpoint::Rules(r))),
             })
-            .transpose()
-        }));
-        Ok(messages)
+        }))
     })
 }

@@ -2,9 +2,8 @@
 
 use ecoscan_common::client::request_as;
 use ecoscan_proto::v1::{ClassifyRequest, Stage, classify_response::Event};
-use tokio_stream::StreamExt;
 
-use super::{Call, Calls, Messages, StageDef, StageError, StageMsg};
+use super::{Call, Calls, StageDef, StageError, StageMsg, messages};
 use crate::error::StoreError;
 use crate::store::{Job, jobs::Checkpoint};
 
@@ -43,17 +42,13 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             .await
             .map_err(StageError::from)?
             .into_inner();
-        let messages: Messages = Box::pin(stream.filter_map(|m| {
-            m.map(|m| {
-                m.event.map(|e| match e {
-                    Event::Progress(p) => StageMsg::Progress(p),
-                    Event::Classification(c) => {
-                        StageMsg::Output(Box::new(Checkpoint::Classification(c)))
-                    }
-                })
+        Ok(messages(stream, |m| {
+            m.event.map(|e| match e {
+                Event::Progress(p) => StageMsg::Progress(p),
+                Event::Classification(c) => {
+                    StageMsg::Output(Box::new(Checkpoint::Classification(c)))
+                }
             })
-            .transpose()
-        }));
-        Ok(messages)
+        }))
     })
 }
