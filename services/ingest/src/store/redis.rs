@@ -351,9 +351,13 @@ impl RedisEventLog {
     ) -> Result<Option<ScanEvent>, StoreError> {
         let job_id = event.job_id.clone();
         let (seq, guessed) = self.next_seq(&job_id, epoch).await?;
+        if !guessed {
+            return self.invoke_at(event, seq, epoch, is_final).await;
+        }
+        // Kept for a second try: only a guess can be wrong without anyone else at fault.
         match self.invoke_at(event.clone(), seq, epoch, is_final).await {
             // The log was not new after all: go on from its end.
-            Err(StoreError::Conflict(_)) if guessed => {
+            Err(StoreError::Conflict(_)) => {
                 let seq = self.last_id(&job_id).await?.map_or(0, |id| id.n) + 1;
                 self.invoke_at(event, seq, epoch, is_final).await
             }
