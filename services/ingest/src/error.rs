@@ -70,13 +70,7 @@ impl StoreError {
         match self {
             Self::Corrupt(_) | Self::Fenced { .. } => false,
             Self::Object(e) => !matches!(e, ecoscan_objects::ObjectError::InvalidKey(_)),
-            Self::Sql(e) => !matches!(
-                e,
-                sqlx::Error::Decode(_)
-                    | sqlx::Error::ColumnDecode { .. }
-                    | sqlx::Error::ColumnNotFound(_)
-                    | sqlx::Error::TypeNotFound { .. }
-            ),
+            Self::Sql(e) => ecoscan_sql::is_transient(e),
             Self::Io(_) | Self::Redis(_) | Self::Conflict(_) | Self::Unavailable(_) => true,
         }
     }

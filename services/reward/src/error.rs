@@ -24,6 +24,17 @@ impl From<Error> for Status {
                 Status::invalid_argument(e.to_string())
             }
             Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
+            // The database is down or a connection dropped: the caller (ingest's pipeline)
+            // retries, where INTERNAL would fail the scan for good.
+            Error::Internal(ref cause)
+                if cause
+                    .chain()
+                    .filter_map(|c| c.downcast_ref::<sqlx::Error>())
+                    .any(ecoscan_sql::is_transient) =>
+            {
+                tracing::warn!(error = ?cause, "reward store unavailable");
+                Status::unavailable("the reward store is unavailable; try again")
+            }
             Error::Internal(ref cause) => {
                 tracing::error!(error = ?cause, "reward store failed");
                 Status::internal(e.to_string())
@@ -61,5 +72,16 @@ mod tests {
         let internal = Status::from(Error::Internal(anyhow::anyhow!("disk on fire at /secret")));
         assert_eq!(internal.code(), Code::Internal);
         assert!(!internal.message().contains("secret"));
+    }
+
+    #[test]
+    fn a_store_that_is_down_is_unavailable_and_a_bad_row_is_internal() {
+        let down = anyhow::Error::new(sqlx::Error::PoolTimedOut).context("failed to begin");
+        let s = Status::from(Error::Internal(down));
+        assert_eq!(s.code(), Code::Unavailable);
+        assert!(!s.message().contains("begin"));
+        let bad = anyhow::Error::new(sqlx::Error::ColumnNotFound("reason".into()))
+            .context("failed to read back the decision");
+        assert_eq!(Status::from(Error::Internal(bad)).code(), Code::Internal);
     }
 }

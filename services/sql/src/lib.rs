@@ -19,6 +19,19 @@ pub fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
+/// Whether trying the same statement again later may succeed: the database restarted or is
+/// unreachable, a connection dropped, the pool was exhausted. A row that does not decode stays
+/// so however often it is read.
+pub fn is_transient(e: &sqlx::Error) -> bool {
+    !matches!(
+        e,
+        sqlx::Error::Decode(_)
+            | sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::TypeNotFound { .. }
+    )
+}
+
 /// Opens (creating when needed) the SQLite database at `url` and applies `schema` (idempotent
 /// `CREATE … IF NOT EXISTS` statements). A file database gets its parent directory, WAL
 /// journaling and a busy timeout so concurrent writers wait instead of failing.
@@ -83,6 +96,15 @@ mod tests {
     use super::*;
 
     const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, v TEXT NOT NULL);";
+
+    #[test]
+    fn a_dropped_connection_is_transient_and_an_undecodable_row_is_not() {
+        assert!(is_transient(&sqlx::Error::PoolTimedOut));
+        assert!(is_transient(&sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset
+        ))));
+        assert!(!is_transient(&sqlx::Error::ColumnNotFound("x".into())));
+    }
 
     #[test]
     fn postgres_urls_are_recognised() {
