@@ -168,6 +168,29 @@ async fn fence_conformance(log: &dyn EventLog) {
     log.fence(&job, 2).await.unwrap();
     let kept = log.append_as(ev(&job, Stage::Rule), 2).await.unwrap();
     assert_eq!(kept.seq, 2, "the refused appends left no trace");
+    let after_first: Vec<u64> = log
+        .read_after(&job, Some(EventId::of(&job, 1)))
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(
+        after_first,
+        [2],
+        "a resume across claims gets exactly what follows"
+    );
+    assert_eq!(log.last_id(&job).await.unwrap(), Some(EventId::of(&job, 2)));
+
+    // A claim of a job whose log does not exist (yet, or any more) fences older writers too.
+    let fresh = uuid::Uuid::now_v7().to_string();
+    log.fence(&fresh, 2).await.unwrap();
+    assert!(fenced(log.append_as(ev(&fresh, Stage::Vision), 1).await));
+    assert!(log.read_after(&fresh, None).await.unwrap().is_empty());
+    assert_eq!(log.last_id(&fresh).await.unwrap(), None);
+    let first = log.append_as(ev(&fresh, Stage::Vision), 2).await.unwrap();
+    assert_eq!(first.seq, 1);
+    log.expire(&fresh, Duration::ZERO).await.unwrap();
     let last = log
         .append_final_as(ev(&job, Stage::Done), 2)
         .await

@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `scan:{s<n>}:<job>:events` | the job's events (a stream; `XADD MAXLEN ~`), the replay log for `Last-Event-ID` |
 //! | `scan:{s<n>}:<job>:finished` | set with the job's final event, so there is only one |
+//! | `scan:{s<n>}:<job>:fence` | the epoch of the job's newest claim |
 //! | `scan:{s<n>}:feed` | the shard's Pub/Sub channel (sharded Pub/Sub on a Cluster) |
 //!
 //! Appending is **one script call per batch** (`EVAL`: an `XADD` per event and one `PUBLISH`
@@ -17,8 +18,12 @@
 //! trip and one publish carry many events, and idle an event costs one of each. The writer
 //! numbers its events (it remembers each job's last `seq`; a claim's fence script returns the
 //! log's end, and the `queued` event of a job just submitted assumes a new log) and gives each
-//! the id `<T>-<seq>`; `XADD` refuses an id that is not past the stream's end, so two writers
-//! of one job cannot fork its log. Every process's hub
+//! the public id `<T>-<seq>`; `XADD` refuses an id that is not past the stream's end, so two
+//! writers of one job cannot fork its log. The stream id of an event is `<T + epoch>-<seq>`,
+//! `epoch` its writer's claim: a claim moves the stream's last id to its own epoch
+//! (`XSETID`), so every older writer's next `XADD` is refused by the stream itself and an
+//! append reads no fence (the fence key is read only to say why an `XADD` was refused).
+//! Every process's hub
 //! subscribes to all N shard channels on one connection and filters in memory, so the Redis
 //! cost of an event is flat in the number of jobs and watchers. Pub/Sub drops what a
 //! disconnected subscriber misses; the feed then says [`FeedItem::Resync`] and watchers catch
@@ -69,11 +74,13 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 // Event log
 
 /// Appends a batch of events — each to its job's stream — and publishes them together on one
-/// feed channel, in one step. Each caller numbered its event and gave it its id (`<T>-<seq>`):
-/// `XADD` refuses an id that is not past the stream's last one, so a writer whose view of a log
-/// is stale (another wrote meanwhile) is refused instead of forking the log, and its event is
-/// not published. Each event carries its writer's claim epoch, refused when below the job's
-/// `fence` (a newer claim exists: the writer lost the job). A final event (flag `1`) is
+/// feed channel, in one step. Each caller numbered its event and gave it its stream id
+/// (`<T + epoch>-<seq>`): `XADD` refuses an id that is not past the stream's last one, so a
+/// writer whose view of a log is stale (another wrote meanwhile) is refused instead of forking
+/// the log, and its event is not published; and so is a writer that lost the job, since the
+/// newer claim moved the stream's last id to its own, higher epoch ([`RAISE_FENCE`]). Only a
+/// refused event, or a final one, reads its job's `fence` (the epoch of the newest claim), to
+/// say which of the two it was: fenced when its epoch is below the fence. A final event (flag `1`) is
 /// appended only when its job has none yet (the `finished` key marks it). The appended events
 /// are published as one message of `<length>:<message>` items. Returns per event: 1 appended,
 /// 0 the job's final event was there already, -1 refused (stale id), -2 fenced.
@@ -88,14 +95,18 @@ local out, published = {}, {}
 for i = 1, n do
   local events, finished, fence = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local id, msg, final, epoch = ARGV[4 * i - 1], ARGV[4 * i], ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2])
-  if epoch < tonumber(redis.call('GET', fence) or '0') then
-    out[i] = -2
-  elseif final == '1' and redis.call('EXISTS', finished) == 1 then
-    out[i] = 0
-  else
+  if final == '1' then
+    -- As rare as they are decisive: a fenced writer must not learn that the job is finished.
+    if epoch < tonumber(redis.call('GET', fence) or '0') then
+      out[i] = -2
+    elseif redis.call('EXISTS', finished) == 1 then
+      out[i] = 0
+    end
+  end
+  if not out[i] then
     local added = redis.pcall('XADD', events, 'MAXLEN', '~', ARGV[1], id, 'ev', msg)
     if type(added) == 'table' and added.err then
-      out[i] = -1
+      if epoch < tonumber(redis.call('GET', fence) or '0') then out[i] = -2 else out[i] = -1 end
     else
       if final == '1' then redis.call('SET', finished, '1') end
       out[i] = 1
@@ -114,15 +125,31 @@ return out
 static APPEND_SCRIPT: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(APPEND_BATCH));
 
-/// Raises a job's fence (KEYS[1]) to ARGV[1] unless a newer claim raised it further, and
-/// returns the id of the last event in the job's log (KEYS[2]; `''` when it has none), so that
-/// the new writer knows where to go on without a second round trip; `0` when fenced.
+/// Raises a job's fence (KEYS[1]) to the epoch ARGV[1] unless a newer claim raised it
+/// further, and moves the last id of the job's stream (KEYS[2]) to `<ARGV[2]>-<last seq>`,
+/// ARGV[2] being `T + epoch`: the stream then refuses every id an older claim's writer would
+/// give its next event (their millisecond part is lower), so [`APPEND_BATCH`] need not read
+/// the fence. A job without a stream gets an empty one with that last id (a writer of an older
+/// claim could otherwise create it). Returns the seq of the log's last event (`0` when it has
+/// none), so that the new writer knows where to go on without a second round trip; `-1` when
+/// fenced (a newer claim exists, or a writer of a newer epoch appended already).
 const RAISE_FENCE: &str = r"
-if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
+if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then return -1 end
+local base = tonumber(ARGV[2])
+local seq = 0
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-if #last == 0 then return '' end
-return last[1][1]
+if #last > 0 then
+  local ms, n = string.match(last[1][1], '^(%d+)-(%d+)$')
+  if tonumber(ms) > base then return -1 end
+  seq = tonumber(n)
+end
+redis.call('SET', KEYS[1], ARGV[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('XSETID', KEYS[2], ARGV[2] .. '-' .. seq)
+else
+  redis.call('XADD', KEYS[2], 'MAXLEN', 0, ARGV[2] .. '-0', 'ev', '')
+end
+return seq
 ";
 
 /// [`RAISE_FENCE`], with its SHA computed once.
@@ -237,6 +264,13 @@ pub fn shard_of(job_id: &str, shards: u32) -> u32 {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     (hash % u64::from(shards.max(1))) as u32
+}
+
+/// The millisecond part of the stream ids a writer of claim `epoch` gives `job_id`'s events:
+/// the job's own time `T` plus the epoch, so that a newer claim's ids sort after every older
+/// claim's (see [`RAISE_FENCE`]). The public id of an event stays `<T>-<seq>`.
+fn stream_ms(job_id: &str, epoch: u64) -> u64 {
+    EventId::of(job_id, 0).ms.saturating_add(epoch)
 }
 
 /// Event log on Redis Streams with a sharded Pub/Sub feed; see the module docs.
@@ -379,13 +413,14 @@ impl RedisEventLog {
         event.seq = seq;
         let shard = self.tag(&job_id);
         let (reply, replied) = tokio::sync::oneshot::channel();
+        let stream_id = format!("{}-{seq}", stream_ms(&job_id, epoch));
         let pending = PendingAppend {
             group: if self.redis.is_cluster() { shard } else { 0 },
             events_key: self.key(&job_id, "events"),
             finished_key: self.key(&job_id, "finished"),
             fence_key: self.key(&job_id, "fence"),
             channel: self.channel(shard),
-            id: event.event_id.clone(),
+            id: stream_id,
             message: encode_message(&event),
             is_final,
             epoch,
@@ -495,26 +530,19 @@ impl EventLog for RedisEventLog {
         // Whoever wrote the log last, this writer goes on from its end, which the script
         // returns with the raised fence.
         self.remember(job_id, None);
-        let raised: redis::Value = FENCE_SCRIPT
+        let last: i64 = FENCE_SCRIPT
             .key(self.key(job_id, "fence"))
             .key(self.key(job_id, "events"))
             .arg(epoch)
+            .arg(stream_ms(job_id, epoch))
             .invoke_async(&mut self.conn.clone())
             .await?;
-        match raised {
-            redis::Value::Int(0) => Err(StoreError::Fenced {
-                job: job_id.to_owned(),
-                epoch,
-            }),
-            end => {
-                let end: String = redis::from_redis_value_ref(&end).map_err(|e| {
-                    StoreError::Corrupt(format!("the fence script answered {end:?}: {e}"))
-                })?;
-                let last = if end.is_empty() { 0 } else { parse_id(&end)?.n };
-                self.remember(job_id, Some(last));
-                Ok(())
-            }
-        }
+        let last = u64::try_from(last).map_err(|_| StoreError::Fenced {
+            job: job_id.to_owned(),
+            epoch,
+        })?;
+        self.remember(job_id, Some(last));
+        Ok(())
     }
 
     async fn restart(&self, mut event: ScanEvent) -> Result<ScanEvent, StoreError> {
@@ -532,6 +560,9 @@ impl EventLog for RedisEventLog {
         let id = EventId::of(&job_id, seq);
         event.event_id = id.to_string();
         event.seq = seq;
+        // The stream's millisecond part stays where the last claim moved it (the next claim,
+        // of a higher epoch, moves it on).
+        let stream_id = format!("{}-{seq}", last.ms.max(id.ms));
         let shard = self.tag(&job_id);
         redis::cmd("EVAL")
             .arg(RESTART_LOG)
@@ -539,7 +570,7 @@ impl EventLog for RedisEventLog {
             .arg(self.key(&job_id, "events"))
             .arg(self.key(&job_id, "finished"))
             .arg(self.channel(shard))
-            .arg(&event.event_id)
+            .arg(&stream_id)
             .arg(encode_message(&event))
             .arg(publish_command(self.redis.is_cluster()))
             .query_async::<i64>(&mut self.conn.clone())
@@ -558,14 +589,33 @@ impl EventLog for RedisEventLog {
         job_id: &str,
         after: Option<EventId>,
     ) -> Result<Vec<ScanEvent>, StoreError> {
-        let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
+        // Public ids are `<T>-<seq>`, stream ids `<T + epoch>-<seq>` (see [`stream_ms`]):
+        // every event after `<T>-<n>` has a stream id after it too, and those of later epochs
+        // with a seq up to n (there are such only after a claim was lost) are filtered out.
+        let t = EventId::of(job_id, 0).ms;
+        let start = match after {
+            None => "-".to_owned(),
+            Some(after) if after.ms < t => "-".to_owned(),
+            Some(after) if after.ms > t => return Ok(Vec::new()),
+            Some(after) => format!("({t}-{}", after.n),
+        };
         let reply: StreamRangeReply = redis::cmd("XRANGE")
             .arg(self.key(job_id, "events"))
             .arg(start)
             .arg("+")
             .query_async(&mut self.conn.clone())
             .await?;
-        reply.ids.iter().map(decode_event).collect()
+        let mut events = Vec::with_capacity(reply.ids.len());
+        for entry in &reply.ids {
+            if let Some(after) = after
+                && after.ms == t
+                && parse_id(&entry.id)?.n <= after.n
+            {
+                continue;
+            }
+            events.push(decode_event(entry)?);
+        }
+        Ok(events)
     }
 
     async fn last_id(&self, job_id: &str) -> Result<Option<EventId>, StoreError> {
@@ -577,7 +627,11 @@ impl EventLog for RedisEventLog {
             .arg(1)
             .query_async(&mut self.conn.clone())
             .await?;
-        last.ids.first().map(|e| parse_id(&e.id)).transpose()
+        // The public id: the stream's millisecond part also carries the writer's epoch.
+        last.ids
+            .first()
+            .map(|e| Ok(EventId::of(job_id, parse_id(&e.id)?.n)))
+            .transpose()
     }
 
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError> {
