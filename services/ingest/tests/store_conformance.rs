@@ -994,6 +994,30 @@ async fn redis_event_log_claims_go_on_from_the_logs_end() {
 }
 
 #[tokio::test]
+async fn redis_event_log_says_when_redis_refuses_an_append() {
+    let scope = RedisScope::new().await;
+    // One shard, so the test knows the key.
+    let log = RedisEventLog::with_shards(&scope.redis, &scope.prefix, 100, 1);
+    let job = uuid::Uuid::now_v7().to_string();
+    let key = format!("{}scan:{{s0}}:{job}:events", scope.prefix);
+    // The job's stream key holds something else (say, an operator's slip): the append is
+    // refused with a message saying so, not taken for another writer's event.
+    redis::cmd("SET")
+        .arg(&key)
+        .arg("not a stream")
+        .query_async::<()>(&mut scope.redis.conn())
+        .await
+        .unwrap();
+    match log.append(ev(&job, Stage::Queued)).await {
+        Err(StoreError::Unavailable(message)) => {
+            assert!(message.contains("refused"), "{message}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    scope.cleanup().await;
+}
+
+#[tokio::test]
 async fn redis_cluster_event_log_claims_go_on_from_the_logs_end() {
     let scope = RedisScope::cluster().await;
     let settings = scope.cluster.as_ref().unwrap().settings();

@@ -2,6 +2,8 @@
 
 use tonic::Status;
 
+use crate::store::StoreError;
+
 /// Everything an RPC of the reward service can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -14,7 +16,7 @@ pub enum Error {
     #[error("job {0} was already evaluated for another user")]
     JobOfAnotherUser(String),
     #[error("internal storage error")]
-    Internal(#[source] anyhow::Error),
+    Store(#[from] StoreError),
 }
 
 impl From<Error> for Status {
@@ -26,16 +28,11 @@ impl From<Error> for Status {
             Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
             // The database is down or a connection dropped: the caller (ingest's pipeline)
             // retries, where INTERNAL would fail the scan for good.
-            Error::Internal(ref cause)
-                if cause
-                    .chain()
-                    .filter_map(|c| c.downcast_ref::<sqlx::Error>())
-                    .any(ecoscan_sql::is_transient) =>
-            {
+            Error::Store(ref cause) if cause.is_transient() => {
                 tracing::warn!(error = ?cause, "reward store unavailable");
                 Status::unavailable("the reward store is unavailable; try again")
             }
-            Error::Internal(ref cause) => {
+            Error::Store(ref cause) => {
                 tracing::error!(error = ?cause, "reward store failed");
                 Status::internal(e.to_string())
             }
@@ -69,19 +66,20 @@ mod tests {
             Status::from(Error::JobOfAnotherUser("j".into())).code(),
             Code::FailedPrecondition
         );
-        let internal = Status::from(Error::Internal(anyhow::anyhow!("disk on fire at /secret")));
+        let internal = Status::from(Error::Store(StoreError::Failed(sqlx::Error::Protocol(
+            "disk on fire at /secret".into(),
+        ))));
         assert_eq!(internal.code(), Code::Internal);
         assert!(!internal.message().contains("secret"));
     }
 
     #[test]
     fn a_store_that_is_down_is_unavailable_and_a_bad_row_is_internal() {
-        let down = anyhow::Error::new(sqlx::Error::PoolTimedOut).context("failed to begin");
-        let s = Status::from(Error::Internal(down));
+        let down = StoreError::from(sqlx::Error::Protocol("failed to begin".into()));
+        let s = Status::from(Error::Store(down));
         assert_eq!(s.code(), Code::Unavailable);
         assert!(!s.message().contains("begin"));
-        let bad = anyhow::Error::new(sqlx::Error::ColumnNotFound("reason".into()))
-            .context("failed to read back the decision");
-        assert_eq!(Status::from(Error::Internal(bad)).code(), Code::Internal);
+        let bad = StoreError::from(sqlx::Error::ColumnNotFound("reason".into()));
+        assert_eq!(Status::from(Error::Store(bad)).code(), Code::Internal);
     }
 }

@@ -19,7 +19,6 @@ use tokio::net::TcpListener;
 
 pub use catalogue::Catalogue;
 pub use error::Error;
-use store::AnyRewardStore;
 
 /// Fully-qualified gRPC service name.
 pub const SERVICE_NAME: &str = "ecoscan.v1.RewardService";
@@ -27,7 +26,7 @@ pub const SERVICE_NAME: &str = "ecoscan.v1.RewardService";
 /// Brings the database's schema up to date and returns (`ecoscan-reward migrate`); `serve` does
 /// the same at start.
 pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    let store = AnyRewardStore::connect(&config.database_url)
+    let store = store::open(&config.database_url)
         .await
         .context("failed to migrate the reward database")?;
     store.close().await;
@@ -51,7 +50,7 @@ pub async fn serve(
         )?;
     }
     let catalogue = Catalogue::embedded()?;
-    let store = AnyRewardStore::connect(&config.database_url)
+    let store = store::open(&config.database_url)
         .await
         .context("failed to open the reward database")?;
     tracing::info!(characters = catalogue.len(), "reward service ready");

@@ -23,16 +23,16 @@ use crate::{
 };
 
 /// The RewardService implementation over any [`RewardStore`].
-pub struct Reward<S> {
+pub struct Reward {
     catalogue: Arc<Catalogue>,
-    store: S,
+    store: Arc<dyn RewardStore>,
     /// `reward_decisions_total{reason}`.
     decisions: Family<Labels1, Counter>,
 }
 
-impl<S: RewardStore> Reward<S> {
+impl Reward {
     /// A service granting characters from `catalogue`, stored in `store`.
-    pub fn new(catalogue: Catalogue, store: S) -> Self {
+    pub fn new(catalogue: Catalogue, store: Arc<dyn RewardStore>) -> Self {
         Self {
             catalogue: Arc::new(catalogue),
             store,
@@ -66,12 +66,7 @@ impl<S: RewardStore> Reward<S> {
         let classification = req.classification.ok_or(Error::MissingClassification)?;
 
         // A replay returns the stored decision whatever it carries this time.
-        if let Some(stored) = self
-            .store
-            .decision(&req.job_id)
-            .await
-            .map_err(Error::Internal)?
-        {
+        if let Some(stored) = self.store.decision(&req.job_id).await? {
             return self.stored_to_proto(stored, user_id);
         }
 
@@ -95,8 +90,7 @@ impl<S: RewardStore> Reward<S> {
                 character_code: character.code.clone(),
                 now_us: now_us(),
             })
-            .await
-            .map_err(Error::Internal)?;
+            .await?;
         self.stored_to_proto(stored, user_id)
     }
 
@@ -105,11 +99,7 @@ impl<S: RewardStore> Reward<S> {
         if !valid_user_id(user_id) {
             return Err(Error::Identity(IdentityError::Invalid));
         }
-        let rows = self
-            .store
-            .list_owned(user_id)
-            .await
-            .map_err(Error::Internal)?;
+        let rows = self.store.list_owned(user_id).await?;
         Ok(rows
             .into_iter()
             .filter_map(|row| {
@@ -156,7 +146,7 @@ fn ineligible(reason: &str) -> RewardDecision {
 }
 
 #[tonic::async_trait]
-impl<S: RewardStore> RewardService for Reward<S> {
+impl RewardService for Reward {
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id, user_id, reason))]
     async fn evaluate(
         &self,

@@ -1,18 +1,93 @@
 //! How every ecoscan service opens its SQL store: a SQLite file for the embedded suite, or
-//! PostgreSQL with versioned migrations in production. The stores themselves (their traits and
-//! queries) live beside the service that owns the data.
+//! PostgreSQL with versioned migrations in production; and what differs between the two
+//! ([`Dialect`]), so that a store's queries are written once, generic over the database. The
+//! stores themselves (their traits and queries) live beside the service that owns the data.
 
 pub mod testing;
 
-use std::{str::FromStr, time::Duration};
+use std::{
+    collections::HashMap,
+    str::FromStr,
+    sync::{LazyLock, Mutex},
+    time::Duration,
+};
 
 use sqlx::{
+    Postgres, Sqlite,
     migrate::Migrator,
     postgres::{PgPool, PgPoolOptions},
     sqlite::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
     },
 };
+
+/// What a store's code, written once, needs to know about the database it runs on. Statements
+/// are written in PostgreSQL's syntax with numbered placeholders (`$1`), in the common subset
+/// of both databases (`ON CONFLICT … DO NOTHING`, `RETURNING`, `TRUE`/`FALSE`); what is not in
+/// it (column types, the schema itself) lives in each database's migrations.
+pub trait Dialect: sqlx::Database {
+    /// `db.system` of a span around a statement (OpenTelemetry's name for the database).
+    const SYSTEM: &'static str;
+
+    /// `statement` in this database's syntax: unchanged for PostgreSQL; for SQLite each `$n`
+    /// becomes `?n` (SQLite's numbered placeholder, bound by number as on PostgreSQL, where a
+    /// bare `$n` would be a named one, bound in order of first use).
+    fn sql(statement: &'static str) -> &'static str;
+
+    /// Rows a statement inserted, changed or deleted.
+    fn rows_affected(result: &Self::QueryResult) -> u64;
+}
+
+impl Dialect for Postgres {
+    const SYSTEM: &'static str = "postgresql";
+
+    fn sql(statement: &'static str) -> &'static str {
+        statement
+    }
+
+    fn rows_affected(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+}
+
+impl Dialect for Sqlite {
+    const SYSTEM: &'static str = "sqlite";
+
+    fn sql(statement: &'static str) -> &'static str {
+        // Each statement is a literal in the code, so the rewritten ones are few and are kept
+        // for the life of the process (sqlx caches prepared statements by their text too).
+        static REWRITTEN: LazyLock<Mutex<HashMap<&'static str, &'static str>>> =
+            LazyLock::new(Mutex::default);
+        let mut rewritten = REWRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+        rewritten
+            .entry(statement)
+            .or_insert_with(|| Box::leak(numbered_placeholders(statement).into_boxed_str()))
+    }
+
+    fn rows_affected(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+}
+
+/// `$n` → `?n` outside quoted literals and identifiers.
+fn numbered_placeholders(statement: &str) -> String {
+    let mut out = String::with_capacity(statement.len());
+    let mut quote = None;
+    let mut chars = statement.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), _) if c == q => quote = None,
+            (None, '$') if chars.peek().is_some_and(char::is_ascii_digit) => {
+                out.push('?');
+                continue;
+            }
+            _ => {}
+        }
+        out.push(c);
+    }
+    out
+}
 
 /// True for the database URLs that select PostgreSQL.
 pub fn is_postgres(url: &str) -> bool {
@@ -104,6 +179,39 @@ mod tests {
             std::io::ErrorKind::ConnectionReset
         ))));
         assert!(!is_transient(&sqlx::Error::ColumnNotFound("x".into())));
+    }
+
+    #[test]
+    fn sqlite_gets_numbered_placeholders_and_literals_stay() {
+        assert_eq!(
+            Sqlite::sql("SELECT $1, '$2', \"$3\" FROM t WHERE a = $10 AND b = $2"),
+            "SELECT ?1, '$2', \"$3\" FROM t WHERE a = ?10 AND b = ?2"
+        );
+        let q = "UPDATE t SET v = $2 WHERE id = $1";
+        assert!(
+            std::ptr::eq(Sqlite::sql(q), Sqlite::sql(q)),
+            "rewritten once"
+        );
+        assert_eq!(Postgres::sql(q), q);
+    }
+
+    #[tokio::test]
+    async fn numbered_placeholders_bind_by_number_on_sqlite() {
+        let pool = open_sqlite("sqlite::memory:", SCHEMA).await.unwrap();
+        // The second placeholder is used first: bound by number, not by order of use.
+        sqlx::query(Sqlite::sql("INSERT INTO t (id, v) VALUES ($2, $1)"))
+            .bind("second")
+            .bind(7_i64)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let v: String = sqlx::query(Sqlite::sql("SELECT v FROM t WHERE id = $1"))
+            .bind(7_i64)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(v, "second");
     }
 
     #[test]

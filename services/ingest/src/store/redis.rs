@@ -78,46 +78,54 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 /// (`<T + epoch>-<seq>`): `XADD` refuses an id that is not past the stream's last one, so a
 /// writer whose view of a log is stale (another wrote meanwhile) is refused instead of forking
 /// the log, and its event is not published; and so is a writer that lost the job, since the
-/// newer claim moved the stream's last id to its own, higher epoch ([`RAISE_FENCE`]). Only a
-/// refused event, or a final one, reads its job's `fence` (the epoch of the newest claim), to
-/// say which of the two it was: fenced when its epoch is below the fence. A final event (flag `1`) is
-/// appended only when its job has none yet (the `finished` key marks it). The appended events
-/// are published as one message of `<length>:<message>` items. Returns per event: 1 appended,
-/// 0 the job's final event was there already, -1 refused (stale id), -2 fenced.
-/// KEYS: per event its stream, its `finished` key and its `fence` key, then the channel to
-/// publish on. ARGV: max len, publish command, then per event: id, message, final flag, epoch.
+/// newer claim moved the stream's last id to its own, higher epoch ([`RAISE_FENCE`]). An
+/// ordinary event is so one `XADD` and nothing else; the caller of a refused one reads the
+/// fence to learn which of the two it was. A final event (its writer's epoch given) is checked
+/// against the job's `fence` first (a fenced writer must not learn that the job is finished)
+/// and appended only when its job has none yet (the `finished` key marks it). The appended
+/// events are published as one message of `<length>:<message>` items. Returns per event: 1
+/// appended, 0 the job's final event was there already, -1 refused by the stream, -2 fenced
+/// (final events only), -3 `XADD` failed otherwise.
+/// KEYS: per event its stream, and for a final event also its `finished` and `fence` keys;
+/// then the channel to publish on. ARGV: max len, publish command, then per event: id,
+/// message, and `''` or (final event) the writer's epoch.
 /// Each message crosses the network once: the published batch is built here, not sent twice.
 /// Called by its SHA (`EVALSHA`; loaded again after a `NOSCRIPT` from a restarted Redis), so
-/// Redis neither receives nor hashes the body on every call.
+/// Redis neither receives nor hashes the body on every call. Per event it reads as little as
+/// it can (three arguments, one key): the script's own work is most of an append's cost.
 const APPEND_BATCH: &str = r"
-local n = (#KEYS - 1) / 3
-local out, published = {}, {}
-for i = 1, n do
-  local events, finished, fence = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local id, msg, final, epoch = ARGV[4 * i - 1], ARGV[4 * i], ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2])
-  if final == '1' then
-    -- As rare as they are decisive: a fenced writer must not learn that the job is finished.
-    if epoch < tonumber(redis.call('GET', fence) or '0') then
-      out[i] = -2
+local out, published, k, key = {}, {}, 0, 1
+local maxlen = ARGV[1]
+for i = 1, (#ARGV - 2) / 3 do
+  local a = 3 * i
+  local events, msg, epoch = KEYS[key], ARGV[a + 1], ARGV[a + 2]
+  key = key + 1
+  local r, finished = 1, nil
+  if epoch ~= '' then
+    finished = KEYS[key]
+    local fence = KEYS[key + 1]
+    key = key + 2
+    if tonumber(epoch) < tonumber(redis.call('GET', fence) or '0') then
+      r = -2
     elseif redis.call('EXISTS', finished) == 1 then
-      out[i] = 0
+      r = 0
     end
   end
-  if not out[i] then
-    local added = redis.pcall('XADD', events, 'MAXLEN', '~', ARGV[1], id, 'ev', msg)
+  if r == 1 then
+    local added = redis.pcall('XADD', events, 'MAXLEN', '~', maxlen, ARGV[a], 'ev', msg)
     if type(added) == 'table' and added.err then
-      if epoch < tonumber(redis.call('GET', fence) or '0') then out[i] = -2 else out[i] = -1 end
+      if string.find(added.err, 'equal or smaller', 1, true) then r = -1 else r = -3 end
     else
-      if final == '1' then redis.call('SET', finished, '1') end
-      out[i] = 1
-      local k = #published
+      if finished then redis.call('SET', finished, '1') end
       published[k + 1] = #msg
       published[k + 2] = ':'
       published[k + 3] = msg
+      k = k + 3
     end
   end
+  out[i] = r
 end
-if #published > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
+if k > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
 return out
 ";
 
@@ -229,16 +237,19 @@ async fn send_batch(
 ) {
     let mut call = APPEND_SCRIPT.prepare_invoke();
     for p in &batch {
-        call.key(&p.events_key)
-            .key(&p.finished_key)
-            .key(&p.fence_key);
+        call.key(&p.events_key);
+        if p.is_final {
+            call.key(&p.finished_key).key(&p.fence_key);
+        }
     }
     call.key(&batch[0].channel).arg(max_len).arg(publish);
     for p in &batch {
-        call.arg(&p.id)
-            .arg(p.message.as_slice())
-            .arg(if p.is_final { "1" } else { "0" })
-            .arg(p.epoch);
+        call.arg(&p.id).arg(p.message.as_slice());
+        if p.is_final {
+            call.arg(p.epoch);
+        } else {
+            call.arg("");
+        }
     }
     match call.invoke_async::<Vec<i64>>(&mut conn).await {
         Ok(results) => {
@@ -439,11 +450,28 @@ impl RedisEventLog {
                 self.remember(&job_id, None);
                 Err(StoreError::Fenced { job: job_id, epoch })
             }
-            _ => {
+            -1 => {
                 // Someone else appended since this process last did: forget what it knew.
                 self.remember(&job_id, None);
-                Err(StoreError::Conflict(format!(
-                    "job {job_id}'s log moved on without this writer (event {id} is taken)"
+                // Which someone: a newer claim (this writer lost the job), or a writer of the
+                // same claim (this one's view of the log was stale).
+                let fence: Option<u64> = redis::cmd("GET")
+                    .arg(self.key(&job_id, "fence"))
+                    .query_async(&mut self.conn.clone())
+                    .await?;
+                if epoch < fence.unwrap_or(0) {
+                    Err(StoreError::Fenced { job: job_id, epoch })
+                } else {
+                    Err(StoreError::Conflict(format!(
+                        "job {job_id}'s log moved on without this writer (event {id} is taken)"
+                    )))
+                }
+            }
+            other => {
+                self.remember(&job_id, None);
+                Err(StoreError::Unavailable(format!(
+                    "Redis refused to append event {id} of job {job_id} (append script answered \
+                     {other}; see the Redis log)"
                 )))
             }
         }

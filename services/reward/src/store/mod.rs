@@ -1,63 +1,58 @@
-//! Where grants and decisions live. The service talks to [`RewardStore`] only; [`sqlite`] is the
-//! embedded implementation, [`postgres`] the production one, and [`AnyRewardStore`] picks one by
-//! the database URL.
+//! Where grants and decisions live. The service talks to [`RewardStore`] only, as an
+//! `Arc<dyn RewardStore>` that [`open`] picks by the database URL; the one implementation,
+//! [`SqlRewardStore`] (`sql.rs`), is written once and runs on SQLite ([`sqlite`], embedded) and
+//! PostgreSQL ([`postgres`], production), which differ only in how they are opened.
 
-use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
 
 pub mod postgres;
+mod sql;
 pub mod sqlite;
 
 pub use postgres::PgRewardStore;
+pub use sql::SqlRewardStore;
 pub use sqlite::SqliteRewardStore;
 
 /// Whether `url` names a PostgreSQL database (anything else is taken for SQLite).
 pub use ecoscan_sql::is_postgres;
 
-/// The store the configuration names: PostgreSQL for a `postgres://` URL, SQLite otherwise.
-#[derive(Debug, Clone)]
-pub enum AnyRewardStore {
-    Sqlite(SqliteRewardStore),
-    Postgres(PgRewardStore),
+/// Opens the database at `url` — PostgreSQL for a `postgres://` URL, SQLite otherwise — and
+/// brings its schema up to date.
+pub async fn open(url: &str) -> Result<Arc<dyn RewardStore>, StoreError> {
+    Ok(if is_postgres(url) {
+        Arc::new(PgRewardStore::connect(url).await?)
+    } else {
+        Arc::new(SqliteRewardStore::connect(url).await?)
+    })
 }
 
-impl AnyRewardStore {
-    /// Opens the database at `url` and brings its schema up to date.
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        Ok(if is_postgres(url) {
-            Self::Postgres(PgRewardStore::connect(url).await?)
+/// What a store operation fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database is down, a connection dropped, the pool is exhausted: the same call may
+    /// succeed later.
+    #[error("the reward database is unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// Anything else (a row that does not decode, a failed migration): trying again is no use.
+    #[error("the reward database failed: {0}")]
+    Failed(#[source] sqlx::Error),
+}
+
+impl StoreError {
+    /// Whether the same call may succeed when tried again.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if ecoscan_sql::is_transient(&e) {
+            Self::Unavailable(e)
         } else {
-            Self::Sqlite(SqliteRewardStore::connect(url).await?)
-        })
-    }
-
-    /// Closes every connection.
-    pub async fn close(&self) {
-        match self {
-            Self::Sqlite(s) => s.close().await,
-            Self::Postgres(s) => s.close().await,
-        }
-    }
-}
-
-impl RewardStore for AnyRewardStore {
-    async fn decision(&self, job_id: &str) -> anyhow::Result<Option<StoredDecision>> {
-        match self {
-            Self::Sqlite(s) => s.decision(job_id).await,
-            Self::Postgres(s) => s.decision(job_id).await,
-        }
-    }
-
-    async fn grant(&self, grant: Grant) -> anyhow::Result<StoredDecision> {
-        match self {
-            Self::Sqlite(s) => s.grant(grant).await,
-            Self::Postgres(s) => s.grant(grant).await,
-        }
-    }
-
-    async fn list_owned(&self, user_id: &str) -> anyhow::Result<Vec<OwnedRow>> {
-        match self {
-            Self::Sqlite(s) => s.list_owned(user_id).await,
-            Self::Postgres(s) => s.list_owned(user_id).await,
+            Self::Failed(e)
         }
     }
 }
@@ -92,22 +87,21 @@ pub struct OwnedRow {
 }
 
 /// Storage of ownership and per-job decisions.
+#[async_trait]
 pub trait RewardStore: Send + Sync + 'static {
     /// The decision stored for `job_id`, if the job was already evaluated.
-    fn decision(
-        &self,
-        job_id: &str,
-    ) -> impl Future<Output = anyhow::Result<Option<StoredDecision>>> + Send;
+    async fn decision(&self, job_id: &str) -> Result<Option<StoredDecision>, StoreError>;
 
     /// Grants the character and records the job's decision atomically, and returns the decision
     /// stored for the job: the new one, or the one an earlier (or concurrent) call stored first.
     /// A user receives a character at most once (`reason` "granted" the first time,
     /// "already_owned" after); a job that already has a decision grants nothing.
-    fn grant(&self, grant: Grant) -> impl Future<Output = anyhow::Result<StoredDecision>> + Send;
+    async fn grant(&self, grant: Grant) -> Result<StoredDecision, StoreError>;
 
     /// Characters `user_id` owns, oldest first.
-    fn list_owned(
-        &self,
-        user_id: &str,
-    ) -> impl Future<Output = anyhow::Result<Vec<OwnedRow>>> + Send;
+    async fn list_owned(&self, user_id: &str) -> Result<Vec<OwnedRow>, StoreError>;
+
+    /// Closes every connection (so a SQLite file can be reopened at once, e.g. by a restarted
+    /// server).
+    async fn close(&self);
 }
