@@ -21,8 +21,8 @@ const DELIVERY_BATCH: usize = 250;
 const MAX_IDLE: Duration = Duration::from_secs(60);
 
 /// Delivers scheduled notifications as they fall due until `stop` is cancelled.
-pub(crate) async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
-    store: Arc<St>,
+pub(crate) async fn deliver_due<Sc: Scheduler>(
+    store: Arc<dyn NotificationStore>,
     scheduler: Arc<Sc>,
     fanout: Arc<Fanout>,
     metrics: NotificationMetrics,
@@ -57,8 +57,8 @@ pub(crate) async fn deliver_due<St: NotificationStore, Sc: Scheduler>(
 // A root span per batch: the delivery loop lives as long as the process, and a trace of it all
 // would never end.
 #[tracing::instrument(name = "deliver due notifications", parent = None, skip_all, fields(count = ids.len()))]
-async fn deliver_batch<St: NotificationStore, Sc: Scheduler>(
-    store: &St,
+async fn deliver_batch<Sc: Scheduler>(
+    store: &dyn NotificationStore,
     scheduler: &Sc,
     fanout: &Fanout,
     metrics: &NotificationMetrics,

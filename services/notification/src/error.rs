@@ -2,6 +2,8 @@
 
 use tonic::Status;
 
+use crate::store::StoreError;
+
 /// Everything an RPC of the notification service can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -26,7 +28,7 @@ pub enum Error {
     #[error("the server is shutting down; subscribe again")]
     ShuttingDown,
     #[error("internal storage error")]
-    Internal(#[source] anyhow::Error),
+    Store(#[from] StoreError),
 }
 
 impl From<Error> for Status {
@@ -41,7 +43,12 @@ impl From<Error> for Status {
             Error::AlreadyDelivered(_) => Status::failed_precondition(e.to_string()),
             Error::SubscriberLagged(_) => Status::resource_exhausted(e.to_string()),
             Error::ShuttingDown => Status::unavailable(e.to_string()),
-            Error::Internal(ref cause) => {
+            // The database is down or a connection dropped: the caller may try again.
+            Error::Store(ref cause) if cause.is_transient() => {
+                tracing::warn!(error = ?cause, "notification store unavailable");
+                Status::unavailable("the notification store is unavailable; try again")
+            }
+            Error::Store(ref cause) => {
                 tracing::error!(error = ?cause, "notification store failed");
                 Status::internal(e.to_string())
             }
@@ -78,7 +85,7 @@ mod tests {
             Code::ResourceExhausted
         );
         assert_eq!(Status::from(Error::ShuttingDown).code(), Code::Unavailable);
-        let internal = Status::from(Error::Internal(anyhow::anyhow!("/secret")));
+        let internal = Status::from(Error::Store(StoreError::Corrupt("/secret".into())));
         assert_eq!(internal.code(), Code::Internal);
         assert!(!internal.message().contains("secret"));
     }

@@ -30,7 +30,6 @@ use hub::{Fanout, Hub};
 use metrics::NotificationMetrics;
 use reconcile::Kick;
 use scheduler::{AnyScheduler, MemoryScheduler};
-use store::AnyNotificationStore;
 
 /// Fully-qualified gRPC service name.
 pub const SERVICE_NAME: &str = "ecoscan.v1.NotificationService";
@@ -38,7 +37,7 @@ pub const SERVICE_NAME: &str = "ecoscan.v1.NotificationService";
 /// Brings the database's schema up to date and returns (`ecoscan-notification migrate`);
 /// `serve` does the same at start.
 pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    let store = AnyNotificationStore::connect(&config.database_url)
+    let store = store::open(&config.database_url)
         .await
         .context("failed to migrate the notification database")?;
     store.close().await;
@@ -66,11 +65,9 @@ pub async fn serve(
         embedded.push(("the schedule in this process", "REDIS_URL"));
     }
     ecoscan_common::config::require_production_stores("notification", &embedded)?;
-    let store = Arc::new(
-        AnyNotificationStore::connect(&config.database_url)
-            .await
-            .context("failed to open the notification database")?,
-    );
+    let store = store::open(&config.database_url)
+        .await
+        .context("failed to open the notification database")?;
     let hub = Hub::new(config.subscriber_buffer);
     let stop_relay = CancellationToken::new();
     let kick = Kick::default();

@@ -57,8 +57,8 @@ pub struct Swept {
 /// Walks the scheduled rows earliest due first, at most `limit` of them (all when `None`), and
 /// gives the scheduler back every one it is missing. Each page restored counts in `metrics` as
 /// it goes, so a sweep that fails halfway still counts what it restored.
-pub async fn sweep<St: NotificationStore, Sc: Scheduler>(
-    store: &St,
+pub async fn sweep<Sc: Scheduler>(
+    store: &dyn NotificationStore,
     scheduler: &Sc,
     limit: Option<usize>,
     metrics: &NotificationMetrics,
@@ -102,8 +102,8 @@ pub struct Settings {
 /// failed sweep (the database or Redis unavailable) is retried after 1 s, 2 s, 4 s … up to the
 /// interval; a kick brings the retry forward. Sweeps are at least a second apart (the interval,
 /// when that is shorter), however often they are asked for.
-pub async fn run<St: NotificationStore, Sc: Scheduler>(
-    store: Arc<St>,
+pub async fn run<Sc: Scheduler>(
+    store: Arc<dyn NotificationStore>,
     scheduler: Arc<Sc>,
     metrics: NotificationMetrics,
     settings: Settings,

@@ -51,8 +51,8 @@ pub(crate) async fn publish(
 }
 
 /// The NotificationService implementation over any [`NotificationStore`] and [`Scheduler`].
-pub struct Notifications<St, Sc> {
-    store: Arc<St>,
+pub struct Notifications<Sc> {
+    store: Arc<dyn NotificationStore>,
     scheduler: Arc<Sc>,
     /// Where `Subscribe` streams attach.
     hub: Arc<Hub>,
@@ -65,7 +65,7 @@ pub struct Notifications<St, Sc> {
     reconcile: Kick,
 }
 
-impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
+impl<Sc: Scheduler> Notifications<Sc> {
     /// Counts deliveries in `metrics` (registered with [`NotificationMetrics::register`]).
     #[must_use]
     pub fn with_metrics(mut self, metrics: NotificationMetrics) -> Self {
@@ -84,7 +84,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
     /// A service over `store` and `scheduler`, streaming from `hub` and publishing through
     /// `fanout`.
     pub fn new(
-        store: Arc<St>,
+        store: Arc<dyn NotificationStore>,
         scheduler: Arc<Sc>,
         hub: Arc<Hub>,
         fanout: Arc<Fanout>,
@@ -119,7 +119,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
             created_at_us: now,
             delivered_at_us: Some(now),
         };
-        let (row, inserted) = self.store.insert(row).await.map_err(Error::Internal)?;
+        let (row, inserted) = self.store.insert(row).await?;
         let n = to_proto(row);
         if inserted {
             let subscribers = publish(&self.fanout, &self.metrics, &n).await;
@@ -163,7 +163,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
             created_at_us: now,
             delivered_at_us: None,
         };
-        let (row, inserted) = self.store.insert(row).await.map_err(Error::Internal)?;
+        let (row, inserted) = self.store.insert(row).await?;
         if !inserted {
             tracing::info!(id = %row.id, "deduplicated schedule");
             if row.status == crate::store::Status::Scheduled
@@ -180,11 +180,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
         if due <= now {
             // Already due: deliver it in this call, through the same guarded update the
             // scheduler uses.
-            let delivered = self
-                .store
-                .mark_delivered(&row.id, now)
-                .await
-                .map_err(Error::Internal)?;
+            let delivered = self.store.mark_delivered(&row.id, now).await?;
             if let Some(row) = delivered {
                 let n = to_proto(row);
                 let subscribers = publish(&self.fanout, &self.metrics, &n).await;
@@ -217,12 +213,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
         if req.id.trim().is_empty() {
             return Err(Error::EmptyId);
         }
-        match self
-            .store
-            .cancel(&req.id, user_id)
-            .await
-            .map_err(Error::Internal)?
-        {
+        match self.store.cancel(&req.id, user_id).await? {
             CancelOutcome::Cancelled(row) | CancelOutcome::AlreadyCancelled(row) => {
                 Ok(to_proto(row))
             }
@@ -239,11 +230,7 @@ impl<St: NotificationStore, Sc: Scheduler> Notifications<St, Sc> {
             0 => DEFAULT_LIST_LIMIT,
             n => n.min(MAX_LIST_LIMIT),
         };
-        let rows = self
-            .store
-            .list(user_id, limit)
-            .await
-            .map_err(Error::Internal)?;
+        let rows = self.store.list(user_id, limit).await?;
         Ok(rows.into_iter().map(to_proto).collect())
     }
 }
@@ -296,7 +283,7 @@ fn acting_user<T>(request: &Request<T>) -> Result<String, Error> {
 }
 
 #[tonic::async_trait]
-impl<St: NotificationStore, Sc: Scheduler> NotificationService for Notifications<St, Sc> {
+impl<Sc: Scheduler> NotificationService for Notifications<Sc> {
     #[tracing::instrument(skip_all, fields(user_id, kind = %request.get_ref().kind))]
     async fn notify(
         &self,

@@ -131,6 +131,23 @@ async fn a_batch_delivers_only_the_scheduled_rows_once<S: NotificationStore>(s: 
     );
 }
 
+/// A batch larger than one statement carries (the store splits it) delivers every row once.
+async fn a_batch_of_thousands_delivers_each_row_once<S: NotificationStore>(s: S) {
+    let ids: Vec<String> = (0..2_500).map(|i| format!("n{i:05}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        s.insert(row(id, "u", None, Status::Scheduled, i as i64))
+            .await
+            .unwrap();
+    }
+    let delivered = s.mark_delivered_many(&ids, 7).await.unwrap();
+    let mut got: Vec<&str> = delivered.iter().map(|r| r.id.as_str()).collect();
+    got.sort_unstable();
+    assert_eq!(got, ids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(delivered.iter().all(|r| r.status == Status::Delivered));
+    assert!(s.mark_delivered_many(&ids, 8).await.unwrap().is_empty());
+    assert!(s.pending().await.unwrap().is_empty());
+}
+
 async fn concurrent_batches_over_the_same_rows_deliver_each_once<S: NotificationStore + Clone>(
     s: S,
 ) {
@@ -360,6 +377,7 @@ conformance!(
     a_repeated_dedupe_key_returns_the_first_row,
     a_scheduled_row_is_delivered_once_and_never_when_cancelled,
     a_batch_delivers_only_the_scheduled_rows_once,
+    a_batch_of_thousands_delivers_each_row_once,
     concurrent_batches_over_the_same_rows_deliver_each_once,
     cancel_tells_every_outcome_apart,
     list_is_newest_first_limited_and_pending_lists_the_scheduled,

@@ -36,10 +36,16 @@ pub trait Dialect: sqlx::Database {
 
     /// Rows a statement inserted, changed or deleted.
     fn rows_affected(result: &Self::QueryResult) -> u64;
+
+    /// What a `SELECT` appends to lock the rows it reads until the transaction ends:
+    /// `FOR UPDATE` on PostgreSQL, nothing on SQLite (one writer at a time holds the whole
+    /// database).
+    const LOCK_ROWS: &'static str;
 }
 
 impl Dialect for Postgres {
     const SYSTEM: &'static str = "postgresql";
+    const LOCK_ROWS: &'static str = " FOR UPDATE";
 
     fn sql(statement: &'static str) -> &'static str {
         statement
@@ -52,6 +58,7 @@ impl Dialect for Postgres {
 
 impl Dialect for Sqlite {
     const SYSTEM: &'static str = "sqlite";
+    const LOCK_ROWS: &'static str = "";
 
     fn sql(statement: &'static str) -> &'static str {
         // Each statement is a literal in the code, so the rewritten ones are few and are kept

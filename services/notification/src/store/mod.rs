@@ -1,93 +1,63 @@
-//! Where the inbox lives. The service talks to [`NotificationStore`] only; [`sqlite`] is the
-//! embedded implementation, [`postgres`] the production one, and [`AnyNotificationStore`] picks
-//! one by the database URL.
+//! Where the inbox lives. The service talks to [`NotificationStore`] only, as an
+//! `Arc<dyn NotificationStore>` that [`open`] picks by the database URL; the one
+//! implementation, [`SqlNotificationStore`] (`sql.rs`), is written once and runs on SQLite
+//! ([`sqlite`], embedded) and PostgreSQL ([`postgres`], production), which differ only in how
+//! they are opened.
 
-use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
 
 pub mod postgres;
+mod sql;
 pub mod sqlite;
 
 pub use postgres::PgNotificationStore;
+pub use sql::SqlNotificationStore;
 pub use sqlite::SqliteNotificationStore;
 
 /// Whether `url` names a PostgreSQL database (anything else is taken for SQLite).
 pub use ecoscan_sql::is_postgres;
 
-/// The store the configuration names: PostgreSQL for a `postgres://` URL, SQLite otherwise.
-#[derive(Debug, Clone)]
-pub enum AnyNotificationStore {
-    Sqlite(SqliteNotificationStore),
-    Postgres(PgNotificationStore),
+/// Opens the database at `url` — PostgreSQL for a `postgres://` URL, SQLite otherwise — and
+/// brings its schema up to date.
+pub async fn open(url: &str) -> Result<Arc<dyn NotificationStore>, StoreError> {
+    Ok(if is_postgres(url) {
+        Arc::new(PgNotificationStore::connect(url).await?)
+    } else {
+        Arc::new(SqliteNotificationStore::connect(url).await?)
+    })
 }
 
-impl AnyNotificationStore {
-    /// Opens the database at `url` and brings its schema up to date.
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        Ok(if is_postgres(url) {
-            Self::Postgres(PgNotificationStore::connect(url).await?)
+/// What a store operation fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database is down, a connection dropped, the pool is exhausted: the same call may
+    /// succeed later.
+    #[error("the notification database is unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// Anything else (a failed migration, a row that does not decode): trying again is no use.
+    #[error("the notification database failed: {0}")]
+    Failed(#[source] sqlx::Error),
+    /// A stored row holds what no version of this service writes.
+    #[error("a stored notification is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Whether the same call may succeed when tried again.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if ecoscan_sql::is_transient(&e) {
+            Self::Unavailable(e)
         } else {
-            Self::Sqlite(SqliteNotificationStore::connect(url).await?)
-        })
-    }
-
-    /// Closes every connection.
-    pub async fn close(&self) {
-        match self {
-            Self::Sqlite(s) => s.close().await,
-            Self::Postgres(s) => s.close().await,
+            Self::Failed(e)
         }
-    }
-}
-
-/// Forwards every call to the selected implementation.
-macro_rules! either {
-    ($self:ident, $s:ident => $call:expr) => {
-        match $self {
-            AnyNotificationStore::Sqlite($s) => $call,
-            AnyNotificationStore::Postgres($s) => $call,
-        }
-    };
-}
-
-impl NotificationStore for AnyNotificationStore {
-    async fn insert(&self, row: NotificationRow) -> anyhow::Result<(NotificationRow, bool)> {
-        either!(self, s => s.insert(row).await)
-    }
-
-    async fn mark_delivered(
-        &self,
-        id: &str,
-        now_us: i64,
-    ) -> anyhow::Result<Option<NotificationRow>> {
-        either!(self, s => s.mark_delivered(id, now_us).await)
-    }
-
-    async fn mark_delivered_many(
-        &self,
-        ids: &[String],
-        now_us: i64,
-    ) -> anyhow::Result<Vec<NotificationRow>> {
-        either!(self, s => s.mark_delivered_many(ids, now_us).await)
-    }
-
-    async fn cancel(&self, id: &str, user_id: &str) -> anyhow::Result<CancelOutcome> {
-        either!(self, s => s.cancel(id, user_id).await)
-    }
-
-    async fn list(&self, user_id: &str, limit: u32) -> anyhow::Result<Vec<NotificationRow>> {
-        either!(self, s => s.list(user_id, limit).await)
-    }
-
-    async fn pending(&self) -> anyhow::Result<Vec<(String, i64)>> {
-        either!(self, s => s.pending().await)
-    }
-
-    async fn scheduled_page(
-        &self,
-        after: Option<(i64, &str)>,
-        limit: usize,
-    ) -> anyhow::Result<Vec<(String, i64)>> {
-        either!(self, s => s.scheduled_page(after, limit).await)
     }
 }
 
@@ -110,12 +80,14 @@ impl Status {
     }
 
     /// Parses a stored `status` value.
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
+    pub fn parse(s: &str) -> Result<Self, StoreError> {
         match s {
             "scheduled" => Ok(Status::Scheduled),
             "delivered" => Ok(Status::Delivered),
             "cancelled" => Ok(Status::Cancelled),
-            other => anyhow::bail!("unknown notification status {other:?}"),
+            other => Err(StoreError::Corrupt(format!(
+                "unknown notification status {other:?}"
+            ))),
         }
     }
 }
@@ -150,58 +122,53 @@ pub enum CancelOutcome {
 }
 
 /// Storage of the inbox.
+#[async_trait]
 pub trait NotificationStore: Send + Sync + 'static {
     /// Inserts `row` unless the user already has one with its dedupe key; returns the stored row
     /// (the new one, or the first one with that key) and whether it was inserted.
-    fn insert(
-        &self,
-        row: NotificationRow,
-    ) -> impl Future<Output = anyhow::Result<(NotificationRow, bool)>> + Send;
+    async fn insert(&self, row: NotificationRow) -> Result<(NotificationRow, bool), StoreError>;
 
     /// Marks a scheduled notification delivered at `now_us` and returns it; `None` when it is
     /// not scheduled (cancelled, delivered already, or unknown), so it is delivered at most once.
-    fn mark_delivered(
+    async fn mark_delivered(
         &self,
         id: &str,
         now_us: i64,
-    ) -> impl Future<Output = anyhow::Result<Option<NotificationRow>>> + Send;
+    ) -> Result<Option<NotificationRow>, StoreError>;
 
-    /// [`Self::mark_delivered`] for many ids in one statement: the rows among `ids` that were
+    /// [`Self::mark_delivered`] for many ids at once: the rows among `ids` that were
     /// scheduled, now delivered, in no particular order. What the due-time deliverer uses, so
-    /// that the database sees one statement per batch instead of one per notification.
-    fn mark_delivered_many(
+    /// that the database sees one statement per batch (of up to 1,000) instead of one per
+    /// notification.
+    async fn mark_delivered_many(
         &self,
         ids: &[String],
         now_us: i64,
-    ) -> impl Future<Output = anyhow::Result<Vec<NotificationRow>>> + Send;
+    ) -> Result<Vec<NotificationRow>, StoreError>;
 
     /// Cancels `user_id`'s scheduled notification `id`.
-    fn cancel(
-        &self,
-        id: &str,
-        user_id: &str,
-    ) -> impl Future<Output = anyhow::Result<CancelOutcome>> + Send;
+    async fn cancel(&self, id: &str, user_id: &str) -> Result<CancelOutcome, StoreError>;
 
     /// `user_id`'s notifications, newest first, at most `limit`.
-    fn list(
-        &self,
-        user_id: &str,
-        limit: u32,
-    ) -> impl Future<Output = anyhow::Result<Vec<NotificationRow>>> + Send;
+    async fn list(&self, user_id: &str, limit: u32) -> Result<Vec<NotificationRow>, StoreError>;
 
     /// `(id, due_at_us)` of every notification still scheduled, all at once (the service pages
     /// through them with [`Self::scheduled_page`] instead).
-    fn pending(&self) -> impl Future<Output = anyhow::Result<Vec<(String, i64)>>> + Send;
+    async fn pending(&self) -> Result<Vec<(String, i64)>, StoreError>;
 
     /// One page of the scheduled notifications as `(id, due_at_us)`, at most `limit`, in
     /// `(due_at_us, id)` order, after the position `after` (the `(due_at_us, id)` of the
     /// previous page's last row; `None` for the first page). Reads an index, whatever the number
     /// of delivered rows. What the reconcile sweep and the reload at start walk.
-    fn scheduled_page(
+    async fn scheduled_page(
         &self,
         after: Option<(i64, &str)>,
         limit: usize,
-    ) -> impl Future<Output = anyhow::Result<Vec<(String, i64)>>> + Send;
+    ) -> Result<Vec<(String, i64)>, StoreError>;
+
+    /// Closes every connection (so a SQLite file can be reopened at once, e.g. by a restarted
+    /// server).
+    async fn close(&self);
 }
 
 /// `limit` as a SQL `LIMIT` parameter.
