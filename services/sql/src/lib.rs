@@ -21,6 +21,39 @@ use sqlx::{
     },
 };
 
+/// What an operation of a SQL store fails with, in every service that has one: whether trying
+/// again may help decides between `UNAVAILABLE` and `INTERNAL` in the service's error map.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database is down, a connection dropped, the pool is exhausted: the same call may
+    /// succeed later.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// Anything else (a failed migration, a row that does not decode): trying again is no use.
+    #[error("the database failed: {0}")]
+    Failed(#[source] sqlx::Error),
+    /// A stored row holds what no version of the service writes.
+    #[error("a stored row is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Whether the same call may succeed when tried again.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_transient(&e) {
+            Self::Unavailable(e)
+        } else {
+            Self::Failed(e)
+        }
+    }
+}
+
 /// What a store's code, written once, needs to know about the database it runs on. Statements
 /// are written in PostgreSQL's syntax with numbered placeholders (`$1`), in the common subset
 /// of both databases (`ON CONFLICT … DO NOTHING`, `RETURNING`, `TRUE`/`FALSE`); what is not in

@@ -29,37 +29,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn NotificationStore>, StoreError> {
     })
 }
 
-/// What a store operation fails with.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database is down, a connection dropped, the pool is exhausted: the same call may
-    /// succeed later.
-    #[error("the notification database is unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
-    /// Anything else (a failed migration, a row that does not decode): trying again is no use.
-    #[error("the notification database failed: {0}")]
-    Failed(#[source] sqlx::Error),
-    /// A stored row holds what no version of this service writes.
-    #[error("a stored notification is corrupt: {0}")]
-    Corrupt(String),
-}
-
-impl StoreError {
-    /// Whether the same call may succeed when tried again.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        if ecoscan_sql::is_transient(&e) {
-            Self::Unavailable(e)
-        } else {
-            Self::Failed(e)
-        }
-    }
-}
+/// What a store operation fails with (shared by every SQL store of the workspace).
+pub use ecoscan_sql::StoreError;
 
 /// Lifecycle of a notification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

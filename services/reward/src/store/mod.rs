@@ -28,34 +28,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn RewardStore>, StoreError> {
     })
 }
 
-/// What a store operation fails with.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database is down, a connection dropped, the pool is exhausted: the same call may
-    /// succeed later.
-    #[error("the reward database is unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
-    /// Anything else (a row that does not decode, a failed migration): trying again is no use.
-    #[error("the reward database failed: {0}")]
-    Failed(#[source] sqlx::Error),
-}
-
-impl StoreError {
-    /// Whether the same call may succeed when tried again.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        if ecoscan_sql::is_transient(&e) {
-            Self::Unavailable(e)
-        } else {
-            Self::Failed(e)
-        }
-    }
-}
+/// What a store operation fails with (shared by every SQL store of the workspace).
+pub use ecoscan_sql::StoreError;
 
 /// What the service asks the store to grant: `character_code` to `user_id`, earned by `job_id`.
 #[derive(Debug, Clone)]
