@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use tonic::{Status, metadata::MetadataValue};
 
+use crate::store::StoreError;
+
 /// Everything an RPC of the analytics service can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -59,6 +61,8 @@ pub enum Error {
     )]
     Unavailable,
     #[error("internal storage error")]
+    Store(#[from] StoreError),
+    #[error("internal storage error")]
     Internal(#[source] anyhow::Error),
 }
 
@@ -86,6 +90,15 @@ impl From<Error> for Status {
                     MetadataValue::from(retry_after.as_secs().max(1)),
                 );
                 s
+            }
+            // The database is down or a connection dropped: the caller may try again.
+            Error::Store(ref cause) if cause.is_transient() => {
+                tracing::warn!(error = ?cause, "analytics store unavailable");
+                Status::unavailable("the analytics store is unavailable; try again")
+            }
+            Error::Store(ref cause) => {
+                tracing::error!(error = ?cause, "analytics store failed");
+                Status::internal(e.to_string())
             }
             Error::Internal(ref cause) => {
                 tracing::error!(error = ?cause, "analytics store failed");

@@ -27,7 +27,7 @@ use ecoscan_objects::ObjectStore;
 pub use ecoscan_objects::ObjectStoreConfig;
 pub use error::Error;
 use spool::{ReplayOptions, Spool, SpoolMetrics};
-use store::{AnyCallStore, CallStore};
+use store::CallStore;
 use writer::{BatchOptions, Writer};
 
 /// Fully-qualified gRPC service name.
@@ -36,7 +36,7 @@ pub const SERVICE_NAME: &str = "ecoscan.v1.AnalyticsService";
 /// Brings the database's schema up to date and returns (`ecoscan-analytics migrate`); `serve`
 /// does the same at start.
 pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    let store = AnyCallStore::connect(&config.database_url)
+    let store = store::open(&config.database_url)
         .await
         .context("failed to migrate the analytics database")?;
     store.close().await;
@@ -66,11 +66,9 @@ pub async fn serve(
         ));
     }
     ecoscan_common::config::require_production_stores("analytics", &embedded)?;
-    let store = Arc::new(
-        AnyCallStore::connect(&config.database_url)
-            .await
-            .context("failed to open the analytics database")?,
-    );
+    let store = store::open(&config.database_url)
+        .await
+        .context("failed to open the analytics database")?;
     let bodies = config
         .bodies
         .open()
@@ -84,9 +82,9 @@ pub async fn serve(
 /// Like [`serve`], on stores opened by the caller (`config.database_url` and `config.bodies` are
 /// not used): tests wrap the stores to inject failures. Opens the spool (replaying what it holds)
 /// and leaves the stores open.
-pub async fn serve_with_stores<S: CallStore>(
+pub async fn serve_with_stores(
     config: Config,
-    store: Arc<S>,
+    store: Arc<dyn CallStore>,
     bodies: Arc<dyn ObjectStore>,
     listener: TcpListener,
     shutdown: CancellationToken,

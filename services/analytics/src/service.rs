@@ -23,8 +23,8 @@ use crate::{
     writer::{Accepted, Ack, NewCall, Refused, Writer},
 };
 /// The AnalyticsService implementation over any [`CallStore`] and object store.
-pub struct Analytics<S> {
-    store: Arc<S>,
+pub struct Analytics {
+    store: Arc<dyn CallStore>,
     bodies: Arc<dyn ObjectStore>,
     writer: Writer,
 }
@@ -33,9 +33,9 @@ pub struct Analytics<S> {
 /// stream's memory while keeping enough calls in flight to fill batches.
 const MAX_UNACKED_PER_STREAM: usize = 2048;
 
-impl<S: CallStore> Analytics<S> {
+impl Analytics {
     /// A service reading from `store` and `bodies` and writing through `writer`.
-    pub fn new(store: Arc<S>, bodies: Arc<dyn ObjectStore>, writer: Writer) -> Self {
+    pub fn new(store: Arc<dyn CallStore>, bodies: Arc<dyn ObjectStore>, writer: Writer) -> Self {
         Self {
             store,
             bodies,
@@ -117,11 +117,7 @@ impl<S: CallStore> Analytics<S> {
         if since > until {
             return Err(Error::InvalidWindow);
         }
-        let samples = self
-            .store
-            .usage_samples(since, until)
-            .await
-            .map_err(Error::Internal)?;
+        let samples = self.store.usage_samples(since, until).await?;
         Ok(UsageResponse {
             since: Some(us_to_ts(since)),
             until: Some(us_to_ts(until)),
@@ -135,8 +131,7 @@ impl<S: CallStore> Analytics<S> {
         let row = self
             .store
             .get(&call_id)
-            .await
-            .map_err(Error::Internal)?
+            .await?
             .ok_or_else(|| Error::NotFound(call_id.clone()))?;
         let (request_body, response_body) = if row.body_key.is_empty() {
             (String::new(), String::new())
@@ -346,7 +341,7 @@ fn nearest_rank(sorted: &[f64], percent: usize) -> f64 {
 }
 
 #[tonic::async_trait]
-impl<S: CallStore> AnalyticsService for Analytics<S> {
+impl AnalyticsService for Analytics {
     #[tracing::instrument(skip_all, fields(
         call_id = %request.get_ref().call.as_ref().map_or("", |c| c.call_id.as_str()),
         service = %request.get_ref().call.as_ref().map_or("", |c| c.service.as_str()),

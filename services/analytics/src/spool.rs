@@ -711,9 +711,9 @@ fn backoff(n: u32, max: Duration) -> Duration {
 
 /// Starts the task writing spooled batches to the stores, oldest first, with backoff, until
 /// `stop` is cancelled (what is left stays on disk for the next start).
-pub fn spawn_replayer<S: CallStore>(
+pub fn spawn_replayer(
     spool: Arc<Spool>,
-    store: Arc<S>,
+    store: Arc<dyn CallStore>,
     bodies: Arc<dyn ObjectStore>,
     options: ReplayOptions,
     metrics: WriterMetrics,
@@ -731,9 +731,9 @@ struct Parked {
     writes_at_first_failure: u64,
 }
 
-async fn replay<S: CallStore>(
+async fn replay(
     spool: Arc<Spool>,
-    store: Arc<S>,
+    store: Arc<dyn CallStore>,
     bodies: Arc<dyn ObjectStore>,
     options: ReplayOptions,
     metrics: WriterMetrics,
@@ -902,8 +902,8 @@ async fn replay<S: CallStore>(
 /// connection after COMMIT, or a crash before the spool file was deleted). Those are told from a
 /// repeat of the call id by their row: the same `recorded_at_us` and body key. Counted for
 /// `analytics_calls_recorded_total` only; when the reads fail, only the inserted are counted.
-async fn stored_by_these_batches<S: CallStore>(
-    store: &S,
+async fn stored_by_these_batches(
+    store: &dyn CallStore,
     group: &[(u64, Batch)],
     inserted: &HashSet<String>,
     timeout: Duration,
@@ -947,8 +947,8 @@ async fn stored_by_these_batches<S: CallStore>(
 
 /// Uploads each batch's body object again (same key, same bytes) and inserts all their rows in
 /// one transaction.
-async fn store_group<S: CallStore>(
-    store: &S,
+async fn store_group(
+    store: &dyn CallStore,
     bodies: &dyn ObjectStore,
     group: &[(u64, Batch)],
 ) -> anyhow::Result<HashSet<String>> {
@@ -960,13 +960,13 @@ async fn store_group<S: CallStore>(
         .await
         .context("failed to upload a spooled batch's bodies")?;
     if let [(_, only)] = group {
-        return store.insert_batch(&only.rows).await;
+        return Ok(store.insert_batch(&only.rows).await?);
     }
     let rows: Vec<CallRow> = group
         .iter()
         .flat_map(|(_, b)| b.rows.iter().cloned())
         .collect();
-    store.insert_batch(&rows).await
+    Ok(store.insert_batch(&rows).await?)
 }
 
 // ---------------------------------------------------------------------------------------------

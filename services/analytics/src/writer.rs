@@ -104,8 +104,8 @@ pub struct WriterClosed;
 impl Writer {
     /// Starts the writer task. Cancelling `stop` makes it write what is already queued, refuse
     /// new calls and end.
-    pub fn spawn<S: CallStore>(
-        store: Arc<S>,
+    pub fn spawn(
+        store: Arc<dyn CallStore>,
         bodies: Arc<dyn ObjectStore>,
         spool: Arc<Spool>,
         options: BatchOptions,
@@ -139,8 +139,8 @@ impl Writer {
 }
 
 /// Where batches go.
-struct Target<S> {
-    store: Arc<S>,
+struct Target {
+    store: Arc<dyn CallStore>,
     bodies: Arc<dyn ObjectStore>,
     spool: Arc<Spool>,
     options: BatchOptions,
@@ -148,11 +148,7 @@ struct Target<S> {
     spool_metrics: SpoolMetrics,
 }
 
-async fn run<S: CallStore>(
-    target: Target<S>,
-    mut rx: mpsc::Receiver<Pending>,
-    stop: CancellationToken,
-) {
+async fn run(target: Target, mut rx: mpsc::Receiver<Pending>, stop: CancellationToken) {
     let options = target.options;
     let max = options.max_rows.max(1);
     let mut batch = Vec::with_capacity(max);
@@ -186,8 +182,8 @@ async fn run<S: CallStore>(
 /// Writes `batch`'s body object, then its rows in one transaction, within `timeout`; returns the
 /// ids inserted. Safe to repeat: the object is rewritten with the same bytes, and rows already
 /// stored are skipped.
-pub(crate) async fn store_batch<S: CallStore>(
-    store: &S,
+pub(crate) async fn store_batch(
+    store: &dyn CallStore,
     bodies: &dyn ObjectStore,
     batch: &Batch,
     timeout: Duration,
@@ -199,7 +195,7 @@ pub(crate) async fn store_batch<S: CallStore>(
                 .await
                 .context("failed to upload the batch's bodies")?;
         }
-        store.insert_batch(&batch.rows).await
+        Ok::<_, anyhow::Error>(store.insert_batch(&batch.rows).await?)
     };
     tokio::time::timeout(timeout, write)
         .await
@@ -239,7 +235,7 @@ fn prepare(batch: &mut Vec<Pending>) -> (Batch, Vec<oneshot::Sender<Ack>>) {
 }
 
 /// Writes the batch to the stores; `None` (and the stores marked failing) when that fails.
-async fn write_direct<S: CallStore>(target: &Target<S>, batch: &Batch) -> Option<HashSet<String>> {
+async fn write_direct(target: &Target, batch: &Batch) -> Option<HashSet<String>> {
     let started = std::time::Instant::now();
     match store_batch(
         &*target.store,
@@ -267,7 +263,7 @@ async fn write_direct<S: CallStore>(target: &Target<S>, batch: &Batch) -> Option
     }
 }
 
-async fn write_batch<S: CallStore>(target: &Target<S>, batch: &mut Vec<Pending>) {
+async fn write_batch(target: &Target, batch: &mut Vec<Pending>) {
     let span = tracing::info_span!(
         "analytics.write_batch",
         rows = batch.len(),

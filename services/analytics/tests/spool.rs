@@ -17,7 +17,7 @@ use bytes::Bytes;
 use ecoscan_analytics::{
     Config, serve_with_stores,
     spool::{CORRUPT_DIR, REJECTED_DIR},
-    store::{CallRow, CallStore, SqliteCallStore, UsageSample},
+    store::{CallRow, CallStore, SqliteCallStore, StoreError, UsageSample},
 };
 use ecoscan_common::testing::{Spawned, sample, scrape, spawn};
 use ecoscan_objects::{LocalObjectStore, ObjectError, ObjectStore};
@@ -136,25 +136,31 @@ impl FlakyRows {
     }
 }
 
+/// An injected failure, as the store reports a database that is down.
+fn injected(what: &str) -> StoreError {
+    StoreError::Unavailable(sqlx::Error::Protocol(format!("injected: {what}")))
+}
+
+#[async_trait::async_trait]
 impl CallStore for FlakyRows {
-    async fn insert_batch(&self, rows: &[CallRow]) -> anyhow::Result<HashSet<String>> {
+    async fn insert_batch(&self, rows: &[CallRow]) -> Result<HashSet<String>, StoreError> {
         let poison = self.poison_job.lock().unwrap().clone();
         if let Some(job) = poison
             && rows.iter().any(|r| r.job_id == job)
         {
-            anyhow::bail!("injected: the database refuses this batch");
+            return Err(injected("the database refuses this batch"));
         }
         if take_one(&self.fail) {
-            anyhow::bail!("injected: the database is down");
+            return Err(injected("the database is down"));
         }
         let inserted = self.inner.insert_batch(rows).await?;
         if take_one(&self.commit_then_fail) {
-            anyhow::bail!("injected: connection lost after commit");
+            return Err(injected("connection lost after commit"));
         }
         Ok(inserted)
     }
 
-    async fn get(&self, call_id: &str) -> anyhow::Result<Option<CallRow>> {
+    async fn get(&self, call_id: &str) -> Result<Option<CallRow>, StoreError> {
         self.inner.get(call_id).await
     }
 
@@ -162,8 +168,12 @@ impl CallStore for FlakyRows {
         &self,
         since_us: i64,
         until_us: i64,
-    ) -> anyhow::Result<Vec<UsageSample>> {
+    ) -> Result<Vec<UsageSample>, StoreError> {
         self.inner.usage_samples(since_us, until_us).await
+    }
+
+    async fn close(&self) {
+        self.inner.close().await;
     }
 }
 

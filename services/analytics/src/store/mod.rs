@@ -1,69 +1,35 @@
-//! Where LLM calls live: rows in SQL ([`CallStore`]; [`sqlite`] embedded, [`postgres`] in
-//! production, [`AnyCallStore`] picks one by the database URL) and bodies in an object store
-//! (`ecoscan_objects::ObjectStore`: a local directory or S3).
+//! Where LLM calls live: rows in SQL ([`CallStore`], as an `Arc<dyn CallStore>` that [`open`]
+//! picks by the database URL) and bodies in an object store (`ecoscan_objects::ObjectStore`: a
+//! local directory or S3). The one SQL implementation, [`SqlCallStore`] (`sql.rs`), is written
+//! once for SQLite ([`sqlite`], embedded) and PostgreSQL ([`postgres`], production); each of
+//! those only opens its database and carries a batch of rows in its own way ([`CallSql`]).
 
-use std::{collections::HashSet, future::Future};
+use std::{collections::HashSet, sync::Arc};
+
+use async_trait::async_trait;
 
 pub mod postgres;
+mod sql;
 pub mod sqlite;
 
 pub use postgres::PgCallStore;
+pub use sql::{CallSql, SqlCallStore};
 pub use sqlite::SqliteCallStore;
 
 /// Whether `url` names a PostgreSQL database (anything else is taken for SQLite).
 pub use ecoscan_sql::is_postgres;
 
-/// The store the configuration names: PostgreSQL for a `postgres://` URL, SQLite otherwise.
-#[derive(Debug, Clone)]
-pub enum AnyCallStore {
-    Sqlite(SqliteCallStore),
-    Postgres(PgCallStore),
-}
+/// What a store operation fails with (shared by every SQL store of the workspace).
+pub use ecoscan_sql::StoreError;
 
-impl AnyCallStore {
-    /// Opens the database at `url` and brings its schema up to date.
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        Ok(if is_postgres(url) {
-            Self::Postgres(PgCallStore::connect(url).await?)
-        } else {
-            Self::Sqlite(SqliteCallStore::connect(url).await?)
-        })
-    }
-
-    /// Closes every connection.
-    pub async fn close(&self) {
-        match self {
-            Self::Sqlite(s) => s.close().await,
-            Self::Postgres(s) => s.close().await,
-        }
-    }
-}
-
-impl CallStore for AnyCallStore {
-    async fn insert_batch(&self, rows: &[CallRow]) -> anyhow::Result<HashSet<String>> {
-        match self {
-            Self::Sqlite(s) => s.insert_batch(rows).await,
-            Self::Postgres(s) => s.insert_batch(rows).await,
-        }
-    }
-
-    async fn get(&self, call_id: &str) -> anyhow::Result<Option<CallRow>> {
-        match self {
-            Self::Sqlite(s) => s.get(call_id).await,
-            Self::Postgres(s) => s.get(call_id).await,
-        }
-    }
-
-    async fn usage_samples(
-        &self,
-        since_us: i64,
-        until_us: i64,
-    ) -> anyhow::Result<Vec<UsageSample>> {
-        match self {
-            Self::Sqlite(s) => s.usage_samples(since_us, until_us).await,
-            Self::Postgres(s) => s.usage_samples(since_us, until_us).await,
-        }
-    }
+/// Opens the database at `url` — PostgreSQL for a `postgres://` URL, SQLite otherwise — and
+/// brings its schema up to date.
+pub async fn open(url: &str) -> Result<Arc<dyn CallStore>, StoreError> {
+    Ok(if is_postgres(url) {
+        Arc::new(PgCallStore::connect(url).await?)
+    } else {
+        Arc::new(SqliteCallStore::connect(url).await?)
+    })
 }
 
 /// One stored call, as a row (bodies are referenced, not included).
@@ -103,21 +69,22 @@ pub struct UsageSample {
 }
 
 /// Rows of LLM calls.
+#[async_trait]
 pub trait CallStore: Send + Sync + 'static {
     /// Inserts `rows` in one transaction, skipping ids already stored (and repeats within
     /// `rows` after the first), and returns the ids it inserted. Returns after commit.
-    fn insert_batch(
-        &self,
-        rows: &[CallRow],
-    ) -> impl Future<Output = anyhow::Result<HashSet<String>>> + Send;
+    async fn insert_batch(&self, rows: &[CallRow]) -> Result<HashSet<String>, StoreError>;
 
     /// The call with `call_id`, if stored.
-    fn get(&self, call_id: &str) -> impl Future<Output = anyhow::Result<Option<CallRow>>> + Send;
+    async fn get(&self, call_id: &str) -> Result<Option<CallRow>, StoreError>;
 
     /// Every call whose start lies in `[since_us, until_us)`.
-    fn usage_samples(
+    async fn usage_samples(
         &self,
         since_us: i64,
         until_us: i64,
-    ) -> impl Future<Output = anyhow::Result<Vec<UsageSample>>> + Send;
+    ) -> Result<Vec<UsageSample>, StoreError>;
+
+    /// Closes every connection.
+    async fn close(&self);
 }

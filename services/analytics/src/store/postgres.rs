@@ -1,16 +1,11 @@
-//! The production [`CallStore`]: PostgreSQL through sqlx, schema managed by versioned migrations
-//! (`migrations/postgres/`).
+//! The production call store: [`SqlCallStore`] on PostgreSQL, its schema managed by versioned
+//! migrations (`migrations/postgres/`).
 
 use std::collections::HashSet;
 
-use anyhow::Context;
-use sqlx::{
-    Row,
-    migrate::Migrator,
-    postgres::{PgPool, PgRow},
-};
+use sqlx::{Pool, Postgres, Row, migrate::Migrator};
 
-use super::{CallRow, CallStore, UsageSample};
+use super::{CallRow, CallSql, SqlCallStore, StoreError};
 
 /// Connections per process: one writer task plus the readers of `GetCall` and `Usage`.
 const MAX_CONNECTIONS: u32 = 10;
@@ -24,50 +19,16 @@ pub fn migrator() -> Migrator {
     )
 }
 
-/// [`CallStore`] on PostgreSQL.
-#[derive(Debug, Clone)]
-pub struct PgCallStore {
-    pool: PgPool,
-}
+/// [`super::CallStore`] on PostgreSQL.
+pub type PgCallStore = SqlCallStore<Postgres>;
 
-impl PgCallStore {
+impl SqlCallStore<Postgres> {
     /// Connects to `url` and applies any pending migration (concurrent starts wait on the
     /// migrator's advisory lock).
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let pool = ecoscan_sql::connect_postgres(url, MAX_CONNECTIONS, &migrator())
-            .await
-            .context("failed to open the analytics database on postgresql")?;
-        Ok(Self { pool })
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = ecoscan_sql::connect_postgres(url, MAX_CONNECTIONS, &migrator()).await?;
+        Ok(Self::new(pool))
     }
-
-    /// Closes every connection.
-    pub async fn close(&self) {
-        self.pool.close().await;
-    }
-}
-
-fn row_to_call(r: &PgRow) -> Result<CallRow, sqlx::Error> {
-    Ok(CallRow {
-        call_id: r.try_get("call_id")?,
-        service: r.try_get("service")?,
-        provider: r.try_get("provider")?,
-        model: r.try_get("model")?,
-        operation: r.try_get("operation")?,
-        input_tokens: r.try_get("input_tokens")?,
-        output_tokens: r.try_get("output_tokens")?,
-        latency_ms: r.try_get("latency_ms")?,
-        ttft_ms: r.try_get("ttft_ms")?,
-        status: r.try_get("status")?,
-        error: r.try_get("error")?,
-        body_key: r.try_get("body_key")?,
-        body_offset: r.try_get("body_offset")?,
-        request_len: r.try_get("request_len")?,
-        response_len: r.try_get("response_len")?,
-        job_id: r.try_get("job_id")?,
-        trace_id: r.try_get("trace_id")?,
-        started_at_us: r.try_get("started_at_us")?,
-        recorded_at_us: r.try_get("recorded_at_us")?,
-    })
 }
 
 /// The batch as one array per column: the whole batch binds 19 parameters, whatever its size, so
@@ -123,18 +84,13 @@ impl Columns {
     }
 }
 
-impl CallStore for PgCallStore {
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "INSERT llm_calls", otel.kind = "client", db.system = "postgresql", db.operation.name = "INSERT", db.collection.name = "llm_calls", db.rows = rows.len() as i64),
-        err
-    )]
-    async fn insert_batch(&self, rows: &[CallRow]) -> anyhow::Result<HashSet<String>> {
+impl CallSql for Postgres {
+    /// One `INSERT … SELECT FROM UNNEST` of one array per column.
+    async fn insert_calls(
+        pool: &Pool<Self>,
+        rows: &[CallRow],
+    ) -> Result<HashSet<String>, sqlx::Error> {
         let mut inserted = HashSet::with_capacity(rows.len());
-        if rows.is_empty() {
-            return Ok(inserted);
-        }
         let c = Columns::of(rows);
         // One statement, so it is one implicit transaction: the caller is acknowledged after
         // it returns, i.e. after COMMIT. RETURNING lists only the rows actually inserted (a
@@ -171,61 +127,11 @@ impl CallStore for PgCallStore {
         .bind(c.trace_id)
         .bind(c.started_at_us)
         .bind(c.recorded_at_us)
-        .fetch_all(&self.pool)
-        .await
-        .context("failed to insert llm calls")?;
+        .fetch_all(pool)
+        .await?;
         for id in ids {
             inserted.insert(id.try_get::<String, _>(0)?);
         }
         Ok(inserted)
-    }
-
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT llm_calls", otel.kind = "client", db.system = "postgresql", db.operation.name = "SELECT", db.collection.name = "llm_calls"),
-        err
-    )]
-    async fn get(&self, call_id: &str) -> anyhow::Result<Option<CallRow>> {
-        let row = sqlx::query("SELECT * FROM llm_calls WHERE call_id = $1")
-            .bind(call_id)
-            .fetch_optional(&self.pool)
-            .await
-            .context("failed to read llm call")?;
-        Ok(row.as_ref().map(row_to_call).transpose()?)
-    }
-
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT llm_calls", otel.kind = "client", db.system = "postgresql", db.operation.name = "SELECT", db.collection.name = "llm_calls"),
-        err
-    )]
-    async fn usage_samples(
-        &self,
-        since_us: i64,
-        until_us: i64,
-    ) -> anyhow::Result<Vec<UsageSample>> {
-        let rows = sqlx::query(
-            "SELECT service, model, status, input_tokens, output_tokens, latency_ms \
-             FROM llm_calls WHERE started_at_us >= $1 AND started_at_us < $2",
-        )
-        .bind(since_us)
-        .bind(until_us)
-        .fetch_all(&self.pool)
-        .await
-        .context("failed to read usage")?;
-        rows.iter()
-            .map(|r| {
-                Ok(UsageSample {
-                    service: r.try_get("service")?,
-                    model: r.try_get("model")?,
-                    status: r.try_get("status")?,
-                    input_tokens: r.try_get("input_tokens")?,
-                    output_tokens: r.try_get("output_tokens")?,
-                    latency_ms: r.try_get("latency_ms")?,
-                })
-            })
-            .collect()
     }
 }

@@ -1,14 +1,10 @@
-//! The embedded [`CallStore`]: a SQLite file (or in-memory database) through sqlx.
+//! The embedded call store: [`SqlCallStore`] on a SQLite file (or in-memory database).
 
 use std::collections::HashSet;
 
-use anyhow::Context;
-use sqlx::{
-    QueryBuilder, Row, Sqlite,
-    sqlite::{SqlitePool, SqliteRow},
-};
+use sqlx::{Pool, QueryBuilder, Row, Sqlite};
 
-use super::{CallRow, CallStore, UsageSample};
+use super::{CallRow, CallSql, SqlCallStore, StoreError};
 
 /// Columns bound per row; SQLite allows 32,766 bound parameters per statement.
 const COLUMNS: usize = 19;
@@ -16,65 +12,28 @@ const COLUMNS: usize = 19;
 /// Most rows one multi-row INSERT can carry within SQLite's bound-parameter limit.
 pub const MAX_ROWS_PER_STATEMENT: usize = 32_766 / COLUMNS;
 
-/// [`CallStore`] on SQLite.
-#[derive(Debug, Clone)]
-pub struct SqliteCallStore {
-    pool: SqlitePool,
-}
+/// [`super::CallStore`] on SQLite.
+pub type SqliteCallStore = SqlCallStore<Sqlite>;
 
-impl SqliteCallStore {
+impl SqlCallStore<Sqlite> {
     /// Opens (creating if needed) the database at `url` and applies the schema. File databases
     /// get their parent directory created, WAL journaling and a busy timeout.
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let pool = ecoscan_sql::open_sqlite(url, include_str!("../../migrations/0001_init.sql"))
-            .await
-            .with_context(|| format!("failed to open the analytics database {url:?}"))?;
-        Ok(Self { pool })
-    }
-
-    /// Closes every connection.
-    pub async fn close(&self) {
-        self.pool.close().await;
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool =
+            ecoscan_sql::open_sqlite(url, include_str!("../../migrations/0001_init.sql")).await?;
+        Ok(Self::new(pool))
     }
 }
 
-fn row_to_call(r: &SqliteRow) -> Result<CallRow, sqlx::Error> {
-    Ok(CallRow {
-        call_id: r.try_get("call_id")?,
-        service: r.try_get("service")?,
-        provider: r.try_get("provider")?,
-        model: r.try_get("model")?,
-        operation: r.try_get("operation")?,
-        input_tokens: r.try_get("input_tokens")?,
-        output_tokens: r.try_get("output_tokens")?,
-        latency_ms: r.try_get("latency_ms")?,
-        ttft_ms: r.try_get("ttft_ms")?,
-        status: r.try_get("status")?,
-        error: r.try_get("error")?,
-        body_key: r.try_get("body_key")?,
-        body_offset: r.try_get("body_offset")?,
-        request_len: r.try_get("request_len")?,
-        response_len: r.try_get("response_len")?,
-        job_id: r.try_get("job_id")?,
-        trace_id: r.try_get("trace_id")?,
-        started_at_us: r.try_get("started_at_us")?,
-        recorded_at_us: r.try_get("recorded_at_us")?,
-    })
-}
-
-impl CallStore for SqliteCallStore {
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "INSERT llm_calls", otel.kind = "client", db.system = "sqlite", db.operation.name = "INSERT", db.collection.name = "llm_calls", db.rows = rows.len() as i64),
-        err
-    )]
-    async fn insert_batch(&self, rows: &[CallRow]) -> anyhow::Result<HashSet<String>> {
+impl CallSql for Sqlite {
+    /// Multi-row `INSERT`s of as many rows as SQLite's parameter limit allows, in one
+    /// transaction.
+    async fn insert_calls(
+        pool: &Pool<Self>,
+        rows: &[CallRow],
+    ) -> Result<HashSet<String>, sqlx::Error> {
         let mut inserted = HashSet::with_capacity(rows.len());
-        if rows.is_empty() {
-            return Ok(inserted);
-        }
-        let mut tx = self.pool.begin().await.context("failed to begin")?;
+        let mut tx = pool.begin().await?;
         for chunk in rows.chunks(MAX_ROWS_PER_STATEMENT) {
             let mut q = QueryBuilder::<Sqlite>::new(
                 "INSERT INTO llm_calls (call_id, service, provider, model, operation, \
@@ -106,72 +65,21 @@ impl CallStore for SqliteCallStore {
             // RETURNING lists only the rows actually inserted, so duplicates are told apart
             // without a second query.
             q.push(" ON CONFLICT (call_id) DO NOTHING RETURNING call_id");
-            let ids = q
-                .build()
-                .fetch_all(&mut *tx)
-                .await
-                .context("failed to insert llm calls")?;
-            for id in ids {
+            for id in q.build().fetch_all(&mut *tx).await? {
                 inserted.insert(id.try_get::<String, _>(0)?);
             }
         }
-        tx.commit().await.context("failed to commit llm calls")?;
+        tx.commit().await?;
         Ok(inserted)
-    }
-
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT llm_calls", otel.kind = "client", db.system = "sqlite", db.operation.name = "SELECT", db.collection.name = "llm_calls"),
-        err
-    )]
-    async fn get(&self, call_id: &str) -> anyhow::Result<Option<CallRow>> {
-        let row = sqlx::query("SELECT * FROM llm_calls WHERE call_id = ?")
-            .bind(call_id)
-            .fetch_optional(&self.pool)
-            .await
-            .context("failed to read llm call")?;
-        Ok(row.as_ref().map(row_to_call).transpose()?)
-    }
-
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT llm_calls", otel.kind = "client", db.system = "sqlite", db.operation.name = "SELECT", db.collection.name = "llm_calls"),
-        err
-    )]
-    async fn usage_samples(
-        &self,
-        since_us: i64,
-        until_us: i64,
-    ) -> anyhow::Result<Vec<UsageSample>> {
-        let rows = sqlx::query(
-            "SELECT service, model, status, input_tokens, output_tokens, latency_ms \
-             FROM llm_calls WHERE started_at_us >= ? AND started_at_us < ?",
-        )
-        .bind(since_us)
-        .bind(until_us)
-        .fetch_all(&self.pool)
-        .await
-        .context("failed to read usage")?;
-        rows.iter()
-            .map(|r| {
-                Ok(UsageSample {
-                    service: r.try_get("service")?,
-                    model: r.try_get("model")?,
-                    status: r.try_get("status")?,
-                    input_tokens: r.try_get("input_tokens")?,
-                    output_tokens: r.try_get("output_tokens")?,
-                    latency_ms: r.try_get("latency_ms")?,
-                })
-            })
-            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
+    use crate::store::{CallRow, CallStore};
 
     fn row(id: &str) -> CallRow {
         CallRow {
