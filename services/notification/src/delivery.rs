@@ -21,9 +21,9 @@ const DELIVERY_BATCH: usize = 250;
 const MAX_IDLE: Duration = Duration::from_secs(60);
 
 /// Delivers scheduled notifications as they fall due until `stop` is cancelled.
-pub(crate) async fn deliver_due<Sc: Scheduler>(
+pub(crate) async fn deliver_due(
     store: Arc<dyn NotificationStore>,
-    scheduler: Arc<Sc>,
+    scheduler: Arc<dyn Scheduler>,
     fanout: Arc<Fanout>,
     metrics: NotificationMetrics,
     lease: Duration,
@@ -57,9 +57,9 @@ pub(crate) async fn deliver_due<Sc: Scheduler>(
 // A root span per batch: the delivery loop lives as long as the process, and a trace of it all
 // would never end.
 #[tracing::instrument(name = "deliver due notifications", parent = None, skip_all, fields(count = ids.len()))]
-async fn deliver_batch<Sc: Scheduler>(
+async fn deliver_batch(
     store: &dyn NotificationStore,
-    scheduler: &Sc,
+    scheduler: &dyn Scheduler,
     fanout: &Fanout,
     metrics: &NotificationMetrics,
     ids: &[String],

@@ -29,7 +29,7 @@ pub use error::Error;
 use hub::{Fanout, Hub};
 use metrics::NotificationMetrics;
 use reconcile::Kick;
-use scheduler::{AnyScheduler, MemoryScheduler};
+use scheduler::{MemoryScheduler, Scheduler};
 
 /// Fully-qualified gRPC service name.
 pub const SERVICE_NAME: &str = "ecoscan.v1.NotificationService";
@@ -84,19 +84,18 @@ pub async fn serve(
             .await
             .context("failed to set up the redis scheduler")?;
             (
-                AnyScheduler::Redis(scheduler),
+                Arc::new(scheduler) as Arc<dyn Scheduler>,
                 Fanout::Redis(fanout),
                 Some(relay),
             )
         }
         None => (
-            AnyScheduler::Memory(MemoryScheduler::new()),
+            Arc::new(MemoryScheduler::new()) as Arc<dyn Scheduler>,
             Fanout::Local(hub.clone()),
             None,
         ),
     };
-    let on_redis = matches!(scheduler, AnyScheduler::Redis(_));
-    let scheduler = Arc::new(scheduler);
+    let on_redis = config.redis.is_some();
     let fanout = Arc::new(fanout);
 
     let mut metrics = ecoscan_common::metrics::Metrics::new("notification");

@@ -12,7 +12,7 @@ use prometheus_client::metrics::{
     counter::Counter, family::Family, gauge::Gauge, histogram::Histogram,
 };
 
-use crate::{hub::Hub, scheduler::AnyScheduler};
+use crate::{hub::Hub, scheduler::Scheduler};
 
 /// Distinct `kind` label values kept; later new kinds are counted as `other`. `kind` comes from
 /// callers, so it must not be able to grow the series without bound.
@@ -46,7 +46,7 @@ impl Default for NotificationMetrics {
 impl NotificationMetrics {
     /// Registers notification's series in `metrics`; the backlog is read from `scheduler` and
     /// the subscribers from `hub` at each scrape.
-    pub fn register(metrics: &mut Metrics, scheduler: Arc<AnyScheduler>, hub: Arc<Hub>) -> Self {
+    pub fn register(metrics: &mut Metrics, scheduler: Arc<dyn Scheduler>, hub: Arc<Hub>) -> Self {
         let this = Self::default();
         let backlog = Gauge::<i64>::default();
         let r = metrics.registry();

@@ -57,9 +57,9 @@ pub struct Swept {
 /// Walks the scheduled rows earliest due first, at most `limit` of them (all when `None`), and
 /// gives the scheduler back every one it is missing. Each page restored counts in `metrics` as
 /// it goes, so a sweep that fails halfway still counts what it restored.
-pub async fn sweep<Sc: Scheduler>(
+pub async fn sweep(
     store: &dyn NotificationStore,
-    scheduler: &Sc,
+    scheduler: &dyn Scheduler,
     limit: Option<usize>,
     metrics: &NotificationMetrics,
 ) -> anyhow::Result<Swept> {
@@ -102,9 +102,9 @@ pub struct Settings {
 /// failed sweep (the database or Redis unavailable) is retried after 1 s, 2 s, 4 s … up to the
 /// interval; a kick brings the retry forward. Sweeps are at least a second apart (the interval,
 /// when that is shorter), however often they are asked for.
-pub async fn run<Sc: Scheduler>(
+pub async fn run(
     store: Arc<dyn NotificationStore>,
-    scheduler: Arc<Sc>,
+    scheduler: Arc<dyn Scheduler>,
     metrics: NotificationMetrics,
     settings: Settings,
     kick: Kick,

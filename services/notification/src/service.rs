@@ -51,9 +51,9 @@ pub(crate) async fn publish(
 }
 
 /// The NotificationService implementation over any [`NotificationStore`] and [`Scheduler`].
-pub struct Notifications<Sc> {
+pub struct Notifications {
     store: Arc<dyn NotificationStore>,
-    scheduler: Arc<Sc>,
+    scheduler: Arc<dyn Scheduler>,
     /// Where `Subscribe` streams attach.
     hub: Arc<Hub>,
     /// Where delivered notifications are published (this hub, or every replica's).
@@ -65,7 +65,7 @@ pub struct Notifications<Sc> {
     reconcile: Kick,
 }
 
-impl<Sc: Scheduler> Notifications<Sc> {
+impl Notifications {
     /// Counts deliveries in `metrics` (registered with [`NotificationMetrics::register`]).
     #[must_use]
     pub fn with_metrics(mut self, metrics: NotificationMetrics) -> Self {
@@ -85,7 +85,7 @@ impl<Sc: Scheduler> Notifications<Sc> {
     /// `fanout`.
     pub fn new(
         store: Arc<dyn NotificationStore>,
-        scheduler: Arc<Sc>,
+        scheduler: Arc<dyn Scheduler>,
         hub: Arc<Hub>,
         fanout: Arc<Fanout>,
         shutdown: CancellationToken,
@@ -283,7 +283,7 @@ fn acting_user<T>(request: &Request<T>) -> Result<String, Error> {
 }
 
 #[tonic::async_trait]
-impl<Sc: Scheduler> NotificationService for Notifications<Sc> {
+impl NotificationService for Notifications {
     #[tracing::instrument(skip_all, fields(user_id, kind = %request.get_ref().kind))]
     async fn notify(
         &self,

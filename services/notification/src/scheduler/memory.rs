@@ -76,7 +76,12 @@ impl MemoryScheduler {
     }
 }
 
+#[async_trait::async_trait]
 impl Scheduler for MemoryScheduler {
+    async fn backlog(&self) -> anyhow::Result<u64> {
+        Ok(self.len() as u64)
+    }
+
     async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()> {
         let earliest = {
             let mut s = self.lock();

@@ -189,7 +189,12 @@ impl RedisScheduler {
     }
 }
 
+#[async_trait::async_trait]
 impl Scheduler for RedisScheduler {
+    async fn backlog(&self) -> anyhow::Result<u64> {
+        RedisScheduler::backlog(self).await
+    }
+
     async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()> {
         let _: () = self
             .conn
