@@ -177,20 +177,33 @@ impl Ctx {
 
     /// The final event says what the row says: the first terminal status stands (`finish`
     /// keeps it), and the log takes one final event whoever appends it.
+    ///
+    /// Runs as a task of its own, so that it completes even when this worker's lease is found
+    /// lost meanwhile (which drops the rest of the job's work): the row is terminal already, and
+    /// nobody else would append the event — the sweeper puts back only unfinished jobs, and a
+    /// job whose queue entry Redis lost is never delivered again. Should a newer claim own the
+    /// job, its fence refuses this append and that claim appends the event itself.
     async fn final_event(&self, job_id: &str, epoch: u64) -> Result<(), StoreError> {
-        let row =
-            self.stores.jobs.get(job_id).await?.ok_or_else(|| {
-                StoreError::Corrupt(format!("job {job_id} vanished while running"))
-            })?;
-        self.stores
-            .events
-            .append_final_as(terminal_event_from_row(&row), epoch)
-            .await?;
-        self.stores
-            .events
-            .expire(job_id, self.config.event_ttl)
-            .await?;
-        Ok(())
+        let (stores, ttl, job_id) = (
+            self.stores.clone(),
+            self.config.event_ttl,
+            job_id.to_owned(),
+        );
+        let task = tokio::spawn(
+            async move {
+                let row = stores.jobs.get(&job_id).await?.ok_or_else(|| {
+                    StoreError::Corrupt(format!("job {job_id} vanished while running"))
+                })?;
+                stores
+                    .events
+                    .append_final_as(terminal_event_from_row(&row), epoch)
+                    .await?;
+                stores.events.expire(&job_id, ttl).await
+            }
+            .in_current_span(),
+        );
+        task.await
+            .map_err(|e| StoreError::Unavailable(format!("the final event's task failed: {e}")))?
     }
 
     /// Fails a poison job for good and sets it aside (dead letter) for an operator to look at
