@@ -143,21 +143,21 @@ static APPEND_SCRIPT: std::sync::LazyLock<Script> =
 /// fenced (a newer claim exists, or a writer of a newer epoch appended already).
 const RAISE_FENCE: &str = r"
 if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then return -1 end
-local base = tonumber(ARGV[2])
-local seq = 0
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-if #last > 0 then
-  local ms, n = string.match(last[1][1], '^(%d+)-(%d+)$')
-  if tonumber(ms) > base then return -1 end
-  seq = tonumber(n)
+if #last == 0 then
+  redis.call('SET', KEYS[1], ARGV[1])
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    redis.call('XSETID', KEYS[2], ARGV[2] .. '-0')
+  else
+    redis.call('XADD', KEYS[2], 'MAXLEN', 0, ARGV[2] .. '-0', 'ev', '')
+  end
+  return 0
 end
+local ms, n = string.match(last[1][1], '^(%d+)-(%d+)$')
+if tonumber(ms) > tonumber(ARGV[2]) then return -1 end
 redis.call('SET', KEYS[1], ARGV[1])
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('XSETID', KEYS[2], ARGV[2] .. '-' .. seq)
-else
-  redis.call('XADD', KEYS[2], 'MAXLEN', 0, ARGV[2] .. '-0', 'ev', '')
-end
-return seq
+redis.call('XSETID', KEYS[2], ARGV[2] .. '-' .. n)
+return tonumber(n)
 ";
 
 /// [`RAISE_FENCE`], with its SHA computed once.
