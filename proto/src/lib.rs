@@ -34,12 +34,20 @@ pub fn to_system_time(ts: &Timestamp) -> std::time::SystemTime {
     std::time::UNIX_EPOCH + std::time::Duration::new(ts.seconds as u64, ts.nanos.max(0) as u32)
 }
 
-/// Microseconds since the Unix epoch, the time representation of the SQL stores of analytics,
-/// notification and reward.
+/// Microseconds since the Unix epoch: how every ecoscan SQL store keeps time.
 pub fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+    system_time_us(std::time::SystemTime::now())
+}
+
+/// `t` as microseconds since the Unix epoch (0 before it, saturating far after it).
+pub fn system_time_us(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// Microseconds since the Unix epoch as a `SystemTime` (clamped at the epoch).
+pub fn system_time_from_us(us: i64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_micros(us.max(0).unsigned_abs())
 }
 
 /// A protobuf timestamp as microseconds since the Unix epoch (saturating).
@@ -83,5 +91,25 @@ impl From<v1::SubmitRequest> for v1::ScanRequest {
             idempotency_key: r.idempotency_key,
             locale: r.locale,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn system_times_round_trip_through_microseconds() {
+        let t = UNIX_EPOCH + Duration::from_micros(1_764_640_800_123_456);
+        assert_eq!(system_time_us(t), 1_764_640_800_123_456);
+        assert_eq!(system_time_from_us(system_time_us(t)), t);
+        assert_eq!(system_time_us(UNIX_EPOCH - Duration::from_secs(1)), 0);
+        assert_eq!(system_time_from_us(-5), UNIX_EPOCH);
+        assert_eq!(
+            timestamp_us(&timestamp_from_us(1_764_640_800_123_456)),
+            1_764_640_800_123_456
+        );
     }
 }

@@ -1,5 +1,8 @@
--- Scan jobs: the row is the truth about a job; Redis and in-memory structures are fast paths.
-CREATE TABLE IF NOT EXISTS jobs (
+-- Scan jobs in the embedded SQLite database: the row is the truth about a job; in-memory
+-- structures are fast paths. The same table as on PostgreSQL (postgres/), so one store's
+-- statements run on both. Times are microseconds since the Unix epoch. A database made by an
+-- earlier version is brought to this layout first (src/store/sqlite.rs, `upgrade`).
+CREATE TABLE IF NOT EXISTS scan_jobs (
     id              TEXT PRIMARY KEY,
     user_id         TEXT NOT NULL,
     status          INTEGER NOT NULL,  -- ecoscan.v1.JobStatus
@@ -16,14 +19,18 @@ CREATE TABLE IF NOT EXISTS jobs (
     reward          BLOB,
     error           BLOB,
     attempts        INTEGER NOT NULL DEFAULT 0,
-    created_at_ms   INTEGER NOT NULL,
-    updated_at_ms   INTEGER NOT NULL,
-    finished_at_ms  INTEGER,
+    created_at_us   INTEGER NOT NULL,
+    updated_at_us   INTEGER NOT NULL,
+    finished_at_us  INTEGER,
     lease_epoch     INTEGER NOT NULL DEFAULT 0,  -- fencing token of the latest claim
-    dead_at_ms      INTEGER                      -- set aside for an operator (dead letter)
+    dead_at_us      INTEGER                      -- set aside for an operator (dead letter)
 );
 
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency
-    ON jobs (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS scan_jobs_idempotency
+    ON scan_jobs (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
-CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs (status) WHERE status IN (1, 2);
+-- The sweeper's scan: unfinished jobs (queued = 1, running = 2) by age.
+CREATE INDEX IF NOT EXISTS scan_jobs_unfinished
+    ON scan_jobs (created_at_us) WHERE status IN (1, 2);
+
+CREATE INDEX IF NOT EXISTS scan_jobs_dead ON scan_jobs (dead_at_us) WHERE dead_at_us IS NOT NULL;

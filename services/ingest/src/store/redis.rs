@@ -38,7 +38,10 @@
 //! Connections per process: the shared one, one for the queue's blocking reads, one for the
 //! feed subscription — three, whatever the load.
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::HashSet,
+    time::{Duration, UNIX_EPOCH},
+};
 
 use async_trait::async_trait;
 use ecoscan_proto::v1::ScanEvent;
@@ -55,7 +58,6 @@ use prost::Message;
 
 use super::{
     events::{EventId, EventLog, Feed, FeedItem, Wanted},
-    jobs::ms,
     queue::{Lease, Queue, QueueEntry},
 };
 use crate::error::StoreError;
@@ -903,7 +905,7 @@ impl RedisQueue {
                 job_id: field_str(e, "job")?,
                 carrier,
                 deliveries: delivered.saturating_sub(1) as u32,
-                enqueued_at: super::jobs::from_ms(at_ms),
+                enqueued_at: UNIX_EPOCH + Duration::from_millis(at_ms.max(0).unsigned_abs()),
             },
             id: lease_id(&e.id, delivered),
         })
@@ -1013,7 +1015,13 @@ impl Queue for RedisQueue {
             .arg("carrier")
             .arg(carrier)
             .arg("at")
-            .arg(ms(entry.enqueued_at))
+            // Milliseconds, like the stream ids beside it: the queue's own wire format.
+            .arg(
+                entry
+                    .enqueued_at
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            )
             .query_async::<String>(&mut self.conn.clone())
             .await?;
         Ok(())

@@ -9,7 +9,7 @@ use std::{
 
 use tokio::sync::Notify;
 
-use super::Scheduler;
+use super::{Scheduler, SchedulerError};
 
 #[derive(Default)]
 struct State {
@@ -78,11 +78,11 @@ impl MemoryScheduler {
 
 #[async_trait::async_trait]
 impl Scheduler for MemoryScheduler {
-    async fn backlog(&self) -> anyhow::Result<u64> {
+    async fn backlog(&self) -> Result<u64, SchedulerError> {
         Ok(self.len() as u64)
     }
 
-    async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()> {
+    async fn add(&self, id: String, due_at_us: i64) -> Result<(), SchedulerError> {
         let earliest = {
             let mut s = self.lock();
             let earliest = s.peek().is_none_or(|due| due_at_us < due);
@@ -95,7 +95,7 @@ impl Scheduler for MemoryScheduler {
         Ok(())
     }
 
-    async fn add_missing(&self, entries: &[(String, i64)]) -> anyhow::Result<usize> {
+    async fn add_missing(&self, entries: &[(String, i64)]) -> Result<usize, SchedulerError> {
         let (added, earliest) = {
             let mut s = self.lock();
             let before = s.peek();
@@ -119,7 +119,7 @@ impl Scheduler for MemoryScheduler {
         now_us: i64,
         max: usize,
         lease: Duration,
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> Result<Vec<String>, SchedulerError> {
         let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
         let mut s = self.lock();
         let expired: Vec<(String, i64)> = s
@@ -149,7 +149,7 @@ impl Scheduler for MemoryScheduler {
         Ok(claimed)
     }
 
-    async fn ack(&self, id: &str) -> anyhow::Result<()> {
+    async fn ack(&self, id: &str) -> Result<(), SchedulerError> {
         // Out of both, as on Redis: had the lease run out meanwhile, the entry was queued again,
         // and it needs no second round either.
         let mut s = self.lock();
@@ -158,7 +158,7 @@ impl Scheduler for MemoryScheduler {
         Ok(())
     }
 
-    async fn ack_many(&self, ids: &[String]) -> anyhow::Result<()> {
+    async fn ack_many(&self, ids: &[String]) -> Result<(), SchedulerError> {
         let mut s = self.lock();
         for id in ids {
             s.leased.remove(id.as_str());

@@ -14,11 +14,33 @@ pub(crate) mod redis;
 pub use memory::MemoryScheduler;
 pub use redis::RedisScheduler;
 
+/// What a scheduler operation fails with: Redis did not answer or refused a command (only the
+/// Redis scheduler fails; the memory one cannot). The delivery loop logs it and tries again on
+/// its next round; a failed add is left to the reconcile sweep, which restores the entry from
+/// its SQL row.
+#[derive(Debug, thiserror::Error)]
+#[error("the scheduler failed to {what}: {source}")]
+pub struct SchedulerError {
+    /// The operation, for the log ("claim due notifications", …).
+    what: &'static str,
+    #[source]
+    source: ecoscan_redis::redis::RedisError,
+}
+
+impl SchedulerError {
+    /// A `map_err` from a Redis error, naming the operation that failed.
+    pub(crate) fn redis(
+        what: &'static str,
+    ) -> impl FnOnce(ecoscan_redis::redis::RedisError) -> Self {
+        move |source| Self { what, source }
+    }
+}
+
 /// Due-time ordering with leased claims.
 #[async_trait]
 pub trait Scheduler: Send + Sync + 'static {
     /// Adds `id`, due at `due_at_us` (microseconds since the Unix epoch).
-    async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()>;
+    async fn add(&self, id: String, due_at_us: i64) -> Result<(), SchedulerError>;
 
     /// Claims up to `max` ids due at `now_us`, each leased for `lease`: an id not acknowledged
     /// before its lease ends can be claimed again (a delivery that failed is retried).
@@ -27,25 +49,25 @@ pub trait Scheduler: Send + Sync + 'static {
         now_us: i64,
         max: usize,
         lease: Duration,
-    ) -> anyhow::Result<Vec<String>>;
+    ) -> Result<Vec<String>, SchedulerError>;
 
     /// Adds each `(id, due_at_us)` whose id is neither waiting nor claimed, and returns how many
     /// it added: an entry already there keeps its due time, and a claimed one its lease, so a
     /// notification being delivered is not handed out again. Safe to repeat, and to run from
     /// several replicas at once (on Redis one script per call checks and adds atomically). What
     /// the reconcile sweep, the reload at start and a retried `Schedule` use.
-    async fn add_missing(&self, entries: &[(String, i64)]) -> anyhow::Result<usize>;
+    async fn add_missing(&self, entries: &[(String, i64)]) -> Result<usize, SchedulerError>;
 
     /// Forgets a claimed id: it was delivered, or there was nothing left to deliver.
-    async fn ack(&self, id: &str) -> anyhow::Result<()>;
+    async fn ack(&self, id: &str) -> Result<(), SchedulerError>;
 
     /// [`Self::ack`] for many ids at once (one round trip on Redis).
-    async fn ack_many(&self, ids: &[String]) -> anyhow::Result<()>;
+    async fn ack_many(&self, ids: &[String]) -> Result<(), SchedulerError>;
 
     /// Resolves when something may be claimable (an earlier entry arrived, a due time or a lease
     /// end was reached), or after `max_wait` at the latest.
     async fn wait(&self, max_wait: Duration);
 
     /// Entries not yet acknowledged (waiting plus claimed), for the backlog gauge.
-    async fn backlog(&self) -> anyhow::Result<u64>;
+    async fn backlog(&self) -> Result<u64, SchedulerError>;
 }

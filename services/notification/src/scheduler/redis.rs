@@ -16,7 +16,7 @@ use ecoscan_redis::{
 };
 use tokio::sync::Notify;
 
-use super::Scheduler;
+use super::{Scheduler, SchedulerError};
 
 /// Returns expired claims to the due set, then claims up to ARGV[2] members due at ARGV[1] with
 /// the lease deadline ARGV[3]. KEYS[1] = due set, KEYS[2] = in-flight set. Members move in
@@ -134,7 +134,7 @@ impl RedisScheduler {
     }
 
     /// Entries waiting plus entries claimed and not yet acknowledged.
-    pub async fn backlog(&self) -> anyhow::Result<u64> {
+    pub async fn backlog(&self) -> Result<u64, SchedulerError> {
         let mut pipe = redis::pipe();
         pipe.cmd("ZCARD")
             .arg(&self.due_key)
@@ -143,14 +143,14 @@ impl RedisScheduler {
         let (due, inflight): (u64, u64) = pipe
             .query_async(&mut self.conn.clone())
             .await
-            .context("failed to read the scheduled backlog from redis")?;
+            .map_err(SchedulerError::redis("read the scheduled backlog"))?;
         Ok(due + inflight)
     }
 
     /// Adds many entries at once, leaving any already waiting as they are (`ZADD NX` on the due
     /// set only: a claimed entry is added again; [`Scheduler::add_missing`] does not do that).
     /// For filling a schedule quickly (the `notification-claim` benchmark).
-    pub async fn add_many(&self, entries: &[(String, i64)]) -> anyhow::Result<()> {
+    pub async fn add_many(&self, entries: &[(String, i64)]) -> Result<(), SchedulerError> {
         for chunk in entries.chunks(ADD_CHUNK) {
             let members: Vec<(f64, &str)> = chunk
                 .iter()
@@ -162,7 +162,7 @@ impl RedisScheduler {
                 .arg(&members)
                 .query_async(&mut self.conn.clone())
                 .await
-                .context("failed to add scheduled notifications to redis")?;
+                .map_err(SchedulerError::redis("add scheduled notifications"))?;
         }
         if !entries.is_empty() {
             self.added.notify_one();
@@ -171,7 +171,7 @@ impl RedisScheduler {
     }
 
     /// The earliest due time or lease deadline, if anything is waiting.
-    async fn next_at(&self) -> anyhow::Result<Option<i64>> {
+    async fn next_at(&self) -> Result<Option<i64>, SchedulerError> {
         let mut pipe = redis::pipe();
         pipe.cmd("ZRANGE")
             .arg(&self.due_key)
@@ -183,7 +183,10 @@ impl RedisScheduler {
             .arg(0)
             .arg(0)
             .arg("WITHSCORES");
-        let (due, inflight): (Scored, Scored) = pipe.query_async(&mut self.conn.clone()).await?;
+        let (due, inflight): (Scored, Scored) = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(SchedulerError::redis("read the next due time"))?;
         #[allow(clippy::cast_possible_truncation)]
         Ok(due.into_iter().chain(inflight).map(|(_, s)| s as i64).min())
     }
@@ -191,22 +194,22 @@ impl RedisScheduler {
 
 #[async_trait::async_trait]
 impl Scheduler for RedisScheduler {
-    async fn backlog(&self) -> anyhow::Result<u64> {
+    async fn backlog(&self) -> Result<u64, SchedulerError> {
         RedisScheduler::backlog(self).await
     }
 
-    async fn add(&self, id: String, due_at_us: i64) -> anyhow::Result<()> {
+    async fn add(&self, id: String, due_at_us: i64) -> Result<(), SchedulerError> {
         let _: () = self
             .conn
             .clone()
             .zadd(&self.due_key, id, score(due_at_us))
             .await
-            .context("failed to schedule in redis")?;
+            .map_err(SchedulerError::redis("schedule a notification"))?;
         self.added.notify_one();
         Ok(())
     }
 
-    async fn add_missing(&self, entries: &[(String, i64)]) -> anyhow::Result<usize> {
+    async fn add_missing(&self, entries: &[(String, i64)]) -> Result<usize, SchedulerError> {
         let mut added = 0;
         for chunk in entries.chunks(ADD_CHUNK) {
             let mut call = self.add_missing.key(&self.due_key);
@@ -217,7 +220,7 @@ impl Scheduler for RedisScheduler {
             let n: usize = call
                 .invoke_async(&mut self.conn.clone())
                 .await
-                .context("failed to restore scheduled notifications in redis")?;
+                .map_err(SchedulerError::redis("restore scheduled notifications"))?;
             added += n;
         }
         if added > 0 {
@@ -231,7 +234,7 @@ impl Scheduler for RedisScheduler {
         now_us: i64,
         max: usize,
         lease: Duration,
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> Result<Vec<String>, SchedulerError> {
         let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
         let ids: Vec<String> = self
             .claim
@@ -242,11 +245,11 @@ impl Scheduler for RedisScheduler {
             .arg(now_us.saturating_add(lease_us))
             .invoke_async(&mut self.conn.clone())
             .await
-            .context("failed to claim due notifications in redis")?;
+            .map_err(SchedulerError::redis("claim due notifications"))?;
         Ok(ids)
     }
 
-    async fn ack(&self, id: &str) -> anyhow::Result<()> {
+    async fn ack(&self, id: &str) -> Result<(), SchedulerError> {
         // Out of both sets: had the lease run out meanwhile, the entry went back to the due set,
         // and it needs no second round either.
         let _: () = redis::pipe()
@@ -257,11 +260,11 @@ impl Scheduler for RedisScheduler {
             .ignore()
             .query_async(&mut self.conn.clone())
             .await
-            .context("failed to acknowledge in redis")?;
+            .map_err(SchedulerError::redis("acknowledge delivered notifications"))?;
         Ok(())
     }
 
-    async fn ack_many(&self, ids: &[String]) -> anyhow::Result<()> {
+    async fn ack_many(&self, ids: &[String]) -> Result<(), SchedulerError> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -273,7 +276,7 @@ impl Scheduler for RedisScheduler {
             .ignore()
             .query_async(&mut self.conn.clone())
             .await
-            .context("failed to acknowledge in redis")?;
+            .map_err(SchedulerError::redis("acknowledge delivered notifications"))?;
         Ok(())
     }
 

@@ -1,0 +1,469 @@
+//! [`JobStore`] in SQL, written once for every [`Dialect`]: the same statements run on SQLite
+//! (the embedded default, [`super::sqlite`]) and on PostgreSQL ([`super::postgres`]). Times are
+//! microseconds since the Unix epoch, as in every ecoscan SQL store.
+
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use ecoscan_proto::{
+    now_us, system_time_from_us, system_time_us,
+    v1::{ErrorInfo, JobStatus, Stage},
+};
+use ecoscan_sql::Dialect;
+use prost::Message;
+use sqlx::{Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+
+use super::jobs::{Checkpoint, Job, JobStore, NewJob};
+use crate::error::StoreError;
+
+/// [`JobStore`] on the SQL database `DB`.
+#[derive(Debug)]
+pub struct SqlJobStore<DB: Dialect> {
+    pub(super) pool: Pool<DB>,
+}
+
+impl<DB: Dialect> Clone for SqlJobStore<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+        }
+    }
+}
+
+impl<DB: Dialect> SqlJobStore<DB> {
+    pub(super) fn new(pool: Pool<DB>) -> Self {
+        Self { pool }
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// The statement of [`JobStore::checkpoint`] for each stage output: only the first checkpoint
+/// of a stage is kept (`IS NULL`), and only from the worker holding the latest claim.
+fn checkpoint_sql(checkpoint: &Checkpoint) -> &'static str {
+    match checkpoint {
+        Checkpoint::Classification(_) => {
+            "UPDATE scan_jobs SET classification = $1, updated_at_us = $2 \
+             WHERE id = $3 AND lease_epoch = $4 AND classification IS NULL"
+        }
+        Checkpoint::Rules(_) => {
+            "UPDATE scan_jobs SET rules = $1, updated_at_us = $2 \
+             WHERE id = $3 AND lease_epoch = $4 AND rules IS NULL"
+        }
+        Checkpoint::Answer(_) => {
+            "UPDATE scan_jobs SET answer = $1, updated_at_us = $2 \
+             WHERE id = $3 AND lease_epoch = $4 AND answer IS NULL"
+        }
+        Checkpoint::Reward(_) => {
+            "UPDATE scan_jobs SET reward = $1, updated_at_us = $2 \
+             WHERE id = $3 AND lease_epoch = $4 AND reward IS NULL"
+        }
+    }
+}
+
+fn encode_checkpoint(checkpoint: &Checkpoint) -> Vec<u8> {
+    match checkpoint {
+        Checkpoint::Classification(m) => m.encode_to_vec(),
+        Checkpoint::Rules(m) => m.encode_to_vec(),
+        Checkpoint::Answer(m) => m.encode_to_vec(),
+        Checkpoint::Reward(m) => m.encode_to_vec(),
+    }
+}
+
+fn decode<M: Message + Default>(
+    col: &str,
+    bytes: Option<Vec<u8>>,
+) -> Result<Option<M>, StoreError> {
+    bytes
+        .map(|b| M::decode(b.as_slice()).map_err(|e| StoreError::Corrupt(format!("{col}: {e}"))))
+        .transpose()
+}
+
+fn job_from_row<R: Row>(row: &R) -> Result<Job, StoreError>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<Vec<u8>>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let carrier: String = row.try_get("trace_carrier")?;
+    let status: i32 = row.try_get("status")?;
+    let stage: i32 = row.try_get("stage")?;
+    // INTEGER on both databases (64 bits on SQLite, 32 on PostgreSQL): read as the narrower.
+    let attempts: i32 = row.try_get("attempts")?;
+    let epoch: i64 = row.try_get("lease_epoch")?;
+    let finished: Option<i64> = row.try_get("finished_at_us")?;
+    let dead: Option<i64> = row.try_get("dead_at_us")?;
+    Ok(Job {
+        id: row.try_get("id")?,
+        user_id: row.try_get("user_id")?,
+        status: JobStatus::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("unknown job status {status}")))?,
+        stage: Stage::try_from(stage)
+            .map_err(|_| StoreError::Corrupt(format!("unknown stage {stage}")))?,
+        image_key: row.try_get("image_key")?,
+        content_type: row.try_get("content_type")?,
+        hint: row.try_get("hint")?,
+        locale: row.try_get("locale")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        trace_carrier: serde_json::from_str(&carrier).unwrap_or_default(),
+        classification: decode("classification", row.try_get("classification")?)?,
+        rules: decode("rules", row.try_get("rules")?)?,
+        answer: decode("answer", row.try_get("answer")?)?,
+        reward: decode("reward", row.try_get("reward")?)?,
+        error: decode("error", row.try_get("error")?)?,
+        attempts: attempts.max(0).unsigned_abs(),
+        lease_epoch: epoch.max(0).unsigned_abs(),
+        created_at: system_time_from_us(row.try_get("created_at_us")?),
+        finished_at: finished.map(system_time_from_us),
+        dead_at: dead.map(system_time_from_us),
+    })
+}
+
+#[async_trait]
+impl<DB> JobStore for SqlJobStore<DB>
+where
+    DB: Dialect,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<String>: Decode<'q, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<i32>: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<Vec<u8>>: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+{
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "INSERT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "INSERT", db.collection.name = "scan_jobs", job.id = %job.id),
+        err
+    )]
+    async fn insert(&self, job: NewJob) -> Result<(Job, bool), StoreError> {
+        let carrier = serde_json::to_string(&job.trace_carrier).unwrap_or_else(|_| "{}".into());
+        let inserted = sqlx::query(DB::sql(
+            "INSERT INTO scan_jobs (id, user_id, status, stage, image_key, content_type, hint, \
+             locale, idempotency_key, trace_carrier, created_at_us, updated_at_us) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11) \
+             ON CONFLICT DO NOTHING RETURNING *",
+        ))
+        .bind(job.id.as_str())
+        .bind(job.user_id.as_str())
+        .bind(JobStatus::Queued as i32)
+        .bind(Stage::Queued as i32)
+        .bind(job.image_key.as_str())
+        .bind(job.content_type.as_str())
+        .bind(job.hint.as_str())
+        .bind(job.locale.as_str())
+        .bind(job.idempotency_key.as_deref())
+        .bind(carrier)
+        .bind(now_us())
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(row) = inserted {
+            return Ok((job_from_row(&row)?, true));
+        }
+        // The only other unique key is (user, idempotency key): someone got there first.
+        let key = job
+            .idempotency_key
+            .as_deref()
+            .ok_or_else(|| StoreError::Corrupt(format!("job id {} already exists", job.id)))?;
+        let existing = self
+            .find_by_idempotency_key(&job.user_id, key)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("idempotency conflict without a job".into()))?;
+        Ok((existing, false))
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
+    async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        sqlx::query(DB::sql("SELECT * FROM scan_jobs WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(job_from_row)
+            .transpose()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "scan_jobs"),
+        err
+    )]
+    async fn find_by_idempotency_key(
+        &self,
+        user_id: &str,
+        key: &str,
+    ) -> Result<Option<Job>, StoreError> {
+        sqlx::query(DB::sql(
+            "SELECT * FROM scan_jobs WHERE user_id = $1 AND idempotency_key = $2",
+        ))
+        .bind(user_id)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(job_from_row)
+        .transpose()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
+    async fn claim(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        sqlx::query(DB::sql(
+            "UPDATE scan_jobs SET lease_epoch = lease_epoch + 1, attempts = attempts + 1, \
+             updated_at_us = $1 WHERE id = $2 RETURNING *",
+        ))
+        .bind(now_us())
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(job_from_row)
+        .transpose()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.stage = ?stage),
+        err
+    )]
+    async fn mark_running(&self, id: &str, epoch: u64, stage: Stage) -> Result<(), StoreError> {
+        let done = sqlx::query(DB::sql(
+            "UPDATE scan_jobs SET status = $1, stage = $2, updated_at_us = $3 \
+             WHERE id = $4 AND lease_epoch = $5 AND status IN ($6, $7)",
+        ))
+        .bind(JobStatus::Running as i32)
+        .bind(stage as i32)
+        .bind(now_us())
+        .bind(id)
+        .bind(epoch_param(epoch))
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .execute(&self.pool)
+        .await?;
+        if DB::rows_affected(&done) == 0 {
+            self.fenced(id, epoch).await?;
+        }
+        Ok(())
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.checkpoint = checkpoint.name()),
+        err
+    )]
+    async fn checkpoint(
+        &self,
+        id: &str,
+        epoch: u64,
+        checkpoint: Checkpoint,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(DB::sql(checkpoint_sql(&checkpoint)))
+            .bind(encode_checkpoint(&checkpoint))
+            .bind(now_us())
+            .bind(id)
+            .bind(epoch_param(epoch))
+            .execute(&self.pool)
+            .await?;
+        if DB::rows_affected(&done) == 0 {
+            self.fenced(id, epoch).await?;
+        }
+        Ok(())
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.status = ?status),
+        err
+    )]
+    async fn finish(
+        &self,
+        id: &str,
+        epoch: u64,
+        status: JobStatus,
+        error: Option<ErrorInfo>,
+    ) -> Result<(), StoreError> {
+        self.end(id, epoch, status, error, false).await
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
+    async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError> {
+        self.end(id, epoch, JobStatus::Failed, Some(error), true)
+            .await
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "scan_jobs"),
+        err
+    )]
+    async fn dead_letters(
+        &self,
+        before: Option<SystemTime>,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError> {
+        sqlx::query(DB::sql(
+            "SELECT * FROM scan_jobs WHERE dead_at_us IS NOT NULL AND dead_at_us < $1 \
+             ORDER BY dead_at_us DESC LIMIT $2",
+        ))
+        .bind(before.map_or(i64::MAX, system_time_us))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_from_row)
+        .collect()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
+        err
+    )]
+    async fn requeue(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        sqlx::query(DB::sql(
+            "UPDATE scan_jobs SET status = $1, stage = $2, error = NULL, finished_at_us = NULL, \
+             dead_at_us = NULL, attempts = 0, updated_at_us = $3 \
+             WHERE id = $4 AND dead_at_us IS NOT NULL RETURNING *",
+        ))
+        .bind(JobStatus::Queued as i32)
+        .bind(Stage::Queued as i32)
+        .bind(now_us())
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(job_from_row)
+        .transpose()
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "scan_jobs"),
+        err
+    )]
+    async fn unfinished(
+        &self,
+        created_before: SystemTime,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError> {
+        // The statuses are literals (queued = 1, running = 2), as in the partial index's own
+        // condition, so both databases' planners can use that index.
+        sqlx::query(DB::sql(
+            "SELECT * FROM scan_jobs WHERE status IN (1, 2) AND created_at_us < $1 \
+             ORDER BY created_at_us DESC LIMIT $2",
+        ))
+        .bind(system_time_us(created_before))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_from_row)
+        .collect()
+    }
+}
+
+/// A lease epoch as stored (a signed 64-bit column; epochs count claims, far below `i64::MAX`).
+fn epoch_param(epoch: u64) -> i64 {
+    i64::try_from(epoch).unwrap_or(i64::MAX)
+}
+
+impl<DB> SqlJobStore<DB>
+where
+    DB: Dialect,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i32>: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<Vec<u8>>: Encode<'q, DB> + Type<DB>,
+{
+    /// After an update that changed nothing: refused because another claim came since
+    /// (`Fenced`), or a no-op (the stage's checkpoint was there, the job had finished).
+    async fn fenced(&self, id: &str, epoch: u64) -> Result<(), StoreError> {
+        let current = sqlx::query(DB::sql("SELECT lease_epoch FROM scan_jobs WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|row| row.try_get::<i64, _>("lease_epoch"))
+            .transpose()?;
+        match current {
+            None => Err(StoreError::Corrupt(format!("job {id} vanished"))),
+            Some(e) if e != epoch_param(epoch) => Err(StoreError::Fenced {
+                job: id.to_owned(),
+                epoch,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `finish` and `dead_letter`: the first terminal status stands.
+    async fn end(
+        &self,
+        id: &str,
+        epoch: u64,
+        status: JobStatus,
+        error: Option<ErrorInfo>,
+        dead: bool,
+    ) -> Result<(), StoreError> {
+        let now = now_us();
+        let done = sqlx::query(DB::sql(
+            "UPDATE scan_jobs SET status = $1, stage = COALESCE($2, stage), error = $3, \
+             finished_at_us = $4, updated_at_us = $4, dead_at_us = $5 \
+             WHERE id = $6 AND lease_epoch = $7 AND status IN ($8, $9)",
+        ))
+        .bind(status as i32)
+        // A failed job keeps the stage it failed at.
+        .bind((status == JobStatus::Succeeded).then_some(Stage::Done as i32))
+        .bind(error.map(|e| e.encode_to_vec()))
+        .bind(now)
+        .bind(dead.then_some(now))
+        .bind(id)
+        .bind(epoch_param(epoch))
+        .bind(JobStatus::Queued as i32)
+        .bind(JobStatus::Running as i32)
+        .execute(&self.pool)
+        .await?;
+        if DB::rows_affected(&done) == 0 {
+            self.fenced(id, epoch).await?;
+        }
+        Ok(())
+    }
+}
