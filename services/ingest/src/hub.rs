@@ -61,8 +61,11 @@ impl Default for HubConfig {
 /// What the hub hands a watcher.
 #[derive(Clone, Debug)]
 pub enum HubItem {
-    /// Shared by every watcher of the job: one copy, however many watch.
-    Event(Arc<ScanEvent>),
+    /// Shared by every watcher of the job: one copy, however many watch. With `Some(epoch)`,
+    /// the log may have refused it (see [`FeedItem::Event`]).
+    Event(Arc<ScanEvent>, Option<u64>),
+    /// A claim of this epoch raised the job's fence (see [`FeedItem::Fence`]).
+    Fence(u64),
     /// Something may have been missed: read the log.
     Resync,
 }
@@ -152,7 +155,13 @@ impl Hub {
                 item = feed.recv(&watched) => item,
             };
             match item {
-                Some(FeedItem::Event(ev)) => self.publish(*ev),
+                Some(FeedItem::Event(ev, epoch)) => {
+                    let job = ev.job_id.clone();
+                    self.send(&job, HubItem::Event(Arc::new(*ev), epoch));
+                }
+                Some(FeedItem::Fence { job_id, epoch }) => {
+                    self.send(&job_id, HubItem::Fence(epoch));
+                }
                 Some(FeedItem::Resync) => self.resync_all(),
                 None => {
                     tracing::warn!("event feed stopped; opening it again");
@@ -195,10 +204,10 @@ impl Hub {
         self.inner.watchers.load(Ordering::Relaxed)
     }
 
-    fn publish(&self, event: ScanEvent) {
+    fn send(&self, job_id: &str, item: HubItem) {
         let jobs = self.inner.jobs.lock().expect("hub lock poisoned");
-        if let Some(tx) = jobs.get(&event.job_id) {
-            let _ = tx.send(HubItem::Event(Arc::new(event)));
+        if let Some(tx) = jobs.get(job_id) {
+            let _ = tx.send(item);
         }
     }
 
@@ -224,6 +233,7 @@ impl Hub {
             job,
             last: after,
             last_seq: None,
+            fence: 0,
             tx,
         };
         let lifetime = lifetime.map_or(self.inner.config.max_lifetime, |l| {
@@ -258,6 +268,10 @@ struct Watcher {
     /// The last event sent (or the position resumed from).
     last: Option<EventId>,
     last_seq: Option<u64>,
+    /// The newest claim of the job known to this watcher: live events of older claims were
+    /// refused by the log and are dropped. Read with the log (after subscribing, so no newer
+    /// fence marker can fall between the two), raised by the markers on the feed.
+    fence: u64,
     tx: mpsc::Sender<Result<ScanEvent, Status>>,
 }
 
@@ -298,11 +312,19 @@ impl Watcher {
                 r = tokio::time::timeout(idle, self.sub.recv()) => r,
             };
             let events = match item {
-                Ok(Some(HubItem::Event(ev))) if self.last_seq.is_none_or(|s| ev.seq == s + 1) => {
+                Ok(Some(HubItem::Fence(epoch))) => {
+                    self.fence = self.fence.max(epoch);
+                    continue;
+                }
+                // Published by a writer whose claim is stale: the log refused it.
+                Ok(Some(HubItem::Event(_, Some(epoch)))) if epoch < self.fence => continue,
+                Ok(Some(HubItem::Event(ev, _)))
+                    if self.last_seq.is_none_or(|s| ev.seq == s + 1) =>
+                {
                     vec![Arc::unwrap_or_clone(ev)]
                 }
                 // A gap, a resync, or a quiet spell: the log says what was missed.
-                Ok(Some(HubItem::Event(_) | HubItem::Resync)) => self.read_log().await?,
+                Ok(Some(HubItem::Event(..) | HubItem::Resync)) => self.read_log().await?,
                 Err(_quiet) => {
                     let events = self.read_log().await?;
                     if events.is_empty()
@@ -324,13 +346,15 @@ impl Watcher {
         }
     }
 
-    async fn read_log(&self) -> Result<Vec<ScanEvent>, Status> {
-        Ok(self
-            .stores()
-            .events
-            .read_after(&self.job.id, self.last)
-            .await
-            .map_err(Error::from)?)
+    /// The job's events after the last one sent, and its newest claim, as the log has them.
+    async fn read_log(&mut self) -> Result<Vec<ScanEvent>, Status> {
+        let events = &self.hub.inner.stores.events;
+        let (read, fence) = tokio::join!(
+            events.read_after(&self.job.id, self.last),
+            events.epoch(&self.job.id)
+        );
+        self.fence = self.fence.max(fence.map_err(Error::from)?);
+        Ok(read.map_err(Error::from)?)
     }
 
     /// A resume after `after`: at or past the end of a finished job's log, the watch ends at

@@ -35,8 +35,8 @@ async fn next_event(feed: &mut Box<dyn Feed>, job: &str) -> ScanEvent {
     let got = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match feed.recv(&|j| j == job).await {
-                Some(FeedItem::Event(ev)) => return *ev,
-                Some(FeedItem::Resync) => {}
+                Some(FeedItem::Event(ev, _)) => return *ev,
+                Some(FeedItem::Resync | FeedItem::Fence { .. }) => {}
                 None => panic!("the feed stopped"),
             }
         }
@@ -1495,8 +1495,8 @@ async fn the_hub_serves_200_watchers_over_a_fixed_number_of_redis_connections() 
         let got = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
                 match sub.recv().await.unwrap() {
-                    HubItem::Event(ev) => return ev,
-                    HubItem::Resync => {}
+                    HubItem::Event(ev, _) => return ev,
+                    HubItem::Resync | HubItem::Fence(_) => {}
                 }
             }
         })
@@ -1563,7 +1563,7 @@ async fn redis_stores_recover_when_their_connections_are_killed() {
         let got = tokio::time::timeout(Duration::from_millis(500), async {
             loop {
                 match feed.recv(&|j| j == job).await {
-                    Some(FeedItem::Event(ev)) if ev.event_id == appended.event_id => return *ev,
+                    Some(FeedItem::Event(ev, _)) if ev.event_id == appended.event_id => return *ev,
                     Some(_) => {}
                     None => panic!("the feed stopped"),
                 }
@@ -1591,5 +1591,91 @@ async fn redis_stores_recover_when_their_connections_are_killed() {
     };
     assert_eq!(claimed.entry.job_id, "after");
     queue.ack(&claimed).await.unwrap();
+    scope.cleanup().await;
+}
+
+/// A writer whose claim went stale publishes its events beside their `XADD`s, so the feed
+/// carries one the stream refused; the newer claim's fence marker precedes it, and a watcher
+/// drops it: it gets the newer writer's event with that seq, never the refused one.
+async fn a_watcher_never_gets_an_event_its_log_refused(scope: &RedisScope, settings: Settings) {
+    use futures::StreamExt as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let jobs: Arc<dyn JobStore> = Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap());
+    let (job, _) = jobs.insert(new_job("u1", None)).await.unwrap();
+    let stores = Stores {
+        jobs: jobs.clone(),
+        events: Arc::new(RedisEventLog::open(&scope.redis, &scope.prefix, 100)),
+        queue: Arc::new(MemoryQueue::new()),
+        objects: Arc::new(LocalObjectStore::open(dir.path()).await.unwrap()),
+    };
+    let shutdown = CancellationToken::new();
+    let hub = Hub::start(stores, HubConfig::default(), shutdown.clone())
+        .await
+        .unwrap();
+    // Two workers in two processes: `old` lost the job to `new`.
+    let old = RedisEventLog::open(&scope.redis, &scope.prefix, 100);
+    let other = Redis::connect(&settings, "test-new-worker").await.unwrap();
+    let new = RedisEventLog::open(&other, &scope.prefix, 100);
+    let with = |stage, message: &str| ScanEvent {
+        message: message.into(),
+        ..ev(&job.id, stage)
+    };
+
+    old.append(with(Stage::Queued, "queued")).await.unwrap();
+    old.fence(&job.id, 1).await.unwrap();
+    old.append_as(with(Stage::Vision, "first claim"), 1)
+        .await
+        .unwrap();
+    let mut watch = hub.watch(job.clone(), None, None);
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("an event within 10 s")
+            .expect("the watch goes on")
+            .expect("no error")
+    };
+    assert_eq!(next().await.seq, 1);
+    assert_eq!(next().await.seq, 2);
+
+    new.fence(&job.id, 2).await.unwrap();
+    let refused = old.append_as(with(Stage::Vision, "stale"), 1).await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "the stale writer is refused: {refused:?}"
+    );
+    let current = new
+        .append_as(with(Stage::Vision, "second claim"), 2)
+        .await
+        .unwrap();
+    assert_eq!(current.seq, 3, "the refused event took no number");
+    new.append_final_as(with(Stage::Done, "done"), 2)
+        .await
+        .unwrap()
+        .expect("the final event");
+
+    let third = next().await;
+    assert_eq!(
+        (third.seq, third.message.as_str()),
+        (3, "second claim"),
+        "the watcher gets the event the log took"
+    );
+    let last = next().await;
+    assert_eq!((last.seq, last.message.as_str()), (4, "done"));
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn redis_watchers_never_get_an_event_the_log_refused() {
+    let scope = RedisScope::new().await;
+    a_watcher_never_gets_an_event_its_log_refused(&scope, Settings::single(redis_url())).await;
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn redis_cluster_watchers_never_get_an_event_the_log_refused() {
+    let scope = RedisScope::cluster().await;
+    let settings = scope.cluster.as_ref().unwrap().settings();
+    a_watcher_never_gets_an_event_its_log_refused(&scope, settings).await;
     scope.cleanup().await;
 }

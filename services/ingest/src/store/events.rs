@@ -70,8 +70,14 @@ impl FromStr for EventId {
 /// What a log's feed delivers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FeedItem {
-    /// An event just appended.
-    Event(Box<ScanEvent>),
+    /// An event appended to its job's log. With `Some(epoch)` it was published by its writer,
+    /// of claim `epoch`, beside its append and not after it, so the log may have refused it:
+    /// it is the log's only when no newer claim of its job has been announced
+    /// ([`FeedItem::Fence`], [`EventLog::epoch`]). With `None` the log took it.
+    Event(Box<ScanEvent>, Option<u64>),
+    /// A claim of `epoch` raised the job's fence: every event of the job from an older claim
+    /// that the feed carries after this was refused by the log.
+    Fence { job_id: String, epoch: u64 },
     /// Events may have been missed before this point (the feed fell behind, or its
     /// connection was renewed): watchers catch up from the per-job log.
     Resync,
@@ -132,6 +138,9 @@ pub trait EventLog: Send + Sync + 'static {
     ) -> Result<Vec<ScanEvent>, StoreError>;
     /// The id of the job's last event, if its log has any.
     async fn last_id(&self, job_id: &str) -> Result<Option<EventId>, StoreError>;
+    /// The epoch of the job's newest claim as its log knows it (0 before any claim): feed
+    /// events of older claims were refused (see [`FeedItem::Event`]).
+    async fn epoch(&self, job_id: &str) -> Result<u64, StoreError>;
     /// Lets the job's log expire `ttl` from now (called when the job has finished).
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError>;
     /// Starts reading every event appended from now on, of every job (the process's hub
@@ -270,6 +279,15 @@ impl EventLog for MemoryEventLog {
         Ok(())
     }
 
+    async fn epoch(&self, job_id: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .inner
+            .lock()
+            .expect("event log lock poisoned")
+            .get(job_id)
+            .map_or(0, |log| log.fence))
+    }
+
     async fn restart(&self, event: ScanEvent) -> Result<ScanEvent, StoreError> {
         let fence = self
             .inner
@@ -332,7 +350,8 @@ impl Feed for MemoryFeed {
     async fn recv(&mut self, wanted: &Wanted<'_>) -> Option<FeedItem> {
         loop {
             match self.0.recv().await {
-                Ok(ev) if wanted(&ev.job_id) => return Some(FeedItem::Event(Box::new(ev))),
+                // Published under the log's lock, after the append: the log took it.
+                Ok(ev) if wanted(&ev.job_id) => return Some(FeedItem::Event(Box::new(ev), None)),
                 Ok(_) => {}
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::warn!(

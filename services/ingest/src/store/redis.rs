@@ -12,17 +12,22 @@
 //! | `scan:{s<n>}:<job>:fence` | the epoch of the job's newest claim |
 //! | `scan:{s<n>}:feed` | the shard's Pub/Sub channel (sharded Pub/Sub on a Cluster) |
 //!
-//! Appending is **one script call per batch** (`EVAL`: an `XADD` per event and one `PUBLISH`
-//! of them all, `SPUBLISH` on a Cluster): a process's appends of the same 5 ms gather into one
-//! call (on a Cluster, per shard, whose keys share a slot), so under load one call, one round
-//! trip and one publish carry many events, and idle an event costs one of each. The writer
+//! Appending is **one round trip per batch**: a process's appends of the same 5 ms gather (on a
+//! Cluster, per shard, whose keys share a slot), and the ordinary events of claimed jobs go as
+//! one pipeline of an `XADD` per event and one `PUBLISH` of them all (`SPUBLISH` on a Cluster;
+//! [`send_piped`]), the `queued` and final events as one script call that publishes only what
+//! the streams took ([`APPEND_BATCH`]). Under load one round trip and one publish carry many
+//! events, and idle an event costs one of each. The writer
 //! numbers its events (it remembers each job's last `seq`; a claim's fence script returns the
 //! log's end, and the `queued` event of a job just submitted assumes a new log) and gives each
 //! the public id `<T>-<seq>`; `XADD` refuses an id that is not past the stream's end, so two
 //! writers of one job cannot fork its log. The stream id of an event is `<T + epoch>-<seq>`,
 //! `epoch` its writer's claim: a claim moves the stream's last id to its own epoch
 //! (`XSETID`), so every older writer's next `XADD` is refused by the stream itself and an
-//! append reads no fence (the fence key is read only to say why an `XADD` was refused).
+//! append reads no fence (the fence key is read only to say why an `XADD` was refused). The
+//! claim's script also publishes a fence marker on the job's channel, ahead of every event of
+//! an older claim that the stream refuses (a pipeline publishes those too), and hubs drop them
+//! ([`FeedItem::Event`] carries the writer's epoch for that).
 //! Every process's hub
 //! subscribes to all N shard channels on one connection and filters in memory, so the Redis
 //! cost of an event is flat in the number of jobs and watchers. Pub/Sub drops what a
@@ -75,8 +80,10 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 // ---------------------------------------------------------------------------------------------
 // Event log
 
-/// Appends a batch of events — each to its job's stream — and publishes them together on one
-/// feed channel, in one step. Each caller numbered its event and gave it its stream id
+/// Appends a batch of the events that need checks in Redis — the `queued` event of a job
+/// just submitted (epoch 0) and final events; the others go unscripted ([`send_piped`]) — each
+/// to its job's stream, and publishes those the streams took together on one feed channel, in
+/// one step. Each caller numbered its event and gave it its stream id
 /// (`<T + epoch>-<seq>`): `XADD` refuses an id that is not past the stream's last one, so a
 /// writer whose view of a log is stale (another wrote meanwhile) is refused instead of forking
 /// the log, and its event is not published; and so is a writer that lost the job, since the
@@ -138,27 +145,32 @@ static APPEND_SCRIPT: std::sync::LazyLock<Script> =
 /// Raises a job's fence (KEYS[1]) to the epoch ARGV[1] unless a newer claim raised it
 /// further, and moves the last id of the job's stream (KEYS[2]) to `<ARGV[2]>-<last seq>`,
 /// ARGV[2] being `T + epoch`: the stream then refuses every id an older claim's writer would
-/// give its next event (their millisecond part is lower), so [`APPEND_BATCH`] need not read
-/// the fence. A job without a stream gets an empty one with that last id (a writer of an older
-/// claim could otherwise create it). Returns the seq of the log's last event (`0` when it has
+/// give its next event (their millisecond part is lower), so an append need not read the
+/// fence. A job without a stream gets an empty one with that last id (a writer of an older
+/// claim could otherwise create it). Then it publishes the fence marker ARGV[4] on the feed
+/// channel KEYS[3] with the command ARGV[3]: an older claim's writer publishes its events
+/// beside their `XADD`s ([`send_piped`]), and the marker, ahead of any of them the stream
+/// refused, tells the hubs to drop those. Returns the seq of the log's last event (`0` when it has
 /// none), so that the new writer knows where to go on without a second round trip; `-1` when
 /// fenced (a newer claim exists, or a writer of a newer epoch appended already).
 const RAISE_FENCE: &str = r"
 if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then return -1 end
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local n = '0'
 if #last == 0 then
-  redis.call('SET', KEYS[1], ARGV[1])
   if redis.call('EXISTS', KEYS[2]) == 1 then
     redis.call('XSETID', KEYS[2], ARGV[2] .. '-0')
   else
     redis.call('XADD', KEYS[2], 'MAXLEN', 0, ARGV[2] .. '-0', 'ev', '')
   end
-  return 0
+else
+  local ms
+  ms, n = string.match(last[1][1], '^(%d+)-(%d+)$')
+  if tonumber(ms) > tonumber(ARGV[2]) then return -1 end
+  redis.call('XSETID', KEYS[2], ARGV[2] .. '-' .. n)
 end
-local ms, n = string.match(last[1][1], '^(%d+)-(%d+)$')
-if tonumber(ms) > tonumber(ARGV[2]) then return -1 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('XSETID', KEYS[2], ARGV[2] .. '-' .. n)
+redis.call(ARGV[3], KEYS[3], ARGV[4])
 return tonumber(n)
 ";
 
@@ -184,6 +196,15 @@ return 1
 pub const DEFAULT_APPEND_LINGER: Duration = Duration::from_millis(5);
 /// Events in one batch at most.
 const MAX_BATCH: usize = 256;
+
+impl PendingAppend {
+    /// Whether it goes in the pipeline of [`send_piped`] rather than the script: an ordinary
+    /// event of a claimed job. Final events need the script's checks, and epoch 0 (the
+    /// `queued` event at submit) has no claim whose fence marker could discount a refusal.
+    fn piped(&self) -> bool {
+        !self.is_final && self.epoch > 0
+    }
+}
 
 /// One event waiting for its batch.
 struct PendingAppend {
@@ -231,12 +252,25 @@ async fn run_batches(
     }
 }
 
-async fn send_batch(
+async fn send_batch(conn: Conn, publish: &'static str, max_len: usize, batch: Vec<PendingAppend>) {
+    let (scripted, piped): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| !p.piped());
+    tokio::join!(
+        send_scripted(conn.clone(), publish, max_len, scripted),
+        send_piped(conn, publish, max_len, piped),
+    );
+}
+
+/// Final events and those of epoch 0: one [`APPEND_BATCH`] call, which publishes only what
+/// the streams took.
+async fn send_scripted(
     mut conn: Conn,
     publish: &'static str,
     max_len: usize,
     batch: Vec<PendingAppend>,
 ) {
+    if batch.is_empty() {
+        return;
+    }
     let mut call = APPEND_SCRIPT.prepare_invoke();
     for p in &batch {
         call.key(&p.events_key);
@@ -257,6 +291,62 @@ async fn send_batch(
         Ok(results) => {
             for (p, r) in batch.into_iter().zip(results) {
                 let _ = p.reply.send(Ok(r));
+            }
+        }
+        Err(e) => {
+            for p in batch {
+                let _ = p.reply.send(Err(e.clone().into()));
+            }
+        }
+    }
+}
+
+/// The ordinary events of claimed jobs (epoch 1 and up), nearly all of a job's: one pipeline
+/// of an `XADD` per event and one `PUBLISH` of them all, with no script. A script costs Redis
+/// more than the commands it runs (its arguments become Lua strings, each call from Lua is
+/// converted twice), about half of an event's Redis time when every event went through one.
+/// The publish goes out whether or not the streams take the events: the stream refuses only
+/// an id that is not past its end, and for these events that happens only to a writer whose
+/// claim is stale (one claim has one writer, which numbers its events in order) — and its
+/// newer claim published a fence marker ([`RAISE_FENCE`]) ahead of them, by which hubs drop
+/// them. Each published item carries its writer's epoch for that check.
+async fn send_piped(
+    mut conn: Conn,
+    publish: &'static str,
+    max_len: usize,
+    batch: Vec<PendingAppend>,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    let mut feed = Vec::with_capacity(batch.iter().map(|p| p.message.len() + 24).sum());
+    for p in &batch {
+        pipe.cmd("XADD")
+            .arg(&p.events_key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(max_len)
+            .arg(&p.id)
+            .arg("ev")
+            .arg(p.message.as_slice());
+        feed.extend_from_slice(format!("{}@{}:", p.message.len(), p.epoch).as_bytes());
+        feed.extend_from_slice(&p.message);
+    }
+    pipe.cmd(publish).arg(&batch[0].channel).arg(feed);
+    match pipe
+        .query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn)
+        .await
+    {
+        Ok(results) => {
+            for (p, r) in batch.into_iter().zip(results) {
+                let r = match r {
+                    Ok(_) => Ok(1),
+                    Err(e) if e.to_string().contains("equal or smaller") => Ok(-1),
+                    Err(e) => Err(e.into()),
+                };
+                let _ = p.reply.send(r);
             }
         }
         Err(e) => {
@@ -514,8 +604,13 @@ fn decode_event(entry: &StreamId) -> Result<ScanEvent, StoreError> {
     let bytes: Vec<u8> = entry
         .get("ev")
         .ok_or_else(|| StoreError::Corrupt(format!("event {} has no body", entry.id)))?;
-    parse_feed_message(&bytes, &|_| true)?
-        .ok_or_else(|| StoreError::Corrupt(format!("event {} is unreadable", entry.id)))
+    match parse_feed_message(&bytes, None, &|_| true)? {
+        Some(FeedItem::Event(event, _)) => Ok(*event),
+        _ => Err(StoreError::Corrupt(format!(
+            "event {} is unreadable",
+            entry.id
+        ))),
+    }
 }
 
 fn parse_id(id: &str) -> Result<EventId, StoreError> {
@@ -560,11 +655,15 @@ impl EventLog for RedisEventLog {
         // Whoever wrote the log last, this writer goes on from its end, which the script
         // returns with the raised fence.
         self.remember(job_id, None);
+        let marker = format!("{job_id}\n{FENCE_MARKER}\n{epoch}\n");
         let last: i64 = FENCE_SCRIPT
             .key(self.key(job_id, "fence"))
             .key(self.key(job_id, "events"))
+            .key(self.channel(self.tag(job_id)))
             .arg(epoch)
             .arg(stream_ms(job_id, epoch))
+            .arg(publish_command(self.redis.is_cluster()))
+            .arg(format!("{}:{marker}", marker.len()))
             .invoke_async(&mut self.conn.clone())
             .await?;
         let last = u64::try_from(last).map_err(|_| StoreError::Fenced {
@@ -664,6 +763,14 @@ impl EventLog for RedisEventLog {
             .transpose()
     }
 
+    async fn epoch(&self, job_id: &str) -> Result<u64, StoreError> {
+        let fence: Option<u64> = redis::cmd("GET")
+            .arg(self.key(job_id, "fence"))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(fence.unwrap_or(0))
+    }
+
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError> {
         self.remember(job_id, None);
         let ttl_ms = ttl.as_millis().min(i64::MAX as u128) as i64;
@@ -694,15 +801,21 @@ impl EventLog for RedisEventLog {
 /// The hub's subscription to every feed shard.
 struct RedisFeed {
     subscriber: Subscriber,
-    /// Events of a batch not handed out yet.
-    pending: std::collections::VecDeque<ScanEvent>,
+    /// Items of a batch not handed out yet.
+    pending: std::collections::VecDeque<FeedItem>,
 }
 
-/// A feed message: `<job>\n<id>\n<seq>\n<event body>`.
+/// What a fence marker carries in place of an event id: `<job>\nfence\n<epoch>\n`.
+const FENCE_MARKER: &str = "fence";
+
+/// A feed message: an event, `<job>\n<id>\n<seq>\n<event body>`, published by a writer of
+/// claim `epoch` when that is given (see [`FeedItem::Event`]); or a fence marker,
+/// `<job>\nfence\n<epoch>\n`.
 fn parse_feed_message(
     payload: &[u8],
+    epoch: Option<u64>,
     wanted: &Wanted<'_>,
-) -> Result<Option<ScanEvent>, StoreError> {
+) -> Result<Option<FeedItem>, StoreError> {
     let mut parts = payload.splitn(4, |b| *b == b'\n');
     let (Some(job), Some(id), Some(seq), Some(body)) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -716,19 +829,34 @@ fn parse_feed_message(
     if !wanted(job) {
         return Ok(None);
     }
+    let number = || {
+        std::str::from_utf8(seq)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| StoreError::Corrupt(format!("feed message of job {job}: bad number")))
+    };
+    if id == FENCE_MARKER.as_bytes() {
+        return Ok(Some(FeedItem::Fence {
+            job_id: job.to_owned(),
+            epoch: number()?,
+        }));
+    }
     let mut event = ScanEvent::decode(body)
         .map_err(|e| StoreError::Corrupt(format!("feed message of job {job}: {e}")))?;
     event.job_id = job.to_owned();
     event.event_id = String::from_utf8_lossy(id).into_owned();
-    event.seq = std::str::from_utf8(seq)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| StoreError::Corrupt(format!("feed message of job {job}: bad seq")))?;
-    Ok(Some(event))
+    event.seq = number()?;
+    Ok(Some(FeedItem::Event(Box::new(event), epoch)))
 }
 
-/// The messages of one published batch: `<length>:<message>` items.
-fn split_batch(payload: &[u8]) -> Result<Vec<&[u8]>, StoreError> {
+/// The messages of one published batch: `<length>:<message>` items, published by a script
+/// after the streams took them, or `<length>@<epoch>:<message>` items, published beside their
+/// `XADD`s by a writer of claim `epoch` ([`send_piped`]).
+/// One item of a published batch: its writer's epoch when it was published unchecked, and the
+/// message.
+type BatchItem<'a> = (Option<u64>, &'a [u8]);
+
+fn split_batch(payload: &[u8]) -> Result<Vec<BatchItem<'_>>, StoreError> {
     let mut out = Vec::new();
     let mut rest = payload;
     while !rest.is_empty() {
@@ -736,14 +864,23 @@ fn split_batch(payload: &[u8]) -> Result<Vec<&[u8]>, StoreError> {
             .iter()
             .position(|b| *b == b':')
             .ok_or_else(|| StoreError::Corrupt("feed batch item without a length".into()))?;
-        let len: usize = std::str::from_utf8(&rest[..colon])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| StoreError::Corrupt("feed batch item with a bad length".into()))?;
+        let header = std::str::from_utf8(&rest[..colon])
+            .map_err(|_| StoreError::Corrupt("feed batch item with a bad length".into()))?;
+        let (len, epoch) = match header.split_once('@') {
+            Some((len, epoch)) => (len, Some(epoch)),
+            None => (header, None),
+        };
+        let len: usize = len
+            .parse()
+            .map_err(|_| StoreError::Corrupt("feed batch item with a bad length".into()))?;
+        let epoch = epoch
+            .map(str::parse::<u64>)
+            .transpose()
+            .map_err(|_| StoreError::Corrupt("feed batch item with a bad epoch".into()))?;
         let item = rest
             .get(colon + 1..colon + 1 + len)
             .ok_or_else(|| StoreError::Corrupt("feed batch item cut short".into()))?;
-        out.push(item);
+        out.push((epoch, item));
         rest = &rest[colon + 1 + len..];
     }
     Ok(out)
@@ -753,8 +890,8 @@ fn split_batch(payload: &[u8]) -> Result<Vec<&[u8]>, StoreError> {
 impl Feed for RedisFeed {
     async fn recv(&mut self, wanted: &Wanted<'_>) -> Option<FeedItem> {
         loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Some(FeedItem::Event(Box::new(event)));
+            if let Some(item) = self.pending.pop_front() {
+                return Some(item);
             }
             match self.subscriber.recv().await? {
                 Delivery::Resync => return Some(FeedItem::Resync),
@@ -766,9 +903,9 @@ impl Feed for RedisFeed {
                             continue;
                         }
                     };
-                    for item in items {
-                        match parse_feed_message(item, wanted) {
-                            Ok(Some(event)) => self.pending.push_back(event),
+                    for (epoch, item) in items {
+                        match parse_feed_message(item, epoch, wanted) {
+                            Ok(Some(item)) => self.pending.push_back(item),
                             Ok(None) => {}
                             Err(e) => {
                                 tracing::warn!(error = %e, "skipping an undecodable feed message");
@@ -1273,9 +1410,11 @@ mod tests {
         };
         let mut payload = b"job-1\n1700000000000-0\n7\n".to_vec();
         payload.extend(ev.encode_to_vec());
-        let got = parse_feed_message(&payload, &|j| j == "job-1")
-            .unwrap()
-            .unwrap();
+        let Some(FeedItem::Event(got, None)) =
+            parse_feed_message(&payload, None, &|j| j == "job-1").unwrap()
+        else {
+            panic!("an event")
+        };
         assert_eq!(
             (
                 got.job_id.as_str(),
@@ -1285,14 +1424,34 @@ mod tests {
             ),
             ("job-1", "1700000000000-0", 7, "hi")
         );
-        assert!(parse_feed_message(&payload, &|_| false).unwrap().is_none());
-        assert!(parse_feed_message(b"job-1\nno-header", &|_| true).is_err());
+        assert!(
+            parse_feed_message(&payload, None, &|_| false)
+                .unwrap()
+                .is_none()
+        );
+        assert!(parse_feed_message(b"job-1\nno-header", None, &|_| true).is_err());
+        assert_eq!(
+            parse_feed_message(b"job-1\nfence\n4\n", None, &|_| true).unwrap(),
+            Some(FeedItem::Fence {
+                job_id: "job-1".into(),
+                epoch: 4
+            }),
+            "a fence marker"
+        );
+        assert!(parse_feed_message(b"job-1\nfence\nx\n", None, &|_| true).is_err());
     }
 
     #[test]
     fn a_published_batch_splits_into_its_messages() {
         let items = split_batch(b"3:abc0:5:a:b:c").unwrap();
-        assert_eq!(items, [&b"abc"[..], b"", b"a:b:c"]);
+        assert_eq!(
+            items.iter().map(|(_, m)| *m).collect::<Vec<_>>(),
+            [&b"abc"[..], b"", b"a:b:c"]
+        );
+        assert!(items.iter().all(|(epoch, _)| epoch.is_none()));
+        let items = split_batch(b"3@7:abc2:xy").unwrap();
+        assert_eq!(items, [(Some(7), &b"abc"[..]), (None, &b"xy"[..])]);
+        assert!(split_batch(b"3@x:abc").is_err());
         assert!(split_batch(b"").unwrap().is_empty());
         assert!(split_batch(b"9:short").is_err());
         assert!(split_batch(b"x:abc").is_err());
