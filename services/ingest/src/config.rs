@@ -38,7 +38,7 @@ use crate::{
 /// | `INGEST_FETCH_ALLOW` | comma-separated IPs or CIDR networks an `image_url` may reach although they are refused (loopback, private, link-local, CGNAT, …), e.g. `127.0.0.1/32,::1` [none] |
 /// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
 /// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
-/// | `INGEST_APPEND_LINGER` | on Redis, how long an event waits for others to share one script call and publish [5ms] |
+/// | `INGEST_APPEND_LINGER` | on Redis, how long an event waits for others to share one round trip and publish [5ms] |
 /// | `INGEST_DELTA_INTERVAL` | answer text is coalesced into at most one delta event per this interval [250ms] |
 /// | `INGEST_WATCH_MAX_LIFETIME` | longest life of one `Watch`/`Scan` stream [10m] |
 /// | `INGEST_WATCHER_BUFFER` | events a watcher may fall behind before it reads the log instead [256] |
@@ -82,7 +82,7 @@ pub struct Config {
     pub fetch_allow: Allowlist,
     pub event_ttl: Duration,
     pub event_max_len: usize,
-    /// How long an event waits for others to share its Redis script call (`INGEST_APPEND_LINGER`).
+    /// How long an event waits for others to share its Redis round trip (`INGEST_APPEND_LINGER`).
     pub append_linger: Duration,
     /// Answer deltas are coalesced into at most one event per interval: each event costs a
     /// log append and a publish, so fewer events cost Redis less, and a person reading cannot
