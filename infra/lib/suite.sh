@@ -43,6 +43,10 @@ suite_start() {
         ports+=("--$service-port" 0)
     done
     say "starting ecoscan up on 127.0.0.1 (logs: $work/suite.log while it runs)"
+    # Made here, not by the background job's redirections: the loop below may read them before
+    # that job has run far enough to open them (and under `set -e` a failed read ends the check).
+    : >"$work/suite.out"
+    : >"$work/suite.log"
     env LLM_PROVIDER=mock RUST_LOG="${RUST_LOG:-warn}" "$@" \
         "$ecoscan" up --data-dir "$work/data" --host 127.0.0.1 "${ports[@]}" \
         >"$work/suite.out" 2>"$work/suite.log" &
