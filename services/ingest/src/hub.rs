@@ -156,8 +156,8 @@ impl Hub {
             };
             match item {
                 Some(FeedItem::Event(ev, epoch)) => {
-                    let job = ev.job_id.clone();
-                    self.send(&job, HubItem::Event(Arc::new(*ev), epoch));
+                    let ev = Arc::new(*ev);
+                    self.send(&ev.job_id, HubItem::Event(Arc::clone(&ev), epoch));
                 }
                 Some(FeedItem::Fence { job_id, epoch }) => {
                     self.send(&job_id, HubItem::Fence(epoch));

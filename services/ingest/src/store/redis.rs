@@ -197,15 +197,6 @@ pub const DEFAULT_APPEND_LINGER: Duration = Duration::from_millis(5);
 /// Events in one batch at most.
 const MAX_BATCH: usize = 256;
 
-impl PendingAppend {
-    /// Whether it goes in the pipeline of [`send_piped`] rather than the script: an ordinary
-    /// event of a claimed job. Final events need the script's checks, and epoch 0 (the
-    /// `queued` event at submit) has no claim whose fence marker could discount a refusal.
-    fn piped(&self) -> bool {
-        !self.is_final && self.epoch > 0
-    }
-}
-
 /// One event waiting for its batch.
 struct PendingAppend {
     /// Which batch it may join: on a Cluster its shard (one slot per script call), else any.
@@ -221,7 +212,16 @@ struct PendingAppend {
     reply: tokio::sync::oneshot::Sender<Result<i64, StoreError>>,
 }
 
-/// Gathers appends into batches and sends each as one script call; see [`APPEND_BATCH`].
+impl PendingAppend {
+    /// Whether it goes in the pipeline of [`send_piped`] rather than the script: an ordinary
+    /// event of a claimed job. Final events need the script's checks, and epoch 0 (the
+    /// `queued` event at submit) has no claim whose fence marker could discount a refusal.
+    fn piped(&self) -> bool {
+        !self.is_final && self.epoch > 0
+    }
+}
+
+/// Gathers appends into batches and sends each in one round trip; see [`send_batch`].
 async fn run_batches(
     conn: Conn,
     publish: &'static str,
@@ -287,18 +287,8 @@ async fn send_scripted(
             call.arg("");
         }
     }
-    match call.invoke_async::<Vec<i64>>(&mut conn).await {
-        Ok(results) => {
-            for (p, r) in batch.into_iter().zip(results) {
-                let _ = p.reply.send(Ok(r));
-            }
-        }
-        Err(e) => {
-            for p in batch {
-                let _ = p.reply.send(Err(e.clone().into()));
-            }
-        }
-    }
+    let results = call.invoke_async::<Vec<i64>>(&mut conn).await;
+    reply(batch, results.map(|rs| rs.into_iter().map(Ok).collect()));
 }
 
 /// The ordinary events of claimed jobs (epoch 1 and up), nearly all of a job's: one pipeline
@@ -335,17 +325,27 @@ async fn send_piped(
         feed.extend_from_slice(&p.message);
     }
     pipe.cmd(publish).arg(&batch[0].channel).arg(feed);
-    match pipe
+    let results = pipe
         .query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn)
-        .await
-    {
+        .await;
+    // The same answers as the script's for its ordinary events: 1 appended, -1 refused.
+    let results = results.map(|rs| {
+        rs.into_iter()
+            .map(|r| match r {
+                Ok(_) => Ok(1),
+                Err(e) if e.to_string().contains("equal or smaller") => Ok(-1),
+                Err(e) => Err(e.into()),
+            })
+            .collect()
+    });
+    reply(batch, results);
+}
+
+/// Answers each append of `batch`: with its own result, or every one with the call's error.
+fn reply(batch: Vec<PendingAppend>, results: Result<Vec<Result<i64, StoreError>>, RedisError>) {
+    match results {
         Ok(results) => {
             for (p, r) in batch.into_iter().zip(results) {
-                let r = match r {
-                    Ok(_) => Ok(1),
-                    Err(e) if e.to_string().contains("equal or smaller") => Ok(-1),
-                    Err(e) => Err(e.into()),
-                };
                 let _ = p.reply.send(r);
             }
         }
