@@ -1,0 +1,493 @@
+//! The dispatch queue on Redis: one stream, `scan:dispatch`, and its consumer group `ingest`
+//! (see the parent module's docs).
+
+use std::{
+    collections::HashSet,
+    time::{Duration, UNIX_EPOCH},
+};
+
+use async_trait::async_trait;
+use ecoscan_redis::{
+    Conn, Redis,
+    redis::{
+        self, RedisError, Script,
+        streams::{
+            StreamClaimReply, StreamId, StreamPendingCountReply, StreamRangeReply, StreamReadReply,
+        },
+    },
+};
+
+use crate::{
+    error::StoreError,
+    store::queue::{Lease, Queue, QueueEntry},
+};
+
+fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
+    entry
+        .get::<String>(name)
+        .ok_or_else(|| StoreError::Corrupt(format!("stream entry {} has no {name}", entry.id)))
+}
+
+const GROUP: &str = "ingest";
+/// Longest single blocking read; the claim loop then looks for expired leases again.
+const MAX_BLOCK: Duration = Duration::from_millis(250);
+
+/// Extends leases: for each (id, delivery count) pair in ARGV after the group and consumer,
+/// resets the entry's idle time with `XCLAIM … JUSTID` (which leaves the delivery count
+/// alone), only while the same consumer holds the same delivery of it. Returns 1 or 0 each.
+const EXTEND_MANY: &str = r"
+local out = {}
+for i = 3, #ARGV, 2 do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #p == 1 and p[1][2] == ARGV[2] and tonumber(p[1][4]) == tonumber(ARGV[i + 1]) then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+";
+
+/// Removes the group's consumers (but ARGV[2], the caller) that hold nothing and have been
+/// idle for ARGV[3] ms: processes that are gone. Atomic, so a consumer cannot claim an entry
+/// between the check and its removal (removing a consumer drops its pending entries).
+const FORGET_IDLE: &str = r"
+local removed = 0
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+  if f['name'] ~= ARGV[2] and tonumber(f['pending']) == 0 and tonumber(f['idle']) >= tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    removed = removed + 1
+  end
+end
+return removed
+";
+
+/// The dispatch queue on a Redis Streams consumer group; see the module docs.
+pub struct RedisQueue {
+    conn: Conn,
+    /// When this process last looked for expired leases: `XPENDING IDLE` walks every pending
+    /// entry, so it runs a few times per lease, not on every claim.
+    last_reclaim: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The connection blocking reads wait on, taken in turn.
+    blocking: tokio::sync::Mutex<Conn>,
+    key: String,
+    consumer: String,
+    extend: Script,
+}
+
+/// The idle time a released entry is given (30 days): longer than any lease.
+const RELEASED_IDLE_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// A lease's handle: the stream id and the delivery count it was claimed with.
+fn lease_id(stream_id: &str, delivered: usize) -> String {
+    format!("{stream_id}/{delivered}")
+}
+
+fn parse_lease_id(id: &str) -> Result<(&str, usize), StoreError> {
+    id.split_once('/')
+        .and_then(|(s, n)| Some((s, n.parse().ok()?)))
+        .ok_or_else(|| StoreError::Corrupt(format!("malformed lease id {id:?}")))
+}
+
+fn is_nogroup(e: &RedisError) -> bool {
+    e.code() == Some("NOGROUP")
+}
+
+/// The stream (and its group) vanished while a claimer was blocked on it.
+fn is_unblocked(e: &RedisError) -> bool {
+    e.code() == Some("UNBLOCKED")
+}
+
+impl RedisQueue {
+    /// The queue under `prefix` (`""` in production); `consumer` names this process in the
+    /// consumer group. Creates the stream and the group when missing.
+    pub async fn open(redis: &Redis, prefix: &str, consumer: &str) -> Result<Self, StoreError> {
+        let blocking = redis
+            .blocking(MAX_BLOCK)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("cannot open a redis connection: {e}")))?;
+        let queue = Self {
+            conn: redis.conn(),
+            last_reclaim: std::sync::Mutex::new(None),
+            blocking: tokio::sync::Mutex::new(blocking),
+            key: format!("{prefix}scan:dispatch"),
+            consumer: consumer.to_owned(),
+            extend: Script::new(EXTEND_MANY),
+        };
+        queue.ensure_group().await?;
+        Ok(queue)
+    }
+
+    /// Creates the group (and the stream); after a Redis restart without persistence it is
+    /// gone, and every command that needs it recreates it.
+    async fn ensure_group(&self) -> Result<(), StoreError> {
+        let created = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.key)
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async::<()>(&mut self.conn.clone())
+            .await;
+        match created {
+            Err(e) if e.code() != Some("BUSYGROUP") => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn lease_of(&self, e: &StreamId, delivered: usize) -> Result<Lease, StoreError> {
+        let carrier = e
+            .get::<String>("carrier")
+            .and_then(|c| serde_json::from_str(&c).ok())
+            .unwrap_or_default();
+        let at_ms = e.get::<i64>("at").unwrap_or(0);
+        Ok(Lease {
+            entry: QueueEntry {
+                job_id: field_str(e, "job")?,
+                carrier,
+                deliveries: delivered.saturating_sub(1) as u32,
+                enqueued_at: UNIX_EPOCH + Duration::from_millis(at_ms.max(0).unsigned_abs()),
+            },
+            id: lease_id(&e.id, delivered),
+        })
+    }
+
+    /// Takes over up to `max` entries idle longer than `lease`, oldest first; looks at most
+    /// every quarter lease (an expired lease waits that much longer, at most).
+    async fn reclaim(&self, lease: Duration, max: usize) -> Result<Vec<Lease>, StoreError> {
+        {
+            let mut last = self.last_reclaim.lock().expect("reclaim lock poisoned");
+            let now = tokio::time::Instant::now();
+            if last.is_some_and(|t| now.duration_since(t) < lease / 4) {
+                return Ok(Vec::new());
+            }
+            *last = Some(now);
+        }
+        let idle = lease.as_millis() as u64;
+        let pending: StreamPendingCountReply = match redis::cmd("XPENDING")
+            .arg(&self.key)
+            .arg(GROUP)
+            .arg("IDLE")
+            .arg(idle)
+            .arg("-")
+            .arg("+")
+            .arg(max)
+            .query_async(&mut self.conn.clone())
+            .await
+        {
+            Ok(p) => p,
+            // Redis lost the group (a restart without persistence): nothing to reclaim.
+            Err(e) if is_nogroup(&e) => {
+                self.ensure_group().await?;
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if pending.ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Atomic on the idle time: an entry someone claimed meanwhile is no longer idle and
+        // is left out of the reply.
+        let mut cmd = redis::cmd("XCLAIM");
+        cmd.arg(&self.key).arg(GROUP).arg(&self.consumer).arg(idle);
+        for p in &pending.ids {
+            cmd.arg(&p.id);
+        }
+        let claimed: StreamClaimReply = cmd.query_async(&mut self.conn.clone()).await?;
+        claimed
+            .ids
+            .iter()
+            .filter_map(|e| {
+                let delivered = pending.ids.iter().find(|p| p.id == e.id)?.times_delivered;
+                Some(self.lease_of(e, delivered + 1))
+            })
+            .collect()
+    }
+
+    /// Reads up to `max` new entries, blocking up to `block` (not at all when `None`).
+    async fn read_new(
+        &self,
+        conn: &mut Conn,
+        block: Option<Duration>,
+        max: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(max);
+        if let Some(b) = block {
+            cmd.arg("BLOCK").arg((b.as_millis() as u64).max(1));
+        }
+        cmd.arg("STREAMS").arg(&self.key).arg(">");
+        let reply: Option<StreamReadReply> = match cmd.query_async(conn).await {
+            Ok(r) => r,
+            Err(e) if is_nogroup(&e) || is_unblocked(&e) => {
+                self.ensure_group().await?;
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|stream| stream.ids)
+            .map(|e| self.lease_of(&e, 1))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Queue for RedisQueue {
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XADD scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XADD", job.id = %entry.job_id),
+        err
+    )]
+    async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError> {
+        let carrier = serde_json::to_string(&entry.carrier).unwrap_or_else(|_| "{}".into());
+        redis::cmd("XADD")
+            .arg(&self.key)
+            .arg("*")
+            .arg("job")
+            .arg(&entry.job_id)
+            .arg("carrier")
+            .arg(carrier)
+            .arg("at")
+            // Milliseconds, like the stream ids beside it: the queue's own wire format.
+            .arg(
+                entry
+                    .enqueued_at
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            )
+            .query_async::<String>(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    async fn claim_many(
+        &self,
+        lease: Duration,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let max = max.max(1);
+        let deadline = tokio::time::Instant::now() + wait;
+        // What is ready now needs no blocking: the shared connection answers at once.
+        let mut claimed = self.reclaim(lease, max).await?;
+        if claimed.len() < max {
+            let more = self
+                .read_new(&mut self.conn.clone(), None, max - claimed.len())
+                .await?;
+            claimed.extend(more);
+        }
+        loop {
+            if !claimed.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(claimed);
+            }
+            let Ok(mut conn) = tokio::time::timeout_at(deadline, self.blocking.lock()).await else {
+                return Ok(claimed);
+            };
+            // Short blocks, so entries whose lease ran out meanwhile are reclaimed in time.
+            let block = (deadline - tokio::time::Instant::now()).min(MAX_BLOCK);
+            claimed = self.read_new(&mut conn, Some(block), max).await?;
+            drop(conn);
+            if claimed.is_empty() {
+                claimed = self.reclaim(lease, max).await?;
+            }
+        }
+    }
+
+    async fn extend_many(&self, leases: &[Lease], _by: Duration) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Reclaiming goes by idle time, so resetting it extends a lease by a full lease.
+        let mut call = self.extend.key(&self.key);
+        call.arg(GROUP).arg(&self.consumer);
+        for lease in leases {
+            let (stream_id, delivered) = parse_lease_id(&lease.id)?;
+            call.arg(stream_id).arg(delivered);
+        }
+        match call.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await {
+            Ok(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
+            // The group is gone (Redis restarted): so are the leases.
+            Err(e) if is_nogroup(&e) => Ok(vec![false; leases.len()]),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XACK scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XACK", job.id = %lease.entry.job_id),
+        err
+    )]
+    async fn ack(&self, lease: &Lease) -> Result<(), StoreError> {
+        let (stream_id, _) = parse_lease_id(&lease.id)?;
+        let acked = redis::pipe()
+            .atomic()
+            .cmd("XACK")
+            .arg(&self.key)
+            .arg(GROUP)
+            .arg(stream_id)
+            .ignore()
+            .cmd("XDEL")
+            .arg(&self.key)
+            .arg(stream_id)
+            .ignore()
+            .query_async::<()>(&mut self.conn.clone())
+            .await;
+        match acked {
+            // Nothing left to acknowledge after a restart; delete the entry anyway.
+            Err(e) if is_nogroup(&e) => {
+                redis::cmd("XDEL")
+                    .arg(&self.key)
+                    .arg(stream_id)
+                    .query_async::<()>(&mut self.conn.clone())
+                    .await?;
+                Ok(())
+            }
+            other => Ok(other?),
+        }
+    }
+
+    async fn backlog(&self) -> Result<u64, StoreError> {
+        // Acknowledged entries are deleted, so the stream holds exactly waiting + claimed.
+        Ok(redis::cmd("XLEN")
+            .arg(&self.key)
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
+    async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError> {
+        let wanted: HashSet<&str> = job_ids.iter().map(String::as_str).collect();
+        let mut found = HashSet::new();
+        let mut start = "-".to_owned();
+        loop {
+            let page: StreamRangeReply = redis::cmd("XRANGE")
+                .arg(&self.key)
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            for e in &page.ids {
+                if let Some(job) = e.get::<String>("job")
+                    && wanted.contains(job.as_str())
+                {
+                    found.insert(job);
+                }
+            }
+            match page.ids.last() {
+                Some(last) if page.ids.len() == 1000 => start = format!("({}", last.id),
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XCLAIM scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XCLAIM", leases = leases.len()),
+        err
+    )]
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        // Reclaiming goes by idle time: an entry made to look idle for ages is taken by the
+        // next claimer of any process, as one whose lease ran out.
+        let mut pipe = redis::pipe();
+        for lease in leases {
+            let (stream_id, _) = parse_lease_id(&lease.id)?;
+            pipe.cmd("XCLAIM")
+                .arg(&self.key)
+                .arg(GROUP)
+                .arg(&self.consumer)
+                .arg(0)
+                .arg(stream_id)
+                .arg("IDLE")
+                .arg(RELEASED_IDLE_MS)
+                .arg("JUSTID")
+                .ignore();
+        }
+        match pipe.query_async::<()>(&mut self.conn.clone()).await {
+            Err(e) if is_nogroup(&e) => Ok(()),
+            other => Ok(other?),
+        }
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "SET scan:dispatch:requeue", otel.kind = "client", db.system = "redis", db.operation.name = "SET", job.id = %job_id),
+        err
+    )]
+    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
+        // One key per job (any slot on a cluster); NX makes the first sweeper the only one.
+        let set: Option<String> = redis::cmd("SET")
+            .arg(format!("{}:requeue:{job_id}", self.key))
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(hold.as_millis().max(1) as u64)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(set.is_some())
+    }
+
+    async fn forget_idle_claimers(&self, idle: Duration) -> Result<usize, StoreError> {
+        let forgotten: i64 = match Script::new(FORGET_IDLE)
+            .key(&self.key)
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg(idle.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+        {
+            Ok(n) => n,
+            Err(e) if is_nogroup(&e) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        if forgotten > 0 {
+            tracing::info!(
+                forgotten,
+                "removed idle consumers of processes that are gone"
+            );
+        }
+        Ok(usize::try_from(forgotten).unwrap_or(0))
+    }
+}
+
+/// This process's consumer name in the dispatch group: host plus a random suffix, so a
+/// restarted process never inherits a dead one's claims except through reclaiming.
+pub fn consumer_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "ingest".into());
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!(
+        "{host}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
