@@ -67,6 +67,16 @@ impl FromStr for EventId {
     }
 }
 
+/// Seqs one run of a job's log can use. A claim that finds its job's log gone although the
+/// job may have had events (Redis lost it: a restart without persistence, `FLUSHALL`, a
+/// failover that had not caught up) numbers from `epoch × RUN_SPAN`, above every seq an
+/// earlier run can have given, so a watcher that saw the lost events takes the new run's for
+/// a gap to read, never for events it has seen. A run is a few dozen events (a few thousand
+/// when every stage and answer retry runs to its deadline), far from the next run's base, and
+/// `epoch × RUN_SPAN` stays an exact number for JavaScript clients (below 2^53) for millions
+/// of claims.
+pub const RUN_SPAN: u64 = 1_000_000_000;
+
 /// What a log's feed delivers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FeedItem {
@@ -125,7 +135,9 @@ pub trait EventLog: Send + Sync + 'static {
         self.append_final_as(event, 0).await
     }
     /// Raises the job's fence to `epoch`: appends of older claims are refused from now on.
-    /// `Fenced` when a newer claim raised it past `epoch` already.
+    /// `Fenced` when a newer claim raised it past `epoch` already. A log that has no record of
+    /// the job may number the claim's events from `epoch × RUN_SPAN + 1` rather than 1 (the
+    /// Redis log does, as its record may have been lost: see [`RUN_SPAN`]).
     async fn fence(&self, job_id: &str, epoch: u64) -> Result<(), StoreError>;
     /// Empties the job's log and starts it again with `event` (an operator requeued the job):
     /// watchers from the start see the new run only, and ids keep increasing.

@@ -12,7 +12,7 @@ pub mod redis;
 pub mod sql;
 pub mod sqlite;
 
-pub use events::{EventId, EventLog, Feed, FeedItem, MemoryEventLog};
+pub use events::{EventId, EventLog, Feed, FeedItem, MemoryEventLog, RUN_SPAN};
 pub use jobs::{Job, JobStore, NewJob};
 pub use objects::{LocalObjectStore, ObjectStore, ObjectStoreConfig, S3Config, S3ObjectStore};
 pub use postgres::PgJobStore;

@@ -13,21 +13,26 @@
 //! | `scan:{s<n>}:feed` | the shard's Pub/Sub channel (sharded Pub/Sub on a Cluster) |
 //!
 //! Appending is **one round trip per batch**: a process's appends of the same 5 ms gather (on a
-//! Cluster, per shard, whose keys share a slot), and the ordinary events of claimed jobs go as
-//! one pipeline of an `XADD` per event and one `PUBLISH` of them all (`SPUBLISH` on a Cluster;
-//! [`send_piped`]), the `queued` and final events as one script call that publishes only what
-//! the streams took ([`APPEND_BATCH`]). Under load one round trip and one publish carry many
-//! events, and idle an event costs one of each. The writer
-//! numbers its events (it remembers each job's last `seq`; a claim's fence script returns the
-//! log's end, and the `queued` event of a job just submitted assumes a new log) and gives each
-//! the public id `<T>-<seq>`; `XADD` refuses an id that is not past the stream's end, so two
-//! writers of one job cannot fork its log. The stream id of an event is `<T + epoch>-<seq>`,
-//! `epoch` its writer's claim: a claim moves the stream's last id to its own epoch
-//! (`XSETID`), so every older writer's next `XADD` is refused by the stream itself and an
-//! append reads no fence (the fence key is read only to say why an `XADD` was refused). The
-//! claim's script also publishes a fence marker on the job's channel, ahead of every event of
-//! an older claim that the stream refuses (a pipeline publishes those too), and hubs drop them
-//! ([`FeedItem::Event`] carries the writer's epoch for that).
+//! Cluster, per shard, whose keys share a slot), and every event but a job's final one goes as
+//! one pipeline of an `XADD` per event followed by one `PUBLISH` (`SPUBLISH` on a Cluster) of
+//! those the streams took ([`append`]'s `send_piped`), the final events as one script call
+//! that checks the fence and publishes only what the streams took ([`append`]'s
+//! `APPEND_BATCH`). No event Redis refused — for whatever reason: a stale id, `OOM`,
+//! `WRONGTYPE`, `READONLY`, a redirect out of retries — is ever published. Under load one
+//! round trip and one publish carry many events, and idle an event costs one of each. The
+//! writer numbers its events (it remembers each job's last `seq`; a claim's fence script
+//! returns the log's end, and the `queued` event of a job just submitted assumes a new log)
+//! and gives each the public id `<T>-<seq>`; `XADD` refuses an id that is not past the
+//! stream's end, so two writers of one job cannot fork its log. The stream id of an event is
+//! `<T + epoch>-<seq>`, `epoch` its writer's claim: a claim moves the stream's last id to its
+//! own epoch (`XSETID`), so every older writer's next `XADD` is refused by the stream itself
+//! and an append reads no fence (the fence key is read only to say why an `XADD` was
+//! refused). A claim that finds the job's stream gone (Redis lost it) starts a new run of
+//! the numbering above every earlier one ([`RUN_SPAN`]), so watchers never take the new
+//! run's events for ones they saw. The claim's script also publishes a fence marker on the
+//! job's channel; hubs drop events of an older claim published after it (which only writers
+//! of an earlier release publish: they published beside the `XADD`; [`FeedItem::Event`]
+//! carries the writer's epoch for that).
 //! Every process's hub
 //! subscribes to all N shard channels on one connection and filters in memory, so the Redis
 //! cost of an event is flat in the number of jobs and watchers. Pub/Sub drops what a
@@ -43,6 +48,7 @@
 //! Connections per process: the shared one, one for the queue's blocking reads, one for the
 //! feed subscription — three, whatever the load.
 
+mod append;
 mod feed;
 mod queue;
 
@@ -53,117 +59,68 @@ use ecoscan_proto::v1::ScanEvent;
 use ecoscan_redis::{
     Conn, Redis, publish_command,
     redis::{
-        self, RedisError, Script,
+        self, Script,
         streams::{StreamId, StreamRangeReply},
     },
 };
 use prost::Message;
 
+pub use self::append::DEFAULT_APPEND_LINGER;
+use self::append::{MAX_BATCH, PendingAppend, run_batches};
 use self::feed::{FENCE_MARKER, RedisFeed, parse_feed_message};
 pub use self::queue::{RedisQueue, consumer_name};
-use super::events::{EventId, EventLog, Feed, FeedItem};
+use super::events::{EventId, EventLog, Feed, FeedItem, RUN_SPAN};
 use crate::error::StoreError;
 
 /// Feed shards unless configured (`INGEST_FEED_SHARDS`): enough to spread jobs over the
 /// masters of a Cluster; every hub subscribes to all of them on one connection.
 pub const DEFAULT_FEED_SHARDS: u32 = 64;
 
-// ---------------------------------------------------------------------------------------------
-// Event log
-
-/// Appends a batch of the events that need checks in Redis — the `queued` event of a job
-/// just submitted (epoch 0) and final events; the others go unscripted ([`send_piped`]) — each
-/// to its job's stream, and publishes those the streams took together on one feed channel, in
-/// one step. Each caller numbered its event and gave it its stream id
-/// (`<T + epoch>-<seq>`): `XADD` refuses an id that is not past the stream's last one, so a
-/// writer whose view of a log is stale (another wrote meanwhile) is refused instead of forking
-/// the log, and its event is not published; and so is a writer that lost the job, since the
-/// newer claim moved the stream's last id to its own, higher epoch ([`RAISE_FENCE`]). An
-/// ordinary event is so one `XADD` and nothing else; the caller of a refused one reads the
-/// fence to learn which of the two it was. A final event (its writer's epoch given) is checked
-/// against the job's `fence` first (a fenced writer must not learn that the job is finished)
-/// and appended only when its job has none yet (the `finished` key marks it). The appended
-/// events are published as one message of `<length>:<message>` items. Returns per event: 1
-/// appended, 0 the job's final event was there already, -1 refused by the stream, -2 fenced
-/// (final events only), -3 `XADD` failed otherwise.
-/// KEYS: per event its stream, and for a final event also its `finished` and `fence` keys;
-/// then the channel to publish on. ARGV: max len, publish command, then per event: id,
-/// message, and `''` or (final event) the writer's epoch.
-/// Each message crosses the network once: the published batch is built here, not sent twice.
-/// Called by its SHA (`EVALSHA`; loaded again after a `NOSCRIPT` from a restarted Redis), so
-/// Redis neither receives nor hashes the body on every call. Per event it reads as little as
-/// it can (three arguments, one key): the script's own work is most of an append's cost.
-const APPEND_BATCH: &str = r"
-local out, published, k, key = {}, {}, 0, 1
-local maxlen = ARGV[1]
-for i = 1, (#ARGV - 2) / 3 do
-  local a = 3 * i
-  local events, msg, epoch = KEYS[key], ARGV[a + 1], ARGV[a + 2]
-  key = key + 1
-  local r, finished = 1, nil
-  if epoch ~= '' then
-    finished = KEYS[key]
-    local fence = KEYS[key + 1]
-    key = key + 2
-    if tonumber(epoch) < tonumber(redis.call('GET', fence) or '0') then
-      r = -2
-    elseif redis.call('EXISTS', finished) == 1 then
-      r = 0
-    end
-  end
-  if r == 1 then
-    local added = redis.pcall('XADD', events, 'MAXLEN', '~', maxlen, ARGV[a], 'ev', msg)
-    if type(added) == 'table' and added.err then
-      if string.find(added.err, 'equal or smaller', 1, true) then r = -1 else r = -3 end
-    else
-      if finished then redis.call('SET', finished, '1') end
-      published[k + 1] = #msg
-      published[k + 2] = ':'
-      published[k + 3] = msg
-      k = k + 3
-    end
-  end
-  out[i] = r
-end
-if k > 0 then redis.call(ARGV[2], KEYS[#KEYS], table.concat(published)) end
-return out
-";
-
-/// [`APPEND_BATCH`], with its SHA computed once.
-static APPEND_SCRIPT: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(APPEND_BATCH));
-
 /// Raises a job's fence (KEYS[1]) to the epoch ARGV[1] unless a newer claim raised it
 /// further, and moves the last id of the job's stream (KEYS[2]) to `<ARGV[2]>-<last seq>`,
 /// ARGV[2] being `T + epoch`: the stream then refuses every id an older claim's writer would
 /// give its next event (their millisecond part is lower), so an append need not read the
-/// fence. A job without a stream gets an empty one with that last id (a writer of an older
-/// claim could otherwise create it). Then it publishes the fence marker ARGV[4] on the feed
-/// channel KEYS[3] with the command ARGV[3]: an older claim's writer publishes its events
-/// beside their `XADD`s ([`send_piped`]), and the marker, ahead of any of them the stream
-/// refused, tells the hubs to drop those. Returns the seq of the log's last event (`0` when it has
-/// none), so that the new writer knows where to go on without a second round trip; `-1` when
-/// fenced (a newer claim exists, or a writer of a newer epoch appended already).
+/// fence. Then it publishes the fence marker ARGV[4] on the feed channel KEYS[3] with the
+/// command ARGV[3] (writers of an earlier release published an older claim's events beside
+/// their `XADD`s, and the marker, ahead of any of them the stream refused, tells the hubs to
+/// drop those). Returns the seq the log's numbering stands at, so that the new writer knows
+/// where to go on without a second round trip; `-1` when fenced (a newer claim exists, or a
+/// writer of a newer epoch appended already).
+///
+/// A job without a stream — Redis lost it (a restart without persistence, `FLUSHALL`, a
+/// failover that had not caught up), or it expired — gets an empty one whose numbering starts
+/// a **new run** at ARGV[5] = `epoch × RUN_SPAN` ([`run_base`]), above every seq an earlier
+/// claim can have given (each run has far fewer than [`RUN_SPAN`] events): a watcher that saw
+/// the lost events sees the new run's as a gap, reads the log and gets them, where numbering
+/// from 1 would make it drop them as seen. An empty stream that exists is such a new run
+/// nobody appended to yet: its numbering (the stream's last-generated id) goes on.
 const RAISE_FENCE: &str = r"
 if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then return -1 end
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-local n = '0'
-if #last == 0 then
-  if redis.call('EXISTS', KEYS[2]) == 1 then
-    redis.call('XSETID', KEYS[2], ARGV[2] .. '-0')
-  else
-    redis.call('XADD', KEYS[2], 'MAXLEN', 0, ARGV[2] .. '-0', 'ev', '')
+local id
+if #last > 0 then
+  id = last[1][1]
+elseif redis.call('EXISTS', KEYS[2]) == 1 then
+  local info = redis.call('XINFO', 'STREAM', KEYS[2])
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then id = info[i + 1] end
   end
 else
-  local ms
-  ms, n = string.match(last[1][1], '^(%d+)-(%d+)$')
-  if tonumber(ms) > tonumber(ARGV[2]) then return -1 end
-  redis.call('XSETID', KEYS[2], ARGV[2] .. '-' .. n)
+  redis.call('XADD', KEYS[2], 'MAXLEN', 0, ARGV[2] .. '-' .. ARGV[5], 'ev', '')
+  id = ARGV[2] .. '-' .. ARGV[5]
 end
+local ms, n = string.match(id, '^(%d+)-(%d+)$')
+if tonumber(ms) > tonumber(ARGV[2]) then return -1 end
+redis.call('XSETID', KEYS[2], ARGV[2] .. '-' .. n)
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call(ARGV[3], KEYS[3], ARGV[4])
 return tonumber(n)
 ";
+
+/// Where the numbering of a log that claim `epoch` found gone starts.
+fn run_base(epoch: u64) -> u64 {
+    epoch.saturating_mul(RUN_SPAN)
+}
 
 /// [`RAISE_FENCE`], with its SHA computed once.
 static FENCE_SCRIPT: std::sync::LazyLock<Script> =
@@ -180,173 +137,6 @@ redis.call('XADD', KEYS[1], ARGV[1], 'ev', ARGV[2])
 redis.call(ARGV[3], KEYS[3], #ARGV[2] .. ':' .. ARGV[2])
 return 1
 ";
-
-/// How long the first append of a batch waits for others to join it by default
-/// (`INGEST_APPEND_LINGER`): under load many events share one script call, one round trip and
-/// one publish; idle, an append waits this long.
-pub const DEFAULT_APPEND_LINGER: Duration = Duration::from_millis(5);
-/// Events in one batch at most.
-const MAX_BATCH: usize = 256;
-
-/// One event waiting for its batch.
-struct PendingAppend {
-    /// Which batch it may join: on a Cluster its shard (one slot per script call), else any.
-    group: u32,
-    events_key: String,
-    finished_key: String,
-    fence_key: String,
-    channel: String,
-    id: String,
-    message: Vec<u8>,
-    is_final: bool,
-    epoch: u64,
-    reply: tokio::sync::oneshot::Sender<Result<i64, StoreError>>,
-}
-
-impl PendingAppend {
-    /// Whether it goes in the pipeline of [`send_piped`] rather than the script: an ordinary
-    /// event of a claimed job. Final events need the script's checks, and epoch 0 (the
-    /// `queued` event at submit) has no claim whose fence marker could discount a refusal.
-    fn piped(&self) -> bool {
-        !self.is_final && self.epoch > 0
-    }
-}
-
-/// Gathers appends into batches and sends each in one round trip; see [`send_batch`].
-async fn run_batches(
-    conn: Conn,
-    publish: &'static str,
-    max_len: usize,
-    linger: Duration,
-    mut rx: tokio::sync::mpsc::Receiver<PendingAppend>,
-) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        let until = tokio::time::Instant::now() + linger;
-        while batch.len() < MAX_BATCH {
-            match tokio::time::timeout_at(until, rx.recv()).await {
-                Ok(Some(p)) => batch.push(p),
-                Ok(None) | Err(_) => break,
-            }
-        }
-        let mut groups: std::collections::HashMap<u32, Vec<PendingAppend>> =
-            std::collections::HashMap::new();
-        for p in batch.drain(..) {
-            groups.entry(p.group).or_default().push(p);
-        }
-        // Sent without waiting: a job has one append in flight at a time, so batches may
-        // overtake each other.
-        for (_, group) in groups {
-            tokio::spawn(send_batch(conn.clone(), publish, max_len, group));
-        }
-    }
-}
-
-async fn send_batch(conn: Conn, publish: &'static str, max_len: usize, batch: Vec<PendingAppend>) {
-    let (scripted, piped): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| !p.piped());
-    tokio::join!(
-        send_scripted(conn.clone(), publish, max_len, scripted),
-        send_piped(conn, publish, max_len, piped),
-    );
-}
-
-/// Final events and those of epoch 0: one [`APPEND_BATCH`] call, which publishes only what
-/// the streams took.
-async fn send_scripted(
-    mut conn: Conn,
-    publish: &'static str,
-    max_len: usize,
-    batch: Vec<PendingAppend>,
-) {
-    if batch.is_empty() {
-        return;
-    }
-    let mut call = APPEND_SCRIPT.prepare_invoke();
-    for p in &batch {
-        call.key(&p.events_key);
-        if p.is_final {
-            call.key(&p.finished_key).key(&p.fence_key);
-        }
-    }
-    call.key(&batch[0].channel).arg(max_len).arg(publish);
-    for p in &batch {
-        call.arg(&p.id).arg(p.message.as_slice());
-        if p.is_final {
-            call.arg(p.epoch);
-        } else {
-            call.arg("");
-        }
-    }
-    let results = call.invoke_async::<Vec<i64>>(&mut conn).await;
-    reply(batch, results.map(|rs| rs.into_iter().map(Ok).collect()));
-}
-
-/// The ordinary events of claimed jobs (epoch 1 and up), nearly all of a job's: one pipeline
-/// of an `XADD` per event and one `PUBLISH` of them all, with no script. A script costs Redis
-/// more than the commands it runs (its arguments become Lua strings, each call from Lua is
-/// converted twice), about half of an event's Redis time when every event went through one.
-/// The publish goes out whether or not the streams take the events: the stream refuses only
-/// an id that is not past its end, and for these events that happens only to a writer whose
-/// claim is stale (one claim has one writer, which numbers its events in order) — and its
-/// newer claim published a fence marker ([`RAISE_FENCE`]) ahead of them, by which hubs drop
-/// them. Each published item carries its writer's epoch for that check.
-async fn send_piped(
-    mut conn: Conn,
-    publish: &'static str,
-    max_len: usize,
-    batch: Vec<PendingAppend>,
-) {
-    if batch.is_empty() {
-        return;
-    }
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    let mut feed = Vec::with_capacity(batch.iter().map(|p| p.message.len() + 24).sum());
-    for p in &batch {
-        pipe.cmd("XADD")
-            .arg(&p.events_key)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(max_len)
-            .arg(&p.id)
-            .arg("ev")
-            .arg(p.message.as_slice());
-        feed.extend_from_slice(format!("{}@{}:", p.message.len(), p.epoch).as_bytes());
-        feed.extend_from_slice(&p.message);
-    }
-    pipe.cmd(publish).arg(&batch[0].channel).arg(feed);
-    let results = pipe
-        .query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn)
-        .await;
-    // The same answers as the script's for its ordinary events: 1 appended, -1 refused.
-    let results = results.map(|rs| {
-        rs.into_iter()
-            .map(|r| match r {
-                Ok(_) => Ok(1),
-                Err(e) if e.to_string().contains("equal or smaller") => Ok(-1),
-                Err(e) => Err(e.into()),
-            })
-            .collect()
-    });
-    reply(batch, results);
-}
-
-/// Answers each append of `batch`: with its own result, or every one with the call's error.
-fn reply(batch: Vec<PendingAppend>, results: Result<Vec<Result<i64, StoreError>>, RedisError>) {
-    match results {
-        Ok(results) => {
-            for (p, r) in batch.into_iter().zip(results) {
-                let _ = p.reply.send(r);
-            }
-        }
-        Err(e) => {
-            for p in batch {
-                let _ = p.reply.send(Err(e.clone().into()));
-            }
-        }
-    }
-}
 
 /// Jobs whose last sequence number this process remembers, at most (a bound, not a tuning
 /// knob: entries leave when a job finishes).
@@ -450,8 +240,21 @@ impl RedisEventLog {
         Ok(match known {
             Some(seq) => (seq + 1, false),
             None if epoch == 0 => (1, true),
-            None => (self.last_id(job_id).await?.map_or(0, |id| id.n) + 1, false),
+            None => (self.numbered(job_id).await.n + 1, false),
         })
+    }
+
+    /// The last stream id the job's log ever gave (`<T + epoch>-<seq>`; `0-0` without a log):
+    /// past its last event even if that was trimmed, and where a new run's numbering stands
+    /// before its first event ([`RAISE_FENCE`]).
+    async fn numbered(&self, job_id: &str) -> EventId {
+        let info: redis::Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(self.key(job_id, "events"))
+            .query_async(&mut self.conn.clone())
+            .await
+            .unwrap_or(redis::Value::Nil);
+        stream_last_generated(&info).unwrap_or(EventId { ms: 0, n: 0 })
     }
 
     fn remember(&self, job_id: &str, seq: Option<u64>) {
@@ -486,7 +289,7 @@ impl RedisEventLog {
         match self.invoke_at(event.clone(), seq, epoch, is_final).await {
             // The log was not new after all: go on from its end.
             Err(StoreError::Conflict(_)) => {
-                let seq = self.last_id(&job_id).await?.map_or(0, |id| id.n) + 1;
+                let seq = self.numbered(&job_id).await.n + 1;
                 self.invoke_at(event, seq, epoch, is_final).await
             }
             other => other,
@@ -655,6 +458,7 @@ impl EventLog for RedisEventLog {
             .arg(stream_ms(job_id, epoch))
             .arg(publish_command(self.redis.is_cluster()))
             .arg(format!("{}:{marker}", marker.len()))
+            .arg(run_base(epoch))
             .invoke_async(&mut self.conn.clone())
             .await?;
         let last = u64::try_from(last).map_err(|_| StoreError::Fenced {
@@ -668,14 +472,7 @@ impl EventLog for RedisEventLog {
     async fn restart(&self, mut event: ScanEvent) -> Result<ScanEvent, StoreError> {
         let job_id = event.job_id.clone();
         self.remember(&job_id, None);
-        // Past the last id the stream ever had, even if it was trimmed.
-        let info: redis::Value = redis::cmd("XINFO")
-            .arg("STREAM")
-            .arg(self.key(&job_id, "events"))
-            .query_async(&mut self.conn.clone())
-            .await
-            .unwrap_or(redis::Value::Nil);
-        let last = stream_last_generated(&info).unwrap_or(EventId { ms: 0, n: 0 });
+        let last = self.numbered(&job_id).await;
         let seq = last.n + 1;
         let id = EventId::of(&job_id, seq);
         event.event_id = id.to_string();
