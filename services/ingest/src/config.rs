@@ -37,7 +37,7 @@ use crate::{
 /// | `INGEST_FETCH_CONCURRENCY` | `image_url` fetches one process runs at once; past it `Submit` answers `RESOURCE_EXHAUSTED` (retry after 1 s) at once [16] |
 /// | `INGEST_FETCH_ALLOW` | comma-separated IPs or CIDR networks an `image_url` may reach although they are refused (loopback, private, link-local, CGNAT, …), e.g. `127.0.0.1/32,::1` [none] |
 /// | `INGEST_EVENT_TTL` | how long a finished job's event log is kept [1h] |
-/// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`) [2048] |
+/// | `INGEST_EVENT_MAX_LEN` | events kept per job (`XADD MAXLEN ~`): a bound far above any job's events, so a resume always finds what follows its id [100000] |
 /// | `INGEST_APPEND_LINGER` | on Redis, how long an event waits for others to share one round trip and publish [5ms] |
 /// | `INGEST_DELTA_INTERVAL` | answer text is coalesced into at most one delta event per this interval [250ms] |
 /// | `INGEST_WATCH_MAX_LIFETIME` | longest life of one `Watch`/`Scan` stream [10m] |
@@ -121,7 +121,7 @@ impl Default for Config {
             fetch_concurrency: 16,
             fetch_allow: Allowlist::default(),
             event_ttl: Duration::from_secs(3600),
-            event_max_len: 2048,
+            event_max_len: crate::store::events::DEFAULT_EVENT_MAX_LEN,
             append_linger: crate::store::redis::DEFAULT_APPEND_LINGER,
             delta_interval: Duration::from_millis(250),
             hub: HubConfig::default(),

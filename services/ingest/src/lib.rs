@@ -52,7 +52,7 @@ impl Stores {
     pub async fn embedded(config: &Config) -> anyhow::Result<Self> {
         Ok(Self {
             jobs: Arc::new(SqliteJobStore::open(&config.database_url).await?),
-            events: Arc::new(MemoryEventLog::new(2048)),
+            events: Arc::new(MemoryEventLog::new(config.event_max_len)),
             queue: Arc::new(MemoryQueue::new()),
             objects: Arc::new(LocalObjectStore::open(&config.object_dir).await?),
         })

@@ -77,6 +77,14 @@ impl FromStr for EventId {
 /// of claims.
 pub const RUN_SPAN: u64 = 1_000_000_000;
 
+/// Events kept per job unless configured (`INGEST_EVENT_MAX_LEN`): a bound on a runaway
+/// job's memory, not a replay window. It is far above what any job appends (a scan has a few
+/// dozen events; with every stage and answer retry running to its deadline and the attempts
+/// all used, some ten thousand: answer deltas at most every 250 ms), so a resume from any
+/// point of a job's log finds every event after it; a finished job's log goes whole with its
+/// TTL (`INGEST_EVENT_TTL`).
+pub const DEFAULT_EVENT_MAX_LEN: usize = 100_000;
+
 /// What a log's feed delivers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FeedItem {

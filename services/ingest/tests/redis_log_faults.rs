@@ -1,0 +1,311 @@
+//! The event log on a Redis that misbehaves, as a watcher sees it: Redis refusing an append
+//! (`OOM` under `maxmemory`, `WRONGTYPE`), Redis losing the log mid-job (`FLUSHALL`), and a
+//! job with more events than a small trim window. Each runs on a private `redis-server` of its
+//! own (never the shared one), with a hub and a watcher as ingest runs them.
+
+use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
+
+use ecoscan_common::CancellationToken;
+use ecoscan_ingest::{
+    Config, Stores,
+    hub::{Hub, HubConfig},
+    store::{
+        EventId, EventLog, Job, JobStore, LocalObjectStore, MemoryQueue, NewJob, RUN_SPAN,
+        RedisEventLog, SqliteJobStore,
+    },
+};
+use ecoscan_proto::v1::{EventStatus, ScanEvent, Stage};
+use ecoscan_redis::{Redis, redis, testing::PrivateRedis};
+use futures::{Stream, StreamExt as _};
+use tonic::Status;
+
+type Watch = Pin<Box<dyn Stream<Item = Result<ScanEvent, Status>> + Send>>;
+
+/// A hub over a Redis log and SQLite rows, with one job; the test's writers append to its log.
+struct Setup {
+    server: PrivateRedis,
+    redis: Redis,
+    hub: Hub,
+    job: Job,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+/// One feed shard, so a test knows the job's keys.
+fn log_on(redis: &Redis) -> RedisEventLog {
+    RedisEventLog::with_shards(redis, "t:", 1000, 1)
+}
+
+impl Setup {
+    async fn start() -> Self {
+        let server = PrivateRedis::start().await;
+        let redis = Redis::connect(&server.settings(), "test-hub")
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let jobs: Arc<dyn JobStore> = Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap());
+        let (job, _) = jobs
+            .insert(NewJob {
+                id: uuid::Uuid::now_v7().to_string(),
+                user_id: "u1".into(),
+                image_key: "images/ab/abcdef".into(),
+                content_type: "image/png".into(),
+                hint: String::new(),
+                locale: "ko".into(),
+                idempotency_key: None,
+                trace_carrier: HashMap::new(),
+            })
+            .await
+            .unwrap();
+        let stores = Stores {
+            jobs,
+            events: Arc::new(log_on(&redis)),
+            queue: Arc::new(MemoryQueue::new()),
+            objects: Arc::new(LocalObjectStore::open(dir.path()).await.unwrap()),
+        };
+        let shutdown = CancellationToken::new();
+        // No quiet-spell reads of the log: what a watcher gets here, it gets from the feed or
+        // from the reads a gap or a resync makes.
+        let config = HubConfig {
+            idle_check: Duration::from_secs(600),
+            ..HubConfig::default()
+        };
+        let hub = Hub::start(stores, config, shutdown.clone()).await.unwrap();
+        Self {
+            server,
+            redis,
+            hub,
+            job,
+            shutdown,
+            _dir: dir,
+        }
+    }
+
+    /// A writer in a process of its own (its own connections).
+    async fn writer(&self, name: &str) -> RedisEventLog {
+        let redis = Redis::connect(&self.server.settings(), name).await.unwrap();
+        log_on(&redis)
+    }
+
+    fn ev(&self, stage: Stage, message: &str) -> ScanEvent {
+        ScanEvent {
+            job_id: self.job.id.clone(),
+            stage: stage as i32,
+            status: EventStatus::Progress as i32,
+            message: message.into(),
+            ..Default::default()
+        }
+    }
+
+    fn events_key(&self) -> String {
+        format!("t:scan:{{s0}}:{}:events", self.job.id)
+    }
+
+    async fn command(&self, cmd: &mut redis::Cmd) {
+        cmd.query_async::<()>(&mut self.redis.conn()).await.unwrap();
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn next(watch: &mut Watch) -> ScanEvent {
+    tokio::time::timeout(Duration::from_secs(20), watch.next())
+        .await
+        .expect("the watcher gets the event within 20 s")
+        .expect("the watch goes on")
+        .expect("no error")
+}
+
+/// A writer's append that Redis refuses for a reason of its own (not a stale id) is not
+/// published: the watcher never gets it, and gets the event that takes its seq afterwards.
+async fn a_refused_event_never_reaches_a_watcher(
+    refuse: impl AsyncFnOnce(&Setup),
+    allow: impl AsyncFnOnce(&Setup),
+) {
+    let setup = Setup::start().await;
+    let writer = setup.writer("test-worker").await;
+    writer
+        .append(setup.ev(Stage::Queued, "queued"))
+        .await
+        .unwrap();
+    writer.fence(&setup.job.id, 1).await.unwrap();
+    writer
+        .append_as(setup.ev(Stage::Vision, "first"), 1)
+        .await
+        .unwrap();
+    let mut watch = setup.hub.watch(setup.job.clone(), None, None);
+    assert_eq!(next(&mut watch).await.seq, 1);
+    assert_eq!(next(&mut watch).await.seq, 2);
+
+    refuse(&setup).await;
+    let refused = writer
+        .append_as(setup.ev(Stage::Vision, "refused"), 1)
+        .await;
+    assert!(refused.is_err(), "Redis refused the append: {refused:?}");
+    allow(&setup).await;
+    let taken = writer
+        .append_as(setup.ev(Stage::Vision, "taken"), 1)
+        .await
+        .unwrap();
+    assert_eq!(taken.seq, 3, "the refused event took no number");
+    writer
+        .append_final_as(setup.ev(Stage::Done, "done"), 1)
+        .await
+        .unwrap()
+        .expect("the final event");
+
+    let third = next(&mut watch).await;
+    assert_eq!(
+        (third.seq, third.message.as_str()),
+        (3, "taken"),
+        "the watcher gets the event the log holds, never the refused one"
+    );
+    let last = next(&mut watch).await;
+    assert_eq!((last.seq, last.message.as_str()), (4, "done"));
+}
+
+#[tokio::test]
+async fn an_event_redis_refused_under_maxmemory_never_reaches_a_watcher() {
+    a_refused_event_never_reaches_a_watcher(
+        // Every write is over the limit; `PUBLISH` is not a write and goes through.
+        async |s| {
+            s.command(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(1))
+                .await;
+        },
+        async |s| {
+            s.command(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0))
+                .await;
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_event_redis_refused_as_the_wrong_type_never_reaches_a_watcher() {
+    a_refused_event_never_reaches_a_watcher(
+        // The job's stream key holds something else for a moment (an operator's slip).
+        async |s| {
+            s.command(redis::cmd("DEL").arg(s.events_key())).await;
+            s.command(redis::cmd("SET").arg(s.events_key()).arg("not a stream"))
+                .await;
+        },
+        async |s| s.command(redis::cmd("DEL").arg(s.events_key())).await,
+    )
+    .await;
+}
+
+/// Redis loses a running job's log (`FLUSHALL` here; a restart without persistence alike), and
+/// the job is claimed again: the new claim's events are numbered past every seq the lost run
+/// gave, so a watcher that saw the lost events gets the new ones (live, and on a resume from
+/// its last id), where numbering from 1 would make it drop them as seen.
+#[tokio::test]
+async fn a_claim_after_redis_lost_the_log_does_not_silence_its_watchers() {
+    let setup = Setup::start().await;
+    let first = setup.writer("test-first-worker").await;
+    first
+        .append(setup.ev(Stage::Queued, "queued"))
+        .await
+        .unwrap();
+    first.fence(&setup.job.id, 1).await.unwrap();
+    for n in 0..4 {
+        first
+            .append_as(setup.ev(Stage::Vision, &format!("lost {n}")), 1)
+            .await
+            .unwrap();
+    }
+    let mut watch = setup.hub.watch(setup.job.clone(), None, None);
+    let mut seen = None;
+    for want in 1..=5 {
+        let ev = next(&mut watch).await;
+        assert_eq!(ev.seq, want);
+        seen = Some(ev);
+    }
+    let seen: EventId = seen.unwrap().event_id.parse().unwrap();
+
+    setup.command(&mut redis::cmd("FLUSHALL")).await;
+    let second = setup.writer("test-second-worker").await;
+    second.fence(&setup.job.id, 2).await.unwrap();
+    let resumed = second
+        .append_as(setup.ev(Stage::Vision, "second run"), 2)
+        .await
+        .unwrap();
+    assert_eq!(resumed.seq, 2 * RUN_SPAN + 1, "a new run");
+
+    let got = next(&mut watch).await;
+    assert_eq!(
+        (got.seq, got.message.as_str()),
+        (resumed.seq, "second run"),
+        "the live watcher gets the new run's event"
+    );
+    let mut again = setup.hub.watch(setup.job.clone(), Some(seen), None);
+    let got = next(&mut again).await;
+    assert_eq!(
+        got.event_id, resumed.event_id,
+        "a resume from the last id seen before the loss gets it too"
+    );
+    assert!(got.event_id.parse::<EventId>().unwrap() > seen);
+
+    // A third claim of the new run goes on from its end, and a claim that finds the new run
+    // still empty goes on from its base: never back to 1.
+    let third = setup.writer("test-third-worker").await;
+    third.fence(&setup.job.id, 3).await.unwrap();
+    let next_event = third
+        .append_as(setup.ev(Stage::Rule, "third"), 3)
+        .await
+        .unwrap();
+    assert_eq!(next_event.seq, resumed.seq + 1);
+    setup.command(&mut redis::cmd("FLUSHALL")).await;
+    third.fence(&setup.job.id, 4).await.unwrap();
+    third.fence(&setup.job.id, 5).await.unwrap();
+    let after_empty = third
+        .append_as(setup.ev(Stage::Rule, "fifth"), 5)
+        .await
+        .unwrap();
+    assert_eq!(
+        after_empty.seq,
+        4 * RUN_SPAN + 1,
+        "the empty run of claim 4 kept its numbering for claim 5"
+    );
+}
+
+/// A job's log keeps every event a resume from its start needs, with the default settings,
+/// even for a job with many more events than any scan has (the old window of 2,048 dropped
+/// the oldest, and a resume from them skipped events in silence).
+#[tokio::test]
+async fn a_jobs_log_keeps_every_event_with_the_default_settings() {
+    let server = PrivateRedis::start().await;
+    let redis = Redis::connect(&server.settings(), "test-long-job")
+        .await
+        .unwrap();
+    let config = Config::default();
+    let log = RedisEventLog::with_settings(
+        &redis,
+        "t:",
+        config.event_max_len,
+        config.feed_shards,
+        Duration::ZERO,
+    );
+    let job = uuid::Uuid::now_v7().to_string();
+    let events = 5_000;
+    log.fence(&job, 1).await.unwrap();
+    let mut first = None;
+    for n in 0..events {
+        let ev = ScanEvent {
+            job_id: job.clone(),
+            stage: Stage::Answer as i32,
+            status: EventStatus::Delta as i32,
+            message: format!("{n}"),
+            ..Default::default()
+        };
+        let stored = log.append_as(ev, 1).await.unwrap();
+        first.get_or_insert(stored.seq);
+    }
+    let kept = log.read_after(&job, None).await.unwrap();
+    assert_eq!(kept.len(), events, "every event is kept");
+    assert_eq!(kept[0].seq, first.unwrap());
+    assert_eq!(kept[0].message, "0");
+}
