@@ -1,7 +1,9 @@
 //! The sweeper: puts back on the queue every job whose row is not terminal but whose queue
 //! entry is gone (Redis restarted without persistence, the embedded queue lived in a process
 //! that stopped, or a crash fell between inserting the row and enqueueing). The row is the
-//! truth; the queue is only how workers find work.
+//! truth; the queue is only how workers find work. A loss the queue notices itself (Redis
+//! lost the consumer group) is swept at once; the periodic pass, for jobs older than its
+//! grace, catches the rest.
 
 use std::time::{Duration, SystemTime};
 
@@ -65,7 +67,15 @@ pub async fn sweep_once(stores: &Stores, grace: Duration) -> Result<usize, Store
     Ok(requeued)
 }
 
-/// Runs [`sweep_once`] every `interval` until `shutdown`.
+/// How long the sweeper waits before trying again a pass after a loss that failed (Redis may
+/// still be coming back).
+const RETRY_AFTER_LOSS: Duration = Duration::from_secs(1);
+
+/// Runs [`sweep_once`] every `interval` until `shutdown`, and at once, without the grace,
+/// whenever the queue says it lost its entries ([`crate::store::Queue::lost`]: Redis lost
+/// its data): every unfinished job resumes within moments then, not after the grace. A job
+/// being submitted meanwhile may so get two entries; the second claim fences the first, and
+/// the fenced worker drops its entry (`Queue::ack_held`).
 pub fn spawn(
     stores: Stores,
     interval: Duration,
@@ -76,14 +86,30 @@ pub fn spawn(
         let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
+            let after_loss = tokio::select! {
                 () = shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            match sweep_once(&stores, grace).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(requeued = n, "sweeper re-enqueued jobs"),
-                Err(e) => tracing::warn!(error = %e, "sweeper pass failed"),
+                _ = tick.tick() => false,
+                () = stores.queue.lost() => true,
+            };
+            let grace = if after_loss { Duration::ZERO } else { grace };
+            loop {
+                match sweep_once(&stores, grace).await {
+                    Ok(0) => {}
+                    Ok(n) if after_loss => tracing::warn!(
+                        requeued = n,
+                        "sweeper re-enqueued every unfinished job after the queue lost its entries"
+                    ),
+                    Ok(n) => tracing::info!(requeued = n, "sweeper re-enqueued jobs"),
+                    Err(e) if after_loss => {
+                        tracing::warn!(error = %e, "sweeper pass after a queue loss failed; trying again");
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(RETRY_AFTER_LOSS) => continue,
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "sweeper pass failed"),
+                }
+                break;
             }
         }
     })

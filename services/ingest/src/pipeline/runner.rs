@@ -68,6 +68,16 @@ impl Ctx {
             Some(Err(StoreError::Fenced { epoch, .. })) => {
                 self.metrics.fenced();
                 tracing::warn!(job.id = %job_id, epoch, "the job was claimed again; this worker stops and leaves it to its new owner");
+                // The newer claim holds an entry of its own; this one, left behind, would come
+                // back when its lease ran out and fence that claim in turn (see `ack_held`).
+                match self.stores.queue.ack_held(lease).await {
+                    Ok(dropped) => {
+                        tracing::debug!(job.id = %job_id, dropped, "fenced worker's queue entry")
+                    }
+                    Err(e) => {
+                        tracing::warn!(job.id = %job_id, error = %e, "failed to drop the fenced worker's queue entry; it comes back when its lease runs out")
+                    }
+                }
             }
             // The job is left claimed: when the lease runs out it is tried again (and after
             // `max_attempts` runs it is dead-lettered).

@@ -63,6 +63,17 @@ pub trait Queue: Send + Sync + 'static {
     }
     /// Removes the entry for good.
     async fn ack(&self, lease: &Lease) -> Result<(), StoreError>;
+    /// Removes the entry only while `lease` still holds it, and says whether it did. A worker
+    /// fenced off its job by a newer claim drops its entry with this: the newer claim came
+    /// from another entry of the job (a requeue raced the sweeper, or a sweep after a loss
+    /// met a job being enqueued) and holds that one, so this entry would only come back when
+    /// its lease ran out and fence that claim in turn — or it came from this very entry,
+    /// claimed again after this lease ran out, which then is no longer this lease's to drop.
+    /// The default is [`Queue::ack`], right for a queue whose `ack` goes by the claim (an
+    /// entry claimed again has another handle), as the memory queue's does.
+    async fn ack_held(&self, lease: &Lease) -> Result<bool, StoreError> {
+        self.ack(lease).await.map(|()| true)
+    }
     /// Entries waiting plus entries claimed and not yet acknowledged.
     async fn backlog(&self) -> Result<u64, StoreError>;
     /// Which of `job_ids` have an entry in the queue, waiting or claimed (for the sweeper).
@@ -76,6 +87,14 @@ pub trait Queue: Send + Sync + 'static {
     /// got it. Sweepers of several replicas may find the same lost job at once; only the one
     /// holding the reservation enqueues it, so a job is not put back twice.
     async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError>;
+    /// Resolves when the queue notices that its store lost entries (Redis restarted without
+    /// persistence, `FLUSHALL`, a failover that had not caught up): every unfinished job
+    /// whose entry went with them must be put back now, not after the sweeper's grace. Each
+    /// loss noticed wakes one waiter (a loss noticed while nobody waits wakes the next).
+    /// Queues that cannot lose entries without their process never resolve it.
+    async fn lost(&self) {
+        std::future::pending::<()>().await;
+    }
     /// Forgets claimers (other processes) that hold nothing and have not claimed for `idle`:
     /// processes that are gone. Returns how many. Queues without named claimers have none.
     async fn forget_idle_claimers(&self, _idle: Duration) -> Result<usize, StoreError> {
@@ -219,6 +238,17 @@ impl Queue for MemoryQueue {
             .claimed
             .remove(&lease.id);
         Ok(())
+    }
+
+    async fn ack_held(&self, lease: &Lease) -> Result<bool, StoreError> {
+        // An entry claimed again has a lease id of its own: this one is then gone.
+        Ok(self
+            .state
+            .lock()
+            .expect("queue lock poisoned")
+            .claimed
+            .remove(&lease.id)
+            .is_some())
     }
 
     async fn backlog(&self) -> Result<u64, StoreError> {

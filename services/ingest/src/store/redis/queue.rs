@@ -49,6 +49,23 @@ end
 return out
 ";
 
+/// Acknowledges and deletes the entry ARGV[3] only while the consumer ARGV[2] holds delivery
+/// ARGV[4] of it (in the group ARGV[1]): a lease's own entry, not one claimed again since.
+/// Returns 1 when it did, else 0.
+const ACK_HELD: &str = r"
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if #p == 1 and p[1][2] == ARGV[2] and tonumber(p[1][4]) == tonumber(ARGV[4]) then
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+  redis.call('XDEL', KEYS[1], ARGV[3])
+  return 1
+end
+return 0
+";
+
+/// [`ACK_HELD`], with its SHA computed once.
+static ACK_HELD_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(ACK_HELD));
+
 /// Removes the group's consumers (but ARGV[2], the caller) that hold nothing and have been
 /// idle for ARGV[3] ms: processes that are gone. Atomic, so a consumer cannot claim an entry
 /// between the check and its removal (removing a consumer drops its pending entries).
@@ -76,6 +93,9 @@ pub struct RedisQueue {
     key: String,
     consumer: String,
     extend: Script,
+    /// Wakes [`Queue::lost`]'s waiter (the sweeper) when Redis is found to have lost the
+    /// queue: its consumer group is gone, and with it every entry waiting or claimed.
+    lost: tokio::sync::Notify,
 }
 
 /// The idle time a released entry is given (30 days): longer than any lease.
@@ -116,14 +136,30 @@ impl RedisQueue {
             key: format!("{prefix}scan:dispatch"),
             consumer: consumer.to_owned(),
             extend: Script::new(EXTEND_MANY),
+            lost: tokio::sync::Notify::new(),
         };
-        queue.ensure_group().await?;
+        if queue.ensure_group().await? {
+            // A new deployment, or a Redis that lost the queue while no ingest ran: rows of
+            // unfinished jobs (if any) have no entry. The sweeper puts them back at once.
+            tracing::info!("created the dispatch queue's consumer group");
+            queue.lost.notify_one();
+        }
         Ok(queue)
     }
 
-    /// Creates the group (and the stream); after a Redis restart without persistence it is
-    /// gone, and every command that needs it recreates it.
-    async fn ensure_group(&self) -> Result<(), StoreError> {
+    /// Redis answered that the group is gone (`NOGROUP`, or `UNBLOCKED` for a blocked read
+    /// whose stream vanished): it lost the queue — a restart without persistence, `FLUSHALL`,
+    /// a failover that had not caught up. Recreates the group and wakes [`Queue::lost`].
+    async fn lost_group(&self, e: &RedisError) -> Result<(), StoreError> {
+        tracing::warn!(error = %e, "the dispatch queue's consumer group is gone: redis lost its data; every unfinished job goes back on the queue");
+        self.lost.notify_one();
+        self.ensure_group().await.map(|_| ())
+    }
+
+    /// Creates the group (and the stream) unless it exists; true when it did not. After a
+    /// Redis restart without persistence it is gone, and every command that needs it
+    /// recreates it ([`Self::lost_group`]).
+    async fn ensure_group(&self) -> Result<bool, StoreError> {
         let created = redis::cmd("XGROUP")
             .arg("CREATE")
             .arg(&self.key)
@@ -133,8 +169,9 @@ impl RedisQueue {
             .query_async::<()>(&mut self.conn.clone())
             .await;
         match created {
-            Err(e) if e.code() != Some("BUSYGROUP") => Err(e.into()),
-            _ => Ok(()),
+            Ok(()) => Ok(true),
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -181,7 +218,7 @@ impl RedisQueue {
             Ok(p) => p,
             // Redis lost the group (a restart without persistence): nothing to reclaim.
             Err(e) if is_nogroup(&e) => {
-                self.ensure_group().await?;
+                self.lost_group(&e).await?;
                 return Ok(Vec::new());
             }
             Err(e) => return Err(e.into()),
@@ -227,7 +264,7 @@ impl RedisQueue {
         let reply: Option<StreamReadReply> = match cmd.query_async(conn).await {
             Ok(r) => r,
             Err(e) if is_nogroup(&e) || is_unblocked(&e) => {
-                self.ensure_group().await?;
+                self.lost_group(&e).await?;
                 return Ok(Vec::new());
             }
             Err(e) => return Err(e.into()),
@@ -318,7 +355,10 @@ impl Queue for RedisQueue {
         match call.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await {
             Ok(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
             // The group is gone (Redis restarted): so are the leases.
-            Err(e) if is_nogroup(&e) => Ok(vec![false; leases.len()]),
+            Err(e) if is_nogroup(&e) => {
+                self.lost_group(&e).await?;
+                Ok(vec![false; leases.len()])
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -356,6 +396,34 @@ impl Queue for RedisQueue {
             }
             other => Ok(other?),
         }
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
+        fields(otel.name = "XACK scan:dispatch (held)", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %lease.entry.job_id),
+        err
+    )]
+    async fn ack_held(&self, lease: &Lease) -> Result<bool, StoreError> {
+        let (stream_id, delivered) = parse_lease_id(&lease.id)?;
+        let acked = ACK_HELD_SCRIPT
+            .key(&self.key)
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg(stream_id)
+            .arg(delivered)
+            .invoke_async::<i64>(&mut self.conn.clone())
+            .await;
+        match acked {
+            Ok(n) => Ok(n == 1),
+            // The group is gone, and the entry with it.
+            Err(e) if is_nogroup(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn lost(&self) {
+        self.lost.notified().await;
     }
 
     async fn backlog(&self) -> Result<u64, StoreError> {

@@ -1,0 +1,201 @@
+//! The pipeline on a dispatch queue that misbehaves: a job with two queue entries (a requeue
+//! raced the sweeper), and Redis losing every entry mid-scan (restarted empty). Ingest runs
+//! on in-test stage services; Redis is a private `redis-server` of the test's own.
+
+mod support;
+
+use std::{collections::HashMap, time::Duration};
+
+use ecoscan_common::client::request_as;
+use ecoscan_ingest::store::QueueEntry;
+use ecoscan_proto::v1::{JobStatus, ScanEvent, Stage, WatchRequest};
+use ecoscan_redis::testing::PrivateRedis;
+use support::*;
+use tokio_stream::StreamExt;
+
+type Ingest = ecoscan_proto::v1::scan_service_client::ScanServiceClient<
+    ecoscan_common::client::TracedChannel,
+>;
+
+/// Polls `check` every 100 ms until it holds, for at most `within`; panics with `what`.
+async fn eventually<F: AsyncFn() -> bool>(within: Duration, what: &str, check: F) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} (waited {within:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A job that has two queue entries: the worker of one is fenced off by the claim of the
+/// other, and drops its own entry, so the job finishes with nothing left in the queue. Were
+/// the fenced worker's entry left claimed, it would come back when its lease ran out (here
+/// an hour) and fence the job's owner in turn, until the job was dead-lettered.
+async fn a_fenced_worker_drops_its_own_queue_entry(redis: Option<&PrivateRedis>) {
+    let stages = Stages {
+        answer_delay: Duration::from_secs(2),
+        ..Stages::new(None)
+    };
+    let env = start_with(
+        stages,
+        |c| {
+            c.redis = redis.map(PrivateRedis::settings);
+            c.lease = Duration::from_secs(3600);
+        },
+        |s| s,
+    )
+    .await;
+    let job_id = submit_png(&env).await;
+    env.stores
+        .queue
+        .enqueue(QueueEntry {
+            job_id: job_id.clone(),
+            carrier: HashMap::new(),
+            deliveries: 0,
+            enqueued_at: std::time::SystemTime::now(),
+        })
+        .await
+        .unwrap();
+
+    let events = watch_all(&env, &job_id).await;
+    assert_eq!(
+        events.last().map(|e| e.stage),
+        Some(Stage::Done as i32),
+        "the job finishes"
+    );
+    eventually(
+        Duration::from_secs(30),
+        "both of the job's queue entries are gone",
+        async || env.stores.queue.backlog().await.unwrap() == 0,
+    )
+    .await;
+    let row = env.stores.jobs.get(&job_id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Succeeded);
+    assert_eq!(row.attempts, 2, "one run per entry, no more");
+}
+
+#[tokio::test]
+async fn a_fenced_worker_drops_its_own_entry_on_the_memory_queue() {
+    a_fenced_worker_drops_its_own_queue_entry(None).await;
+}
+
+#[tokio::test]
+async fn a_fenced_worker_drops_its_own_entry_on_the_redis_queue() {
+    let redis = PrivateRedis::start().await;
+    a_fenced_worker_drops_its_own_queue_entry(Some(&redis)).await;
+}
+
+/// A watcher that resumes with its last event id whenever its stream ends without the job's
+/// end (as an SSE client does); returns every event it got.
+async fn follow(ingest: Ingest, job_id: String) -> Vec<ScanEvent> {
+    let mut got: Vec<ScanEvent> = Vec::new();
+    loop {
+        let after = got.last().map(|e| e.event_id.clone()).unwrap_or_default();
+        let request = request_as(
+            WatchRequest {
+                job_id: job_id.clone(),
+                after_event_id: after,
+            },
+            Duration::from_secs(120),
+            "u1",
+        );
+        if let Ok(stream) = ingest.clone().watch(request).await {
+            let mut stream = stream.into_inner();
+            while let Some(Ok(msg)) = stream.next().await {
+                let ev = msg.event.expect("every message carries an event");
+                let end = ev.stage == Stage::Done as i32;
+                got.push(ev);
+                if end {
+                    return got;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Redis restarts empty while every job is in its answer stage: the queue notices that its
+/// consumer group is gone and the sweeper puts every unfinished job back at once, without
+/// waiting for its grace (an hour here), so each job is claimed again, resumes from its last
+/// checkpoint and finishes; and its watchers, resuming with their last id, get its end.
+#[tokio::test]
+async fn every_unfinished_job_resumes_at_once_after_redis_lost_its_data() {
+    let mut redis = PrivateRedis::start().await;
+    let stages = Stages {
+        answer_delay: Duration::from_secs(4),
+        ..Stages::new(None)
+    };
+    let env = start_with(
+        stages,
+        |c| {
+            c.redis = Some(redis.settings());
+            // Renewed every second: a worker learns within a second that its lease is gone.
+            c.lease = Duration::from_secs(3);
+            c.sweep_grace = Duration::from_secs(3600);
+            c.sweep_interval = Duration::from_secs(3600);
+        },
+        |s| s,
+    )
+    .await;
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        jobs.push(submit_png(&env).await);
+    }
+    let watchers: Vec<_> = jobs
+        .iter()
+        .map(|id| tokio::spawn(follow(env.ingest.clone(), id.clone())))
+        .collect();
+    eventually(
+        Duration::from_secs(60),
+        "every job reaches its answer stage",
+        async || {
+            for id in &jobs {
+                let row = env.stores.jobs.get(id).await.unwrap().unwrap();
+                if row.stage != Stage::Answer {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+
+    redis.kill();
+    redis.start_again().await;
+
+    eventually(
+        Duration::from_secs(60),
+        "every job finishes after Redis lost its data, without the sweeper's grace",
+        async || {
+            for id in &jobs {
+                let row = env.stores.jobs.get(id).await.unwrap().unwrap();
+                if row.status != JobStatus::Succeeded {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    for (id, watcher) in jobs.iter().zip(watchers) {
+        let events = tokio::time::timeout(Duration::from_secs(60), watcher)
+            .await
+            .expect("every watcher gets its job's end")
+            .unwrap();
+        let ids: Vec<ecoscan_ingest::store::EventId> =
+            events.iter().map(|e| e.event_id.parse().unwrap()).collect();
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "job {id}: ids strictly increase: {ids:?}"
+        );
+        let ends = events
+            .iter()
+            .filter(|e| e.stage == Stage::Done as i32)
+            .count();
+        assert_eq!(ends, 1, "job {id}: one end");
+        let row = env.stores.jobs.get(id).await.unwrap().unwrap();
+        assert!(row.attempts >= 2, "job {id} was claimed again");
+    }
+}
