@@ -1,7 +1,8 @@
 //! The event log on a Redis that misbehaves, as a watcher sees it: Redis refusing an append
-//! (`OOM` under `maxmemory`, `WRONGTYPE`), Redis losing the log mid-job (`FLUSHALL`), and a
-//! job with more events than a small trim window. Each runs on a private `redis-server` of its
-//! own (never the shared one), with a hub and a watcher as ingest runs them.
+//! (`OOM` under `maxmemory`, `WRONGTYPE`), Redis losing the log mid-job (`FLUSHALL`), a job
+//! with more events than a small trim window, and a Cluster slot moving under a job's feed.
+//! Each runs on a private `redis-server` (or three-master Cluster) of its own, never the
+//! shared one, with a hub and a watcher as ingest runs them.
 
 use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
 
@@ -12,10 +13,14 @@ use ecoscan_ingest::{
     store::{
         EventId, EventLog, Job, JobStore, LocalObjectStore, MemoryQueue, NewJob, RUN_SPAN,
         RedisEventLog, SqliteJobStore,
+        redis::{DEFAULT_FEED_SHARDS, shard_of},
     },
 };
 use ecoscan_proto::v1::{EventStatus, ScanEvent, Stage};
-use ecoscan_redis::{Redis, redis, testing::PrivateRedis};
+use ecoscan_redis::{
+    Redis, redis,
+    testing::{PrivateCluster, PrivateRedis},
+};
 use futures::{Stream, StreamExt as _};
 use tonic::Status;
 
@@ -308,4 +313,70 @@ async fn a_jobs_log_keeps_every_event_with_the_default_settings() {
     assert_eq!(kept.len(), events, "every event is kept");
     assert_eq!(kept[0].seq, first.unwrap());
     assert_eq!(kept[0].message, "0");
+}
+
+/// On a Redis Cluster, the slot of a job's feed shard moves to another master while a watcher
+/// follows the job (an operator resharding): the hub's subscription is dropped by the old
+/// owner, subscribes again on the new one and resyncs, so the watcher gets every later event
+/// live — without it, only its 10-minute quiet-spell read (set here) would find them.
+#[tokio::test]
+async fn a_watcher_follows_its_job_when_the_feeds_slot_moves() {
+    let cluster = PrivateCluster::start().await;
+    let redis = Redis::connect(&cluster.settings(), "test-hub")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs: Arc<dyn JobStore> = Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap());
+    let (job, _) = jobs
+        .insert(NewJob {
+            id: uuid::Uuid::now_v7().to_string(),
+            user_id: "u1".into(),
+            image_key: "images/ab/abcdef".into(),
+            content_type: "image/png".into(),
+            hint: String::new(),
+            locale: "ko".into(),
+            idempotency_key: None,
+            trace_carrier: HashMap::new(),
+        })
+        .await
+        .unwrap();
+    let log = Arc::new(RedisEventLog::open(&redis, "t:", 1000));
+    let stores = Stores {
+        jobs,
+        events: log.clone(),
+        queue: Arc::new(MemoryQueue::new()),
+        objects: Arc::new(LocalObjectStore::open(dir.path()).await.unwrap()),
+    };
+    let shutdown = CancellationToken::new();
+    let config = HubConfig {
+        idle_check: Duration::from_secs(600),
+        ..HubConfig::default()
+    };
+    let hub = Hub::start(stores, config, shutdown.clone()).await.unwrap();
+    let ev = |message: &str| ScanEvent {
+        job_id: job.id.clone(),
+        stage: Stage::Vision as i32,
+        status: EventStatus::Progress as i32,
+        message: message.into(),
+        ..Default::default()
+    };
+    log.append(ev("queued")).await.unwrap();
+    log.fence(&job.id, 1).await.unwrap();
+    let mut watch = hub.watch(job.clone(), None, None);
+    assert_eq!(next(&mut watch).await.seq, 1);
+
+    let shard = shard_of(&job.id, DEFAULT_FEED_SHARDS);
+    let channel = format!("t:scan:{{s{shard}}}:feed");
+    let (slot, from, to) = cluster.move_slot_of(&channel).await;
+    assert_ne!(from, to, "slot {slot} moved");
+    for n in 0..3 {
+        log.append_as(ev(&format!("after the move {n}")), 1)
+            .await
+            .unwrap();
+    }
+    for want in 2..=4 {
+        let got = next(&mut watch).await;
+        assert_eq!(got.seq, want, "the watcher gets every event after the move");
+    }
+    shutdown.cancel();
 }

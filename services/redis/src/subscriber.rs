@@ -4,7 +4,11 @@
 //! the reader is behind, is gone. A [`Subscriber`] therefore hands out [`Delivery::Resync`]
 //! whenever that may have happened — after every (re)subscription, and when its buffer
 //! overflowed — so its user can catch up from the durable copy (for ingest: the per-job event
-//! log). A connection that stops answering its health `PING` is replaced.
+//! log). A connection that stops answering its health `PING` is replaced. A channel the
+//! server drops on its own — on a Redis Cluster, the shard channels of a slot that moved to
+//! another master get an unrequested `sunsubscribe`, and the client library forgets them — is
+//! subscribed to again (on the slot's new owner), with a resync, since what was published
+//! meanwhile is lost.
 
 use std::{
     sync::{
@@ -45,7 +49,13 @@ pub enum Delivery {
 /// Where the connection's pushes go: never blocks the connection.
 pub(crate) type PushSink = Arc<dyn Fn(PushInfo) -> Result<(), ()> + Send + Sync>;
 
-fn sink(tx: mpsc::Sender<Delivery>, lost: Arc<AtomicBool>) -> PushSink {
+/// `tx` gets what the user reads; `dropped` the channels the server unsubscribed this
+/// connection from without being asked (this subscription never unsubscribes).
+fn sink(
+    tx: mpsc::Sender<Delivery>,
+    lost: Arc<AtomicBool>,
+    dropped: mpsc::UnboundedSender<String>,
+) -> PushSink {
     Arc::new(move |info: PushInfo| {
         let delivery = match info.kind {
             PushKind::Message | PushKind::SMessage => {
@@ -63,6 +73,15 @@ fn sink(tx: mpsc::Sender<Delivery>, lost: Arc<AtomicBool>) -> PushSink {
             }
             // A (re)subscription: whatever was published before it took effect was missed.
             PushKind::Subscribe | PushKind::SSubscribe | PushKind::Disconnection => {
+                Delivery::Resync
+            }
+            // The server dropped a channel (a Cluster slot moved away from this node): the
+            // feed of that channel is lost until it is subscribed again.
+            PushKind::Unsubscribe | PushKind::SUnsubscribe => {
+                if let Some(channel) = info.data.into_iter().next().and_then(bytes) {
+                    let channel = String::from_utf8_lossy(&channel).into_owned();
+                    let _ = dropped.send(channel);
+                }
                 Delivery::Resync
             }
             _ => return Ok(()),
@@ -139,6 +158,15 @@ impl SubConn {
         }
     }
 
+    /// Subscribes again to `channel`, which the server dropped: on a Cluster the command goes
+    /// to the channel's slot's owner now (the client follows the redirect).
+    async fn resubscribe(&mut self, channel: &str) -> Result<(), redis::RedisError> {
+        match self {
+            Self::Single(c) => c.subscribe(channel).await,
+            Self::Cluster(c) => c.ssubscribe(channel).await,
+        }
+    }
+
     /// A round trip that proves the connection alive; on one server it also (re)names the
     /// connection, which a reconnect leaves unnamed.
     async fn check(&mut self, name: &str) -> Result<(), redis::RedisError> {
@@ -153,10 +181,21 @@ impl Subscriber {
     pub(crate) async fn start(redis: Redis, channels: Vec<String>) -> Result<Self, Error> {
         let (tx, rx) = mpsc::channel(BUFFER);
         let lost = Arc::new(AtomicBool::new(false));
-        let push = sink(tx.clone(), lost.clone());
+        let (dropped_tx, dropped) = mpsc::unbounded_channel();
+        let push = sink(tx.clone(), lost.clone(), dropped_tx);
         let conn = SubConn::open(&redis, &channels, push.clone()).await?;
         let stop = CancellationToken::new();
-        tokio::spawn(watch_health(redis, channels, push, conn, tx, stop.clone()));
+        tokio::spawn(watch_health(
+            Watched {
+                redis,
+                channels,
+                push,
+                tx,
+                dropped,
+            },
+            conn,
+            stop.clone(),
+        ));
         Ok(Self { rx, lost, stop })
     }
 
@@ -174,41 +213,56 @@ impl Subscriber {
     }
 }
 
-/// Pings the subscription's connection; one that does not answer is replaced by a new one,
-/// subscribed to the same channels (which itself announces a resync).
-async fn watch_health(
+/// What [`watch_health`] keeps a subscription's connection with.
+struct Watched {
     redis: Redis,
     channels: Vec<String>,
     push: PushSink,
-    mut conn: SubConn,
     tx: mpsc::Sender<Delivery>,
-    stop: CancellationToken,
-) {
+    /// Channels the server dropped (see [`sink`]), to subscribe to again.
+    dropped: mpsc::UnboundedReceiver<String>,
+}
+
+/// Pings the subscription's connection; one that does not answer is replaced by a new one,
+/// subscribed to the same channels (which itself announces a resync). Subscribes again to
+/// every channel the server dropped; should that fail, the connection is replaced too.
+async fn watch_health(mut w: Watched, mut conn: SubConn, stop: CancellationToken) {
+    let redis = w.redis.clone();
     loop {
-        tokio::select! {
+        let healthy = tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(HEALTH_EVERY) => {}
-        }
-        let healthy = matches!(
-            tokio::time::timeout(
-                HEALTH_TIMEOUT.min(redis.response_timeout()),
-                conn.check(redis.name())
-            )
-            .await,
-            Ok(Ok(()))
-        );
+            () = tokio::time::sleep(HEALTH_EVERY) => matches!(
+                tokio::time::timeout(
+                    HEALTH_TIMEOUT.min(redis.response_timeout()),
+                    conn.check(redis.name())
+                )
+                .await,
+                Ok(Ok(()))
+            ),
+            Some(channel) = w.dropped.recv() => {
+                tracing::warn!(connection = redis.name(), channel = %channel, "redis dropped a subscribed channel (its slot moved); subscribing again");
+                match tokio::time::timeout(redis.response_timeout(), conn.resubscribe(&channel)).await {
+                    Ok(Ok(())) => true,
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, channel = %channel, "cannot subscribe again to a dropped channel; replacing the connection");
+                        false
+                    }
+                    Err(_) => false,
+                }
+            }
+        };
         if healthy {
             continue;
         }
         tracing::warn!(
             connection = redis.name(),
-            "redis subscription stopped answering; replacing its connection"
+            "redis subscription lost; replacing its connection"
         );
         // Tell the reader at once: messages are being lost from now until the new
         // subscription is in place (its confirmation says so again).
-        let _ = tx.try_send(Delivery::Resync);
+        let _ = w.tx.try_send(Delivery::Resync);
         loop {
-            match SubConn::open(&redis, &channels, push.clone()).await {
+            match SubConn::open(&redis, &w.channels, w.push.clone()).await {
                 Ok(fresh) => {
                     conn = fresh;
                     break;

@@ -291,4 +291,116 @@ impl PrivateCluster {
     pub fn settings(&self) -> Settings {
         Settings::cluster(self.urls())
     }
+
+    /// Moves the slot of `key` (a key or a shard channel) to another master, as an operator
+    /// resharding does (`redis-cli --cluster reshard` runs the same steps): `CLUSTER SETSLOT
+    /// … IMPORTING` on the target, `… MIGRATING` on the owner, `MIGRATE` of the slot's keys,
+    /// then `CLUSTER SETSLOT … NODE` on every master. Redis then tells the owner's subscribers
+    /// of the slot's shard channels that they are unsubscribed (`sunsubscribe`). Returns the
+    /// slot and the URLs of its old and new owner.
+    pub async fn move_slot_of(&self, key: &str) -> (u16, String, String) {
+        let mut conns = Vec::new();
+        for server in &self.servers {
+            let client = redis::Client::open(server.url()).expect("valid URL");
+            conns.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to a cluster node"),
+            );
+        }
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut conns[0])
+            .await
+            .expect("CLUSTER KEYSLOT");
+        let mut ids = Vec::new();
+        for conn in &mut conns {
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async(conn)
+                .await
+                .expect("CLUSTER MYID");
+            ids.push(id);
+        }
+        let slots: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conns[0])
+            .await
+            .expect("CLUSTER SLOTS");
+        let owner = owner_of(&slots, slot).expect("a master owns the slot");
+        let from = ids
+            .iter()
+            .position(|id| *id == owner)
+            .expect("the owner is one of the cluster's nodes");
+        let to = (from + 1) % conns.len();
+        let setslot = |state: &str, id: &str| {
+            let mut cmd = redis::cmd("CLUSTER");
+            cmd.arg("SETSLOT").arg(slot).arg(state).arg(id);
+            cmd
+        };
+        setslot("IMPORTING", &ids[from])
+            .query_async::<()>(&mut conns[to])
+            .await
+            .expect("CLUSTER SETSLOT IMPORTING");
+        setslot("MIGRATING", &ids[to])
+            .query_async::<()>(&mut conns[from])
+            .await
+            .expect("CLUSTER SETSLOT MIGRATING");
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query_async(&mut conns[from])
+                .await
+                .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(self.servers[to].port)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query_async::<()>(&mut conns[from])
+                .await
+                .expect("MIGRATE");
+        }
+        // The target first, then the old owner, then the rest (the order resharding uses).
+        let mut order = vec![to, from];
+        order.extend((0..conns.len()).filter(|i| *i != to && *i != from));
+        for i in order {
+            setslot("NODE", &ids[to])
+                .query_async::<()>(&mut conns[i])
+                .await
+                .expect("CLUSTER SETSLOT NODE");
+        }
+        (slot, self.servers[from].url(), self.servers[to].url())
+    }
+}
+
+/// The id of the node serving `slot` in a `CLUSTER SLOTS` reply.
+fn owner_of(slots: &redis::Value, slot: u16) -> Option<String> {
+    let redis::Value::Array(ranges) = slots else {
+        return None;
+    };
+    ranges.iter().find_map(|range| {
+        let redis::Value::Array(fields) = range else {
+            return None;
+        };
+        let start: u16 = redis::from_redis_value_ref(fields.first()?).ok()?;
+        let end: u16 = redis::from_redis_value_ref(fields.get(1)?).ok()?;
+        if !(start..=end).contains(&slot) {
+            return None;
+        }
+        let redis::Value::Array(master) = fields.get(2)? else {
+            return None;
+        };
+        redis::from_redis_value_ref(master.get(2)?).ok()
+    })
 }

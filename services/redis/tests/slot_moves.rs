@@ -1,0 +1,96 @@
+//! A shard channel's slot moves to another master of a Redis Cluster while a subscriber
+//! listens: Redis tells the subscriber it is unsubscribed (an unrequested `sunsubscribe`),
+//! which the subscription takes for a lost feed: it says so (a resync, so its user catches up
+//! from the durable copy) and subscribes again, on the slot's new owner.
+
+use std::time::Duration;
+
+use ecoscan_redis::{Delivery, Redis, publish_command, redis, testing::PrivateCluster};
+
+/// Publishes `message` on `channel` every 100 ms until the subscriber gets it, for at most
+/// `within`; panics saying `what` otherwise. Returns whether a resync came first.
+async fn published_until_heard(
+    redis: &Redis,
+    sub: &mut ecoscan_redis::Subscriber,
+    channel: &str,
+    message: &str,
+    within: Duration,
+    what: &str,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut resynced = false;
+    loop {
+        redis::cmd(publish_command(true))
+            .arg(channel)
+            .arg(message)
+            .query_async::<i64>(&mut redis.conn())
+            .await
+            .expect("SPUBLISH (the client follows the slot's move)");
+        let until = tokio::time::Instant::now() + Duration::from_millis(100);
+        while let Ok(got) = tokio::time::timeout_at(until, sub.recv()).await {
+            match got.expect("the subscription is alive") {
+                Delivery::Resync => resynced = true,
+                Delivery::Message {
+                    channel: c,
+                    payload,
+                } => {
+                    if c == channel && payload == message.as_bytes() {
+                        return resynced;
+                    }
+                }
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} (waited {within:?})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_subscription_follows_its_shard_channel_to_the_slots_new_owner() {
+    let cluster = PrivateCluster::start().await;
+    let redis = Redis::connect(&cluster.settings(), "test-slot-move")
+        .await
+        .unwrap();
+    let moving = "t:{s7}:feed".to_owned();
+    let staying = "t:{s0}:feed".to_owned();
+    let mut sub = redis
+        .subscribe(vec![moving.clone(), staying.clone()])
+        .await
+        .unwrap();
+    published_until_heard(
+        &redis,
+        &mut sub,
+        &moving,
+        "before",
+        Duration::from_secs(10),
+        "the subscription hears its channel",
+    )
+    .await;
+
+    let (slot, from, to) = cluster.move_slot_of(&moving).await;
+    assert_ne!(from, to);
+    let resynced = published_until_heard(
+        &redis,
+        &mut sub,
+        &moving,
+        "after",
+        Duration::from_secs(30),
+        &format!("the subscription hears its channel again after slot {slot} moved"),
+    )
+    .await;
+    assert!(
+        resynced,
+        "the subscription said it may have missed messages while its channel moved"
+    );
+    published_until_heard(
+        &redis,
+        &mut sub,
+        &staying,
+        "still",
+        Duration::from_secs(10),
+        "the other channel is still heard",
+    )
+    .await;
+}
