@@ -16,7 +16,7 @@ use crate::error::StoreError;
 /// (`<T + epoch>-<seq>`): `XADD` refuses an id that is not past the stream's last one, so a
 /// writer whose view of a log is stale (another wrote meanwhile) is refused instead of forking
 /// the log, and its event is not published; and so is a writer that lost the job, since the
-/// newer claim moved the stream's last id to its own, higher epoch ([`super::RAISE_FENCE`]). An
+/// newer claim moved the stream's last id to its own, higher epoch ([`super::scripts::RAISE_FENCE`]). An
 /// ordinary event is so one `XADD` and nothing else; the caller of a refused one reads the
 /// fence to learn which of the two it was. A final event (its writer's epoch given) is checked
 /// against the job's `fence` first (a fenced writer must not learn that the job is finished)

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use ecoscan_proto::v1::ScanEvent;
-use ecoscan_redis::{Delivery, Subscriber};
+use ecoscan_redis::{Delivery, Subscriber, redis::streams::StreamId};
 use prost::Message;
 
 use crate::{
@@ -137,6 +137,34 @@ impl Feed for RedisFeed {
                 }
             }
         }
+    }
+}
+
+/// What the log stores and the feed carries for an event: `<job>\n<id>\n<seq>\n<body>`, the
+/// header readable without decoding the body.
+pub(super) fn encode_message(event: &ScanEvent) -> Vec<u8> {
+    let body = ScanEvent {
+        job_id: String::new(),
+        event_id: String::new(),
+        seq: 0,
+        ..event.clone()
+    }
+    .encode_to_vec();
+    let mut out = format!("{}\n{}\n{}\n", event.job_id, event.event_id, event.seq).into_bytes();
+    out.extend(body);
+    out
+}
+
+pub(super) fn decode_event(entry: &StreamId) -> Result<ScanEvent, StoreError> {
+    let bytes: Vec<u8> = entry
+        .get("ev")
+        .ok_or_else(|| StoreError::Corrupt(format!("event {} has no body", entry.id)))?;
+    match parse_feed_message(&bytes, None, &|_| true)? {
+        Some(FeedItem::Event(event, _)) => Ok(*event),
+        _ => Err(StoreError::Corrupt(format!(
+            "event {} is unreadable",
+            entry.id
+        ))),
     }
 }
 

@@ -28,29 +28,34 @@
 //! own epoch (`XSETID`), so every older writer's next `XADD` is refused by the stream itself
 //! and an append reads no fence (the fence key is read only to say why an `XADD` was
 //! refused). A claim that finds the job's stream gone (Redis lost it) starts a new run of
-//! the numbering above every earlier one ([`RUN_SPAN`]), so watchers never take the new
-//! run's events for ones they saw. The claim's script also publishes a fence marker on the
-//! job's channel; hubs drop events of an older claim published after it (which only writers
-//! of an earlier release publish: they published beside the `XADD`; [`FeedItem::Event`]
-//! carries the writer's epoch for that).
-//! Every process's hub
-//! subscribes to all N shard channels on one connection and filters in memory, so the Redis
-//! cost of an event is flat in the number of jobs and watchers. Pub/Sub drops what a
-//! disconnected subscriber misses; the feed then says [`FeedItem::Resync`] and watchers catch
-//! up from the per-job streams.
+//! the numbering above every earlier one ([`RUN_SPAN`](super::events::RUN_SPAN)), so
+//! watchers never take the new run's events for ones they saw. The claim's script also
+//! publishes a fence marker on the job's channel; hubs drop events of an older claim
+//! published after it (only writers of an earlier release publish such events, beside their
+//! `XADD`; [`FeedItem::Event`](super::events::FeedItem::Event) carries the writer's epoch).
+//! Every process's hub subscribes to all N shard channels on one connection and filters in
+//! memory, so the Redis cost of an event is flat in the number of jobs and watchers. Pub/Sub
+//! drops what a disconnected subscriber misses; the feed then says
+//! [`FeedItem::Resync`](super::events::FeedItem::Resync) and watchers catch up from the
+//! per-job streams.
 //!
 //! **Dispatch queue.** One stream `scan:dispatch` with the consumer group `ingest`; entries are
 //! claimed with `XREADGROUP` (a claim is a pending entry), leases are kept alive by resetting
 //! the entries' idle time, an entry idle longer than the lease is reclaimed (`XPENDING IDLE` +
 //! `XCLAIM`, atomic on the idle time), acknowledged entries are deleted, and consumers of
-//! processes that are gone are removed from the group.
+//! processes that are gone are removed from the group. A worker fenced off its job drops its
+//! own entry only while its lease still holds it (the newer claim holds another). A group
+//! found gone (`NOGROUP`: Redis lost its data) is recreated and wakes the sweeper, which puts
+//! every unfinished job back at once.
 //!
 //! Connections per process: the shared one, one for the queue's blocking reads, one for the
 //! feed subscription — three, whatever the load.
 
 mod append;
 mod feed;
+mod names;
 mod queue;
+mod scripts;
 
 use std::time::Duration;
 
@@ -58,104 +63,26 @@ use async_trait::async_trait;
 use ecoscan_proto::v1::ScanEvent;
 use ecoscan_redis::{
     Conn, Redis, publish_command,
-    redis::{
-        self, Script,
-        streams::{StreamId, StreamRangeReply},
-    },
+    redis::{self, streams::StreamRangeReply},
 };
-use prost::Message;
 
 pub use self::append::DEFAULT_APPEND_LINGER;
 use self::append::{MAX_BATCH, PendingAppend, run_batches};
-use self::feed::{FENCE_MARKER, RedisFeed, parse_feed_message};
-pub use self::queue::{RedisQueue, consumer_name};
-use super::events::{EventId, EventLog, Feed, FeedItem, RUN_SPAN};
+use self::feed::{FENCE_MARKER, RedisFeed, decode_event, encode_message};
+use self::names::stream_ms;
+pub use self::names::{consumer_name, shard_of};
+pub use self::queue::RedisQueue;
+use self::scripts::{FENCE_SCRIPT, RESTART_LOG, run_base};
+use super::events::{EventId, EventLog, Feed};
 use crate::error::StoreError;
 
 /// Feed shards unless configured (`INGEST_FEED_SHARDS`): enough to spread jobs over the
 /// masters of a Cluster; every hub subscribes to all of them on one connection.
 pub const DEFAULT_FEED_SHARDS: u32 = 64;
 
-/// Raises a job's fence (KEYS[1]) to the epoch ARGV[1] unless a newer claim raised it
-/// further, and moves the last id of the job's stream (KEYS[2]) to `<ARGV[2]>-<last seq>`,
-/// ARGV[2] being `T + epoch`: the stream then refuses every id an older claim's writer would
-/// give its next event (their millisecond part is lower), so an append need not read the
-/// fence. Then it publishes the fence marker ARGV[4] on the feed channel KEYS[3] with the
-/// command ARGV[3] (writers of an earlier release published an older claim's events beside
-/// their `XADD`s, and the marker, ahead of any of them the stream refused, tells the hubs to
-/// drop those). Returns the seq the log's numbering stands at, so that the new writer knows
-/// where to go on without a second round trip; `-1` when fenced (a newer claim exists, or a
-/// writer of a newer epoch appended already).
-///
-/// A job without a stream — Redis lost it (a restart without persistence, `FLUSHALL`, a
-/// failover that had not caught up), or it expired — gets an empty one whose numbering starts
-/// a **new run** at ARGV[5] = `epoch × RUN_SPAN` ([`run_base`]), above every seq an earlier
-/// claim can have given (each run has far fewer than [`RUN_SPAN`] events): a watcher that saw
-/// the lost events sees the new run's as a gap, reads the log and gets them, where numbering
-/// from 1 would make it drop them as seen. An empty stream that exists is such a new run
-/// nobody appended to yet: its numbering (the stream's last-generated id) goes on.
-const RAISE_FENCE: &str = r"
-if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then return -1 end
-local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-local id
-if #last > 0 then
-  id = last[1][1]
-elseif redis.call('EXISTS', KEYS[2]) == 1 then
-  local info = redis.call('XINFO', 'STREAM', KEYS[2])
-  for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then id = info[i + 1] end
-  end
-else
-  redis.call('XADD', KEYS[2], 'MAXLEN', 0, ARGV[2] .. '-' .. ARGV[5], 'ev', '')
-  id = ARGV[2] .. '-' .. ARGV[5]
-end
-local ms, n = string.match(id, '^(%d+)-(%d+)$')
-if tonumber(ms) > tonumber(ARGV[2]) then return -1 end
-redis.call('XSETID', KEYS[2], ARGV[2] .. '-' .. n)
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call(ARGV[3], KEYS[3], ARGV[4])
-return tonumber(n)
-";
-
-/// Where the numbering of a log that claim `epoch` found gone starts.
-fn run_base(epoch: u64) -> u64 {
-    epoch.saturating_mul(RUN_SPAN)
-}
-
-/// [`RAISE_FENCE`], with its SHA computed once.
-static FENCE_SCRIPT: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(RAISE_FENCE));
-
-/// Starts a job's log again (an operator requeued it): empties the stream (it keeps its last
-/// id, so ids go on increasing), forgets the final event, appends ARGV[2] with id ARGV[1] and
-/// publishes it. KEYS: stream, `finished` key, channel. ARGV: id, message, publish command.
-const RESTART_LOG: &str = r"
-redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
-redis.call('DEL', KEYS[2])
-redis.call('PERSIST', KEYS[1])
-redis.call('XADD', KEYS[1], ARGV[1], 'ev', ARGV[2])
-redis.call(ARGV[3], KEYS[3], #ARGV[2] .. ':' .. ARGV[2])
-return 1
-";
-
 /// Jobs whose last sequence number this process remembers, at most (a bound, not a tuning
 /// knob: entries leave when a job finishes).
 const MAX_REMEMBERED_JOBS: usize = 100_000;
-
-/// Which feed shard a job belongs to: FNV-1a of its id, so every process agrees.
-pub fn shard_of(job_id: &str, shards: u32) -> u32 {
-    let hash = job_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    (hash % u64::from(shards.max(1))) as u32
-}
-
-/// The millisecond part of the stream ids a writer of claim `epoch` gives `job_id`'s events:
-/// the job's own time `T` plus the epoch, so that a newer claim's ids sort after every older
-/// claim's (see [`RAISE_FENCE`]). The public id of an event stays `<T>-<seq>`.
-fn stream_ms(job_id: &str, epoch: u64) -> u64 {
-    EventId::of(job_id, 0).ms.saturating_add(epoch)
-}
 
 /// Event log on Redis Streams with a sharded Pub/Sub feed; see the module docs.
 pub struct RedisEventLog {
@@ -246,7 +173,7 @@ impl RedisEventLog {
 
     /// The last stream id the job's log ever gave (`<T + epoch>-<seq>`; `0-0` without a log):
     /// past its last event even if that was trimmed, and where a new run's numbering stands
-    /// before its first event ([`RAISE_FENCE`]).
+    /// before its first event ([`scripts::RAISE_FENCE`]).
     async fn numbered(&self, job_id: &str) -> EventId {
         let info: redis::Value = redis::cmd("XINFO")
             .arg("STREAM")
@@ -377,34 +304,6 @@ fn stream_last_generated(info: &redis::Value) -> Option<EventId> {
             .then(|| redis::from_redis_value_ref::<String>(v).ok()?.parse().ok())
             .flatten()
     })
-}
-
-/// What the log stores and the feed carries for an event: `<job>\n<id>\n<seq>\n<body>`, the
-/// header readable without decoding the body.
-fn encode_message(event: &ScanEvent) -> Vec<u8> {
-    let body = ScanEvent {
-        job_id: String::new(),
-        event_id: String::new(),
-        seq: 0,
-        ..event.clone()
-    }
-    .encode_to_vec();
-    let mut out = format!("{}\n{}\n{}\n", event.job_id, event.event_id, event.seq).into_bytes();
-    out.extend(body);
-    out
-}
-
-fn decode_event(entry: &StreamId) -> Result<ScanEvent, StoreError> {
-    let bytes: Vec<u8> = entry
-        .get("ev")
-        .ok_or_else(|| StoreError::Corrupt(format!("event {} has no body", entry.id)))?;
-    match parse_feed_message(&bytes, None, &|_| true)? {
-        Some(FeedItem::Event(event, _)) => Ok(*event),
-        _ => Err(StoreError::Corrupt(format!(
-            "event {} is unreadable",
-            entry.id
-        ))),
-    }
 }
 
 fn parse_id(id: &str) -> Result<EventId, StoreError> {
@@ -580,25 +479,5 @@ impl EventLog for RedisEventLog {
                 StoreError::Unavailable(format!("cannot subscribe to the feed: {e}"))
             })?;
         Ok(Box::new(RedisFeed::new(subscriber)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashSet;
-
-    use super::*;
-
-    #[test]
-    fn jobs_spread_over_every_shard_and_stay_on_theirs() {
-        let mut seen = HashSet::new();
-        for i in 0..2_000 {
-            let job = format!("0193a0b0-0000-7000-8000-{i:012}");
-            let shard = shard_of(&job, 64);
-            assert_eq!(shard, shard_of(&job, 64), "stable");
-            assert!(shard < 64);
-            seen.insert(shard);
-        }
-        assert_eq!(seen.len(), 64, "every shard gets jobs");
     }
 }

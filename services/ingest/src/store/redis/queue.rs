@@ -17,6 +17,7 @@ use ecoscan_redis::{
     },
 };
 
+use super::scripts::{ACK_HELD_SCRIPT, EXTEND_MANY, FORGET_IDLE};
 use crate::{
     error::StoreError,
     store::queue::{Lease, Queue, QueueEntry},
@@ -31,56 +32,6 @@ fn field_str(entry: &StreamId, name: &str) -> Result<String, StoreError> {
 const GROUP: &str = "ingest";
 /// Longest single blocking read; the claim loop then looks for expired leases again.
 const MAX_BLOCK: Duration = Duration::from_millis(250);
-
-/// Extends leases: for each (id, delivery count) pair in ARGV after the group and consumer,
-/// resets the entry's idle time with `XCLAIM … JUSTID` (which leaves the delivery count
-/// alone), only while the same consumer holds the same delivery of it. Returns 1 or 0 each.
-const EXTEND_MANY: &str = r"
-local out = {}
-for i = 3, #ARGV, 2 do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
-  if #p == 1 and p[1][2] == ARGV[2] and tonumber(p[1][4]) == tonumber(ARGV[i + 1]) then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
-  end
-end
-return out
-";
-
-/// Acknowledges and deletes the entry ARGV[3] only while the consumer ARGV[2] holds delivery
-/// ARGV[4] of it (in the group ARGV[1]): a lease's own entry, not one claimed again since.
-/// Returns 1 when it did, else 0.
-const ACK_HELD: &str = r"
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #p == 1 and p[1][2] == ARGV[2] and tonumber(p[1][4]) == tonumber(ARGV[4]) then
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-  redis.call('XDEL', KEYS[1], ARGV[3])
-  return 1
-end
-return 0
-";
-
-/// [`ACK_HELD`], with its SHA computed once.
-static ACK_HELD_SCRIPT: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(ACK_HELD));
-
-/// Removes the group's consumers (but ARGV[2], the caller) that hold nothing and have been
-/// idle for ARGV[3] ms: processes that are gone. Atomic, so a consumer cannot claim an entry
-/// between the check and its removal (removing a consumer drops its pending entries).
-const FORGET_IDLE: &str = r"
-local removed = 0
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-  local f = {}
-  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
-  if f['name'] ~= ARGV[2] and tonumber(f['pending']) == 0 and tonumber(f['idle']) >= tonumber(ARGV[3]) then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
-    removed = removed + 1
-  end
-end
-return removed
-";
 
 /// The dispatch queue on a Redis Streams consumer group; see the module docs.
 pub struct RedisQueue {
@@ -533,29 +484,4 @@ impl Queue for RedisQueue {
         }
         Ok(usize::try_from(forgotten).unwrap_or(0))
     }
-}
-
-/// This process's consumer name in the dispatch group: host plus a random suffix, so a
-/// restarted process never inherits a dead one's claims except through reclaiming.
-pub fn consumer_name() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "ingest".into());
-    let host: String = host
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!(
-        "{host}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
 }
