@@ -375,10 +375,21 @@ impl PrivateCluster {
         let mut order = vec![to, from];
         order.extend((0..conns.len()).filter(|i| *i != to && *i != from));
         for i in order {
-            setslot("NODE", &ids[to])
+            // A busy machine may answer late on the cluster bus; a node that refuses at first
+            // (its view of the slot not settled yet) is asked again.
+            let mut tries = 0;
+            while let Err(e) = setslot("NODE", &ids[to])
                 .query_async::<()>(&mut conns[i])
                 .await
-                .expect("CLUSTER SETSLOT NODE");
+            {
+                tries += 1;
+                assert!(
+                    tries < 50,
+                    "CLUSTER SETSLOT {slot} NODE on {}: {e}",
+                    self.servers[i].url()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
         (slot, self.servers[from].url(), self.servers[to].url())
     }
