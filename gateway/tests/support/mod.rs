@@ -122,6 +122,7 @@ fn event(
         ts: Some(ecoscan_proto::now()),
         trace_id: "0af7651916cd43dd8448eb211c80319c".to_owned(),
         payload,
+        offset: 0,
     }
 }
 
@@ -281,7 +282,12 @@ impl ScanService for FakeIngest {
         }
         let events = success_events(NEW_JOB)
             .into_iter()
-            .map(|event| Ok(ScanResponse { event: Some(event) }))
+            .map(|event| {
+                Ok(ScanResponse {
+                    event: Some(event),
+                    resync: None,
+                })
+            })
             .collect();
         Ok(Response::new(stream_of(events)))
     }
@@ -304,7 +310,12 @@ impl ScanService for FakeIngest {
                 let mut items: Vec<_> = success_events(RUNNING_JOB)
                     .into_iter()
                     .take(2)
-                    .map(|event| Ok(WatchResponse { event: Some(event) }))
+                    .map(|event| {
+                        Ok(WatchResponse {
+                            event: Some(event),
+                            resync: None,
+                        })
+                    })
                     .collect();
                 items.push(Err(Status::internal("redis: connection reset by peer")));
                 return Ok(Response::new(stream_of(items)));
@@ -315,7 +326,12 @@ impl ScanService for FakeIngest {
         let items = events
             .into_iter()
             .filter(|e| after.is_none_or(|a| seq_of(&e.event_id).unwrap() > a))
-            .map(|event| Ok(WatchResponse { event: Some(event) }))
+            .map(|event| {
+                Ok(WatchResponse {
+                    event: Some(event),
+                    resync: None,
+                })
+            })
             .collect();
         Ok(Response::new(stream_of(items)))
     }
