@@ -123,7 +123,9 @@ impl Client {
     }
 
     /// Follows a job's events to its end, reconnecting with `Last-Event-ID` when the
-    /// connection drops; `on_event` sees each SSE event (name, data) once.
+    /// connection drops; `on_event` sees each SSE event (name, data) once. After a `resync`
+    /// (a gap the job's log cannot fill) it reads the job's result and hands it on as a
+    /// `result` event, the state to take instead of the missed events'.
     pub async fn follow(
         &self,
         job_id: &str,
@@ -159,6 +161,10 @@ impl Client {
                         match ev.event.as_str() {
                             "ready" => return Ok(Outcome::Ready),
                             "error" => return Ok(Outcome::Failed),
+                            "resync" => match self.result(job_id).await {
+                                Ok(result) => on_event("result", &result),
+                                Err(e) => tracing::warn!(error = %e, "cannot read the job's result after a resync"),
+                            },
                             _ => {}
                         }
                     }
@@ -183,6 +189,12 @@ impl Client {
             tracing::debug!(%dropped, reconnects, "reconnecting with Last-Event-ID");
             tokio::time::sleep(Duration::from_millis(250 * u64::from(reconnects.min(8)))).await;
         }
+    }
+
+    /// The job's result (`GET /api/v1/scan/{id}`): its outputs so far, or all of them.
+    pub async fn result(&self, job_id: &str) -> anyhow::Result<Value> {
+        self.json(self.request(reqwest::Method::GET, &format!("/api/v1/scan/{job_id}")))
+            .await
     }
 
     pub async fn characters(&self) -> anyhow::Result<Value> {
@@ -233,6 +245,9 @@ pub struct ScanView {
     bars: Vec<ProgressBar>,
     multi: MultiProgress,
     answer: String,
+    /// A delta went past the end of the text we have (one was missed): the text waits for
+    /// the answer's `completed` (or a result) to be whole again.
+    answer_hole: bool,
     result: Option<Value>,
     error: Option<Value>,
 }
@@ -262,6 +277,7 @@ impl ScanView {
             bars,
             multi,
             answer: String::new(),
+            answer_hole: false,
             result: None,
             error: None,
         }
@@ -282,8 +298,13 @@ impl ScanView {
         let status = data["status"].as_str().unwrap_or_default();
         match name {
             "delta" => {
-                self.answer
-                    .push_str(data["delta"].as_str().unwrap_or_default());
+                if !self.answer_hole {
+                    self.answer_hole = !apply_delta(
+                        &mut self.answer,
+                        data["offset"].as_u64(),
+                        data["delta"].as_str().unwrap_or_default(),
+                    );
+                }
                 if let Some(bar) = self.bar("answer") {
                     // The tail of the answer so far, on one line.
                     let tail: String = self.answer.chars().rev().take(60).collect();
@@ -292,11 +313,20 @@ impl ScanView {
                 }
             }
             "stage" => {
+                // A new run of the answer stage: what an earlier run wrote is void.
+                if stage == "answer" && matches!(status, "started" | "restarted") {
+                    self.answer.clear();
+                    self.answer_hole = false;
+                }
                 if let Some(bar) = self.bar(stage) {
                     match status {
                         "started" | "progress" => {
                             bar.enable_steady_tick(Duration::from_millis(100));
                             bar.set_message("running");
+                        }
+                        "restarted" => {
+                            bar.enable_steady_tick(Duration::from_millis(100));
+                            bar.set_message("running again");
                         }
                         "completed" => {
                             bar.finish_with_message(summary(stage, data));
@@ -310,6 +340,7 @@ impl ScanView {
                     && let Some(text) = data["answer"]["text"].as_str()
                 {
                     self.answer = text.to_owned();
+                    self.answer_hole = false;
                 }
                 if status == "completed" && stage == "reward" {
                     self.result = Some(data["reward"].clone());
@@ -328,6 +359,17 @@ impl ScanView {
                     if !bar.is_finished() {
                         bar.finish_with_message("done");
                     }
+                }
+            }
+            // After a `resync`: the job as its result says, in place of the missed events.
+            "result" => {
+                self.answer = data["answer"]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                self.answer_hole = false;
+                if data["reward"].is_object() {
+                    self.result = Some(data["reward"].clone());
                 }
             }
             _ => {}
@@ -384,6 +426,22 @@ impl ScanView {
         }
         let _ = writeln!(out, "job {job_id}");
     }
+}
+
+/// Applies an answer delta as the SSE contract says: keep the first `offset` code points of
+/// `text`, append `delta`. False (and `text` unchanged) when `offset` is past the end of
+/// `text`: a delta was missed. A delta without an offset (an older gateway) appends.
+fn apply_delta(text: &mut String, offset: Option<u64>, delta: &str) -> bool {
+    let have = text.chars().count();
+    let offset = offset.map_or(have, |o| usize::try_from(o).unwrap_or(usize::MAX));
+    if offset > have {
+        return false;
+    }
+    if let Some((cut, _)) = text.char_indices().nth(offset) {
+        text.truncate(cut);
+    }
+    text.push_str(delta);
+    true
 }
 
 /// One line for a completed stage.
@@ -448,4 +506,65 @@ pub fn print_notification(n: &Value, json: bool) {
         n["title"].as_str().unwrap_or_default(),
         n["body"].as_str().unwrap_or_default()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view_of(events: &[(&str, Value)]) -> ScanView {
+        let mut view = ScanView::new(false);
+        for (name, data) in events {
+            view.event(name, data);
+        }
+        view
+    }
+
+    #[test]
+    fn deltas_go_at_their_offset_and_a_restarted_answer_starts_again() {
+        let delta = |text: &str, offset: u64| {
+            (
+                "delta",
+                json!({"stage": "answer", "status": "delta", "delta": text, "offset": offset}),
+            )
+        };
+        let stage = |status: &str| ("stage", json!({"stage": "answer", "status": status}));
+        let view = view_of(&[
+            stage("started"),
+            delta("Rinse it. ", 0),
+            delta("Remove the label. ", 10),
+            stage("restarted"),
+            delta("Remove the label, ", 0),
+            delta("rinse, ", 18),
+            // A repeat of a piece already applied changes nothing.
+            delta("rinse, ", 18),
+            delta("crush.", 25),
+        ]);
+        assert_eq!(view.answer, "Remove the label, rinse, crush.");
+        assert!(!view.answer_hole);
+    }
+
+    #[test]
+    fn offsets_count_code_points_and_a_missed_delta_leaves_a_hole_until_completed() {
+        let mut text = String::from("분리배출");
+        assert!(apply_delta(&mut text, Some(2), "수거"));
+        assert_eq!(text, "분리수거");
+        assert!(!apply_delta(&mut text, Some(9), "x"));
+        assert_eq!(text, "분리수거");
+        assert!(apply_delta(&mut text, None, "!"));
+        assert_eq!(text, "분리수거!");
+
+        let mut view = view_of(&[(
+            "delta",
+            json!({"stage": "answer", "status": "delta", "delta": "late", "offset": 40}),
+        )]);
+        assert!(view.answer_hole);
+        view.event(
+            "stage",
+            &json!({"stage": "answer", "status": "completed", "answer": {"text": "whole"}}),
+        );
+        assert_eq!(view.answer, "whole");
+        view.event("result", &json!({"answer": {"text": "stored"}}));
+        assert_eq!(view.answer, "stored");
+    }
 }
