@@ -323,9 +323,18 @@ impl ScanService for FakeIngest {
             _ => return Err(Status::not_found(format!("job {} not found", msg.job_id))),
         };
         let after = seq_of(&msg.after_event_id);
-        let items = events
+        // As the real ingest does: a resume at or past the end of a finished job gets the
+        // job's end again, at the log's final id.
+        let last = events.last().cloned();
+        let mut events: Vec<ScanEvent> = events
             .into_iter()
             .filter(|e| after.is_none_or(|a| seq_of(&e.event_id).unwrap() > a))
+            .collect();
+        if events.is_empty() {
+            events.extend(last);
+        }
+        let items = events
+            .into_iter()
             .map(|event| {
                 Ok(WatchResponse {
                     event: Some(event),

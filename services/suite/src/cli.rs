@@ -163,7 +163,9 @@ impl Client {
                             "error" => return Ok(Outcome::Failed),
                             "resync" => match self.result(job_id).await {
                                 Ok(result) => on_event("result", &result),
-                                Err(e) => tracing::warn!(error = %e, "cannot read the job's result after a resync"),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "cannot read the job's result after a resync")
+                                }
                             },
                             _ => {}
                         }

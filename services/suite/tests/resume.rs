@@ -26,7 +26,8 @@ struct Stack {
 
 impl Stack {
     async fn start(tweak: impl FnOnce(&mut ecoscan_ingest::Config)) -> Self {
-        let suite = TestSuite::start_with(|c| c.llm.mock_latency = Duration::from_millis(300)).await;
+        let suite =
+            TestSuite::start_with(|c| c.llm.mock_latency = Duration::from_millis(300)).await;
         let a = suite.running.addrs;
         let url = |addr: std::net::SocketAddr| format!("http://{addr}");
         let dir = tempfile::tempdir().unwrap();
@@ -97,7 +98,11 @@ impl Stack {
     /// gateway's feed of the job).
     async fn follow(&self, job: &str) -> Vec<Sse> {
         let events = read_sse(self.events(job, None).await).await;
-        assert_eq!(events.last().map(|e| e.event.as_str()), Some("ready"), "{events:#?}");
+        assert_eq!(
+            events.last().map(|e| e.event.as_str()),
+            Some("ready"),
+            "{events:#?}"
+        );
         events
     }
 
@@ -135,16 +140,13 @@ async fn a_resume_in_the_middle_gets_exactly_the_events_after_it_from_the_header
     let third = all[2].id.clone().unwrap();
 
     let rest = read_sse(stack.events(&job, Some(&third)).await).await;
-    let ids = |events: &[Sse]| -> Vec<String> {
-        events.iter().map(|e| e.id.clone().unwrap()).collect()
-    };
+    let ids =
+        |events: &[Sse]| -> Vec<String> { events.iter().map(|e| e.id.clone().unwrap()).collect() };
     assert_eq!(ids(&rest), ids(&all[3..]));
 
     let res = stack
         .http
-        .get(stack.url(&format!(
-            "/api/v1/scan/{job}/events?last_event_id={third}"
-        )))
+        .get(stack.url(&format!("/api/v1/scan/{job}/events?last_event_id={third}")))
         .header("x-user-id", "alice")
         .send()
         .await
@@ -203,9 +205,15 @@ async fn a_future_id_on_a_running_job_is_announced_and_the_stream_goes_on_to_the
         let mut buf = String::new();
         use futures::StreamExt;
         while !buf.contains("\n\n") {
-            buf.push_str(&String::from_utf8_lossy(&body.next().await.unwrap().unwrap()));
+            buf.push_str(&String::from_utf8_lossy(
+                &body.next().await.unwrap().unwrap(),
+            ));
         }
-        let line = buf.lines().find(|l| l.starts_with("id:")).unwrap().to_owned();
+        let line = buf
+            .lines()
+            .find(|l| l.starts_with("id:"))
+            .unwrap()
+            .to_owned();
         line.trim_start_matches("id:").trim().to_owned()
     };
     let future = format!("{}-999", time_of(&first));
@@ -268,7 +276,11 @@ async fn a_gap_the_trimmed_log_cannot_fill_reaches_the_client_as_resync() {
     assert_eq!(resync.data["reason"], "events_lost");
     assert_eq!(resync.data["result_url"], format!("/api/v1/scan/{job}"));
     let n = all.len();
-    assert_eq!(resync.id, all[n - 4].id, "the stream goes on after the last lost event");
+    assert_eq!(
+        resync.id,
+        all[n - 4].id,
+        "the stream goes on after the last lost event"
+    );
     let rest: Vec<_> = events[1..].iter().map(|e| e.id.clone()).collect();
     let expected: Vec<_> = all[n - 3..].iter().map(|e| e.id.clone()).collect();
     assert_eq!(rest, expected);
