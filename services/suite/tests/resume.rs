@@ -108,8 +108,9 @@ impl Stack {
 
     /// Waits until the gateway holds no feed of any job (its last client is gone).
     async fn feeds_gone(&self) {
+        let mut text = String::new();
         for _ in 0..400 {
-            let text = self
+            text = self
                 .http
                 .get(self.url("/metrics"))
                 .send()
@@ -118,12 +119,16 @@ impl Stack {
                 .text()
                 .await
                 .unwrap();
-            if text.lines().any(|l| l.trim() == "gateway_watch_feeds 0") {
+            if text
+                .lines()
+                .any(|l| l.starts_with("gateway_watch_feeds") && l.trim().ends_with(" 0"))
+            {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("the gateway still holds a job feed 10 s after its clients left");
+        let feeds: Vec<&str> = text.lines().filter(|l| l.contains("watch_feeds")).collect();
+        panic!("the gateway still holds a job feed 10 s after its clients left: {feeds:?}");
     }
 }
 
