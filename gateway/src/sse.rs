@@ -192,6 +192,11 @@ pub(crate) struct SharedEvent {
 
 /// What ingest sent: an event of the job's log, or a gap it announced.
 #[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every item is an event, held once in an Arc for all of a job's clients: \
+              boxing it would add an allocation per event to spare the rare resync a few bytes"
+)]
 enum Item {
     Event(ScanEvent),
     Resync(Resync),

@@ -10,6 +10,11 @@ use crate::store::{EventId, Job};
 
 /// What a watch stream carries: the job's events, and the gaps its log could not fill.
 #[derive(Clone, Debug, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every item is an event, moved once into its response: boxing it would add \
+              an allocation per event to spare the rare resync a few bytes"
+)]
 pub enum Watched {
     Event(ScanEvent),
     /// Said instead of skipped (see [`resync`]).

@@ -10,30 +10,18 @@ use std::{sync::Arc, time::Duration};
 use ecoscan_common::client::request_as;
 use ecoscan_ingest::{
     Stores,
+    event::Watched,
     store::{EventId, MemoryEventLog},
 };
 use ecoscan_proto::v1::{
-    EventStatus, Resync, ResyncReason, ScanEvent, Stage, WatchRequest, scan_event::Payload,
+    EventStatus, ResyncReason, ScanEvent, Stage, WatchRequest, scan_event::Payload,
 };
 use support::*;
 use tokio_stream::StreamExt;
 use tonic::{Code, Status};
 
-/// One message of a watch stream.
-#[derive(Debug)]
-enum Msg {
-    Event(ScanEvent),
-    Resync(Resync),
-}
-
-impl Msg {
-    fn event(&self) -> Option<&ScanEvent> {
-        match self {
-            Self::Event(e) => Some(e),
-            Self::Resync(_) => None,
-        }
-    }
-}
+/// One message of a watch stream, as the hub hands it to the RPC.
+type Msg = Watched;
 
 /// A watch of `job_id` after `after`, read to its end (or its error), within `limit`.
 async fn watch_msgs(
@@ -94,6 +82,13 @@ async fn watch_from(
         })
         .collect();
     (events, error)
+}
+
+fn event(msg: &Msg) -> Option<&ScanEvent> {
+    match msg {
+        Msg::Event(e) => Some(e),
+        Msg::Resync(_) => None,
+    }
 }
 
 fn is_done(ev: &ScanEvent) -> bool {
@@ -165,14 +160,11 @@ async fn a_resume_past_the_end_of_a_running_job_is_announced_and_goes_on_to_its_
     // Then the events after the position it names, in order, to the end.
     let seqs: Vec<u64> = msgs[1..]
         .iter()
-        .map(|m| m.event().expect("events").seq)
+        .map(|m| event(m).expect("events").seq)
         .collect();
     let expected: Vec<u64> = (gap.seq + 1..=gap.seq + seqs.len() as u64).collect();
     assert_eq!(seqs, expected, "{msgs:?}");
-    assert!(
-        msgs.last().and_then(Msg::event).is_some_and(is_done),
-        "{msgs:?}"
-    );
+    assert!(msgs.last().and_then(event).is_some_and(is_done), "{msgs:?}");
 }
 
 #[tokio::test]
@@ -225,7 +217,7 @@ async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_
         };
         assert_eq!(gap.reason, ResyncReason::LogExpired as i32);
         assert_eq!(gap.after_event_id, after);
-        let end = msgs[1].event().expect("then the end");
+        let end = event(&msgs[1]).expect("then the end");
         assert!(is_done(end));
         assert_eq!(end.status, EventStatus::Completed as i32);
         // No log is left to name the end's position: it keeps the watcher's own.
@@ -267,7 +259,7 @@ async fn a_gap_the_trimmed_log_cannot_fill_is_announced_not_skipped() {
             "the stream goes on from the log's first event"
         );
         assert_eq!(gap.event_id, id_of(&job, gap.seq));
-        let seqs: Vec<u64> = msgs[1..].iter().map(|m| m.event().unwrap().seq).collect();
+        let seqs: Vec<u64> = msgs[1..].iter().map(|m| event(m).unwrap().seq).collect();
         assert_eq!(seqs, [last.seq - 2, last.seq - 1, last.seq]);
     }
 }
