@@ -128,7 +128,8 @@ pub(crate) struct EventData<'a> {
     event_id: &'a str,
     /// The job (a UUID).
     job_id: &'a str,
-    /// 1-based sequence number within the job, without gaps.
+    /// 1-based sequence number within the job, without gaps: a gap the log cannot fill is
+    /// announced by a `resync` event instead.
     seq: u64,
     /// The stage the event is about.
     #[schema(schema_with = crate::openapi::stage_schema)]
