@@ -308,3 +308,38 @@ async fn a_resume_after_the_log_expired_says_so_and_ends_with_the_end_from_the_r
     assert_eq!(events[0].id, None, "no position left to name");
     assert_eq!(events[1].data["result_url"], format!("/api/v1/scan/{job}"));
 }
+
+/// `ecoscan watch`'s client through a `resync`: it reads the job's result, hands it on as a
+/// `result` event, and the scan view ends with the stored answer.
+#[tokio::test]
+async fn the_cli_takes_the_result_after_a_resync_and_ends_with_the_stored_answer() {
+    let stack = Stack::start(|c| c.event_max_len = 3).await;
+    let job = stack.submit().await;
+    stack.follow(&job).await;
+    stack.feeds_gone().await;
+
+    let client = ecoscan::cli::Client::new(
+        &stack.gateway.uri(),
+        ecoscan::cli::Auth::User("alice".into()),
+    )
+    .unwrap();
+    let mut seen: Vec<(String, Value)> = Vec::new();
+    let outcome = client
+        .follow(&job, |name, data| {
+            seen.push((name.to_owned(), data.clone()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome, ecoscan::cli::Outcome::Ready);
+    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(&names[..2], ["resync", "result"], "{names:?}");
+    assert_eq!(names.last(), Some(&"ready"));
+
+    let stored = &seen[1].1["answer"]["text"];
+    assert!(stored.as_str().is_some_and(|t| !t.is_empty()), "{stored}");
+    let mut view = ecoscan::cli::ScanView::new(true);
+    for (name, data) in &seen {
+        view.event(name, data);
+    }
+    assert_eq!(Some(view.answer()), stored.as_str());
+}

@@ -147,6 +147,11 @@ impl ScanView {
         }
     }
 
+    /// The answer text as it stands.
+    pub fn answer(&self) -> &str {
+        &self.answer
+    }
+
     /// The closing lines: the answer and the character, or the error.
     pub fn finish(&self, job_id: &str) {
         let _ = self.multi.clear();
