@@ -37,7 +37,7 @@ use utoipa::{
 use crate::{
     error::{ErrorBody, ErrorJson},
     routes::{self, scan::job_status_name},
-    sse::{self, EventData, Kind, StreamErrorData},
+    sse::{self, EventData, Kind, StreamErrorData, resync::ResyncData},
 };
 
 /// Security scheme: `Authorization: Bearer <JWT>`.
@@ -81,7 +81,7 @@ pub(crate) const ADMIN_ROLE: &str = "admin";
         serve,
     ),
     components(
-        schemas(ErrorBody, ErrorJson, EventData, StreamErrorData),
+        schemas(ErrorBody, ErrorJson, EventData, StreamErrorData, ResyncData),
         responses(
             BadRequest,
             Unauthorized,
@@ -438,7 +438,9 @@ impl<'r> ToResponse<'r> for ScanEvents {
             ),
             Kind::Delta => (
                 kind.name(),
-                "The next piece of the answer text, in `delta`.",
+                "A piece of the answer text, in `delta`, that goes at `offset` (code points): \
+                 keep that much of your text and append it. A stage event `restarted` starts \
+                 the text again.",
                 scan(),
                 event_id,
             ),
@@ -454,6 +456,14 @@ impl<'r> ToResponse<'r> for ScanEvents {
                  `id`; reconnect with the last id to resume). The stream ends.",
                 json!({"anyOf": [scan(), schema_ref(StreamErrorData::name())]}),
                 "Present when the job failed, absent when the stream failed.",
+            ),
+            Kind::Resync => (
+                kind.name(),
+                "A gap the job's log can no longer fill (events trimmed or lost, the log \
+                 expired, or `Last-Event-ID` past its end): read `result_url` for the job's \
+                 state and go on with the events that follow.",
+                schema_ref(ResyncData::name()),
+                "Where the stream goes on; absent when the log has expired.",
             ),
         });
         (
@@ -527,7 +537,8 @@ pub(crate) fn stage_schema() -> Schema {
 /// `started`, `progress`, … (`EventStatus` without its prefix, lowercase).
 pub(crate) fn event_status_schema() -> Schema {
     short_names(
-        "What happened to the stage: `started`, `progress`, `delta`, `completed` or `failed`.",
+        "What happened to the stage: `started`, `progress`, `delta`, `completed`, `failed` \
+         or `restarted` (it runs again from its start; answer text starts again).",
         (1..).map_while(|i| {
             ecoscan_proto::v1::EventStatus::try_from(i)
                 .ok()

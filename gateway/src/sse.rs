@@ -1,7 +1,9 @@
 //! Turning gRPC event streams into Server-Sent Events.
 //!
 //! Framing is axum's (`Sse`, `Event`, `KeepAlive`); this module only decides which SSE event a
-//! `ScanEvent` or `Notification` becomes, and when a stream ends.
+//! `ScanEvent`, a `Resync` or a `Notification` becomes, and when a stream ends.
+
+pub(crate) mod resync;
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
@@ -13,7 +15,7 @@ use ecoscan_common::CancellationToken;
 use ecoscan_proto::{
     Timestamp,
     v1::{
-        Answer, Classification, DisposalRules, ErrorInfo, EventStatus, Notification,
+        Answer, Classification, DisposalRules, ErrorInfo, EventStatus, Notification, Resync,
         RewardDecision, ScanEvent, Stage, scan_event::Payload,
     },
 };
@@ -36,18 +38,26 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// within this window still gets a proper HTTP status (e.g. 404 for an unknown job).
 pub(crate) const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(500);
 
-/// What a `ScanEvent` becomes on the wire.
+/// What a `ScanEvent` (or a `Resync`) becomes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Stage,
     Delta,
     Ready,
     Error,
+    /// A gap the log cannot fill (see [`resync`]).
+    Resync,
 }
 
 impl Kind {
     /// Every kind, for the OpenAPI document.
-    pub(crate) const ALL: [Self; 4] = [Self::Stage, Self::Delta, Self::Ready, Self::Error];
+    pub(crate) const ALL: [Self; 5] = [
+        Self::Stage,
+        Self::Delta,
+        Self::Ready,
+        Self::Error,
+        Self::Resync,
+    ];
 
     /// The SSE `event:` name.
     pub(crate) fn name(self) -> &'static str {
@@ -56,6 +66,7 @@ impl Kind {
             Self::Delta => "delta",
             Self::Ready => "ready",
             Self::Error => "error",
+            Self::Resync => "resync",
         }
     }
 
@@ -117,7 +128,8 @@ pub(crate) struct EventData<'a> {
     event_id: &'a str,
     /// The job (a UUID).
     job_id: &'a str,
-    /// 1-based sequence number within the job, without gaps.
+    /// 1-based sequence number within the job, without gaps: a gap the log cannot fill is
+    /// announced by a `resync` event instead.
     seq: u64,
     /// The stage the event is about.
     #[schema(schema_with = crate::openapi::stage_schema)]
@@ -154,6 +166,13 @@ pub(crate) struct EventData<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     delta: Option<&'a str>,
+    /// On `delta` events: where `delta` goes in the answer text, in Unicode code points (not
+    /// bytes, not UTF-16 units). Keep the first `offset` code points of the text you have and
+    /// append `delta`. Each run of the answer stage starts at 0 (`restarted` announces a run
+    /// after the first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    offset: Option<u32>,
     /// On `ready`: where the finished result is.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
@@ -164,38 +183,78 @@ pub(crate) struct EventData<'a> {
     error: Option<ErrorJson>,
 }
 
-/// A scan event on its way to SSE clients, shared by every client of its job: its `data:` JSON
-/// is rendered once, however many clients it goes to.
+/// A scan event (or a resync) on its way to SSE clients, shared by every client of its job:
+/// its `data:` JSON is rendered once, however many clients it goes to.
 #[derive(Debug)]
 pub(crate) struct SharedEvent {
-    event: ScanEvent,
+    item: Item,
     rendered: std::sync::OnceLock<(String, Kind)>,
+}
+
+/// What ingest sent: an event of the job's log, or a gap it announced.
+#[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every item is an event, held once in an Arc for all of a job's clients: \
+              boxing it would add an allocation per event to spare the rare resync a few bytes"
+)]
+enum Item {
+    Event(ScanEvent),
+    Resync(Resync),
 }
 
 impl SharedEvent {
     pub(crate) fn new(event: ScanEvent) -> Self {
+        Self::of(Item::Event(event))
+    }
+
+    pub(crate) fn resync(resync: Resync) -> Self {
+        Self::of(Item::Resync(resync))
+    }
+
+    /// A `Watch`/`Scan` response's message: its event, else its resync.
+    pub(crate) fn from_parts(event: Option<ScanEvent>, resync: Option<Resync>) -> Option<Self> {
+        event.map(Self::new).or_else(|| resync.map(Self::resync))
+    }
+
+    fn of(item: Item) -> Self {
         Self {
-            event,
+            item,
             rendered: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Its position in the job's log (the SSE `id:`); empty for a resync of an expired log.
+    pub(crate) fn event_id(&self) -> &str {
+        match &self.item {
+            Item::Event(e) => &e.event_id,
+            Item::Resync(r) => &r.event_id,
+        }
+    }
+
+    pub(crate) fn job_id(&self) -> &str {
+        match &self.item {
+            Item::Event(e) => &e.job_id,
+            Item::Resync(r) => &r.job_id,
+        }
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        match &self.item {
+            Item::Event(e) => kind(e),
+            Item::Resync(_) => Kind::Resync,
         }
     }
 
     /// The SSE event; `result_url` builds the public result URL of a job (the same for every
     /// client of this gateway, so the rendering is shared).
     pub(crate) fn sse(&self, result_url: &dyn Fn(&str) -> String) -> (Event, Kind) {
-        let (json, kind) = self
-            .rendered
-            .get_or_init(|| scan_event_json(&self.event, result_url));
-        let event = with_id(Event::default().event(kind.name()), &self.event.event_id);
+        let (json, kind) = self.rendered.get_or_init(|| match &self.item {
+            Item::Event(e) => scan_event_json(e, result_url),
+            Item::Resync(r) => (resync::json(r, result_url), Kind::Resync),
+        });
+        let event = with_id(Event::default().event(kind.name()), self.event_id());
         (event.data(json.as_str()), *kind)
-    }
-}
-
-impl std::ops::Deref for SharedEvent {
-    type Target = ScanEvent;
-
-    fn deref(&self) -> &ScanEvent {
-        &self.event
     }
 }
 
@@ -217,6 +276,7 @@ fn scan_event_json(ev: &ScanEvent, result_url: &dyn Fn(&str) -> String) -> (Stri
         answer: None,
         reward: None,
         delta: None,
+        offset: None,
         result_url: None,
         error: None,
     };
@@ -225,7 +285,10 @@ fn scan_event_json(ev: &ScanEvent, result_url: &dyn Fn(&str) -> String) -> (Stri
         Some(Payload::Rules(r)) => data.rules = Some(r),
         Some(Payload::Answer(a)) => data.answer = Some(a),
         Some(Payload::Reward(r)) => data.reward = Some(r),
-        Some(Payload::Delta(d)) => data.delta = Some(d),
+        Some(Payload::Delta(d)) => {
+            data.delta = Some(d);
+            data.offset = Some(ev.offset);
+        }
         None => {}
         Some(Payload::Error(e)) => data.error = Some(error_info_json(e)),
     }
@@ -297,19 +360,18 @@ fn stream_error_event(job_id: &str, err: &ApiError) -> Event {
 /// A stream of one job's events from ingest (shared by the clients of a job: hence `Arc`).
 pub(crate) type ScanEvents = BoxStream<'static, Result<Arc<SharedEvent>, Status>>;
 
-/// The events of a `Scan` or `Watch` response stream: each response carries one event.
+/// The events of a `Scan` or `Watch` response stream: each response carries one event (or
+/// one resync).
 pub(crate) fn scan_stream<R: Send + 'static>(
     upstream: Streaming<R>,
-    event: fn(R) -> Option<ScanEvent>,
+    event: fn(R) -> Option<SharedEvent>,
 ) -> ScanEvents {
     upstream
         .map(move |item| {
             item.and_then(|r| {
-                event(r)
-                    .map(|e| Arc::new(SharedEvent::new(e)))
-                    .ok_or_else(|| {
-                        Status::internal("ingest sent a stream message without an event")
-                    })
+                event(r).map(Arc::new).ok_or_else(|| {
+                    Status::internal("ingest sent a stream message without an event")
+                })
             })
         })
         .boxed()
@@ -394,10 +456,10 @@ pub(crate) fn scan_events(
         let event = match next {
             Ok(Some(ev)) => {
                 if st.job_id.is_empty() {
-                    st.job_id.clone_from(&ev.job_id);
+                    ev.job_id().clone_into(&mut st.job_id);
                 }
                 let (event, kind) = ev.sse(st.result_url.as_ref());
-                tracing::debug!(event_id = %ev.event_id, kind = kind.name(), "sse scan event");
+                tracing::debug!(event_id = %ev.event_id(), kind = kind.name(), "sse scan event");
                 st.done = kind.is_terminal();
                 event
             }
@@ -437,9 +499,7 @@ where
         if *ended {
             return futures::future::ready(None);
         }
-        *ended = item
-            .as_ref()
-            .map_or(true, |ev| kind(&ev.event).is_terminal());
+        *ended = item.as_ref().map_or(true, |ev| ev.kind().is_terminal());
         futures::future::ready(Some(item))
     })
 }
@@ -486,91 +546,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ev(stage: Stage, status: EventStatus, payload: Option<Payload>) -> ScanEvent {
-        ScanEvent {
-            event_id: "1700000000000-3".into(),
-            job_id: "job".into(),
-            seq: 3,
-            stage: stage as i32,
-            status: status as i32,
-            progress: 0.25,
-            message: "hi".into(),
-            payload,
-            ..ScanEvent::default()
-        }
-    }
-
-    #[test]
-    fn events_get_their_sse_names() {
-        use EventStatus as S;
-        assert_eq!(kind(&ev(Stage::Queued, S::Completed, None)), Kind::Stage);
-        assert_eq!(kind(&ev(Stage::Vision, S::Started, None)), Kind::Stage);
-        assert_eq!(kind(&ev(Stage::Rule, S::Progress, None)), Kind::Stage);
-        let delta = Some(Payload::Delta("분리".into()));
-        assert_eq!(kind(&ev(Stage::Answer, S::Delta, delta)), Kind::Delta);
-        assert_eq!(kind(&ev(Stage::Done, S::Completed, None)), Kind::Ready);
-        assert_eq!(kind(&ev(Stage::Vision, S::Failed, None)), Kind::Stage);
-        assert_eq!(kind(&ev(Stage::Done, S::Failed, None)), Kind::Error);
-    }
-
-    #[test]
-    fn stage_and_status_names_are_short_and_lowercase() {
-        assert_eq!(stage_name(Stage::Vision as i32), "vision");
-        assert_eq!(stage_name(Stage::Done as i32), "done");
-        assert_eq!(status_name(EventStatus::Completed as i32), "completed");
-        assert_eq!(status_name(99), "unspecified");
-    }
-
-    #[test]
-    fn failed_events_without_error_info_still_carry_an_error() {
-        let e = ev(Stage::Done, EventStatus::Failed, None);
-        let (json, kind) = scan_event_json(&e, &|id| format!("/r/{id}"));
-        assert_eq!(kind, Kind::Error);
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(v["error"]["code"], "INTERNAL");
-        assert_eq!(v["error"]["http_status"], 500);
-        assert_eq!(v["error"]["message"], "hi");
-        assert_eq!(v["stage"], "done");
-        assert_eq!(v["status"], "failed");
-    }
-
-    #[test]
-    fn ready_carries_the_gateway_result_url_and_payloads_are_pbjson() {
-        let e = ev(Stage::Done, EventStatus::Completed, None);
-        let (json, kind) = scan_event_json(&e, &|id| format!("/api/v1/scan/{id}"));
-        assert_eq!(kind, Kind::Ready);
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(v["result_url"], "/api/v1/scan/job");
-        assert_eq!(v["progress"], 0.25);
-        assert_eq!(v["seq"], 3);
-
-        let c = Classification {
-            major_category: "재활용폐기물".into(),
-            ..Classification::default()
-        };
-        let e = ev(
-            Stage::Vision,
-            EventStatus::Completed,
-            Some(Payload::Classification(c)),
-        );
-        let (json, _) = scan_event_json(&e, &|id| id.to_owned());
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(v["classification"]["major_category"], "재활용폐기물");
-        assert!(v.get("error").is_none());
-    }
-
-    #[test]
-    fn gauge_counts_open_streams() {
-        let gauge = crate::limits::SseSlots::new(10, 10);
-        let a = gauge.take("u").unwrap();
-        let b = gauge.take("u").unwrap();
-        assert_eq!(gauge.open(), 2);
-        drop(a);
-        assert_eq!(gauge.open(), 1);
-        drop(b);
-        assert_eq!(gauge.open(), 0);
-    }
-}
+mod tests;

@@ -11,6 +11,11 @@
 //!
 //! Feeds are keyed by (user, job): ingest checks ownership when the feed starts, and a client
 //! of another user never shares a feed it could not open itself.
+//!
+//! The feed passes on what ingest sends, trusting its order, with two exceptions to "nothing
+//! at or before the last id": the job's end, which a resume at or past the end gets again at
+//! the log's final position (however the resume id compares with it), and a resync, after
+//! which the stream goes on from the position it names.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -19,9 +24,12 @@ use std::{
 };
 
 use ecoscan_common::client::TracedChannel;
-use ecoscan_proto::v1::{ScanEvent, WatchRequest, scan_service_client::ScanServiceClient};
+use ecoscan_proto::v1::{WatchRequest, scan_service_client::ScanServiceClient};
 
-use crate::{auth::Caller, sse::SharedEvent};
+use crate::{
+    auth::Caller,
+    sse::{Kind, SharedEvent},
+};
 use futures::{Stream, StreamExt};
 use tokio::sync::{broadcast, watch};
 use tonic::{Code, Status};
@@ -165,7 +173,7 @@ impl Watches {
             // The ring follows exactly this point: all of it.
             _ if ring.start_after.as_deref() == after => ring.events.clone(),
             None => return Err(Refused::OutsideWindow),
-            Some(after) => match ring.events.iter().position(|e| e.event_id == after) {
+            Some(after) => match ring.events.iter().position(|e| e.event_id() == after) {
                 // Resumed at the final event: the job's end, again, so the client stops.
                 Some(i) if i + 1 == ring.events.len() && ring.done => {
                     ring.events.iter().skip(i).cloned().collect()
@@ -306,15 +314,26 @@ async fn pump(
                 loop {
                     match stream.message().await {
                         Ok(Some(r)) => {
-                            let Some(ev) = r.event else { continue };
-                            // A reconnect resumes after the last event; anything not newer is
-                            // a repeat.
-                            if last.as_deref().is_some_and(|l| !newer(&ev.event_id, l)) {
+                            let Some(ev) = SharedEvent::from_parts(r.event, r.resync) else {
+                                continue;
+                            };
+                            let kind = ev.kind();
+                            // A reconnect resumes after the last event, so anything not newer
+                            // is a repeat; but the end is the end wherever it stands (a
+                            // resume at or past it gets it at the log's final id), and a
+                            // resync moves the position (back, too: past the log's end).
+                            let repeat = last.as_deref().is_some_and(|l| !newer(ev.event_id(), l));
+                            if repeat && !kind.is_terminal() && kind != Kind::Resync {
                                 continue;
                             }
                             backoff = Duration::from_millis(100);
                             fruitless = 0;
-                            last = Some(ev.event_id.clone());
+                            if kind != Kind::Resync || !ev.event_id().is_empty() {
+                                last = Some(ev.event_id().to_owned()).filter(|id| !id.is_empty());
+                            } else {
+                                // The log holds nothing to resume after: from its start.
+                                last = None;
+                            }
                             if publish(&shared, ev) {
                                 crate::sse::finish_upstream(stream);
                                 return;
@@ -348,15 +367,15 @@ async fn pump(
 }
 
 /// Adds `ev` to the ring and sends it live; true when it was the job's final event.
-fn publish(shared: &Shared, ev: ScanEvent) -> bool {
-    let is_final = crate::sse::kind(&ev).is_terminal();
-    let ev = Arc::new(SharedEvent::new(ev));
+fn publish(shared: &Shared, ev: SharedEvent) -> bool {
+    let is_final = ev.kind().is_terminal();
+    let ev = Arc::new(ev);
     {
         let mut ring = shared.ring.lock().expect("ring lock poisoned");
         ring.events.push_back(ev.clone());
         while ring.events.len() > RING_EVENTS {
             if let Some(old) = ring.events.pop_front() {
-                ring.start_after = Some(old.event_id.clone());
+                ring.start_after = Some(old.event_id().to_owned());
             }
         }
         ring.done = is_final;

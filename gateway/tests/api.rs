@@ -439,6 +439,30 @@ async fn watch_forwards_last_event_id_as_after_event_id() {
     assert_eq!(sent.after_event_id, "1700000000000-5");
 }
 
+/// Bug 1 of issue 22: with no feed of the job on this gateway, a resume at the final event
+/// started one whose duplicate filter dropped ingest's end (its id equals the resume id): the
+/// client got `error` after the feed's reconnects ran out. The same test runs against the real
+/// ingest in `services/suite/tests/resume.rs`.
+#[tokio::test]
+async fn a_resume_at_the_final_event_gets_the_end_again_from_a_new_feed() {
+    let env = start().await;
+    for last in ["1700000000000-6", "1700000000000-9"] {
+        let res = env
+            .http
+            .get(env.url(&format!("/api/v1/scan/{DONE_JOB}/events")))
+            .header("last-event-id", last)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let events = parse_sse(&res.text().await.unwrap());
+        let names: Vec<_> = events.iter().map(SseEvent::name).collect();
+        assert_eq!(names, ["ready"], "after {last}: {events:?}");
+        assert_eq!(events[0].id.as_deref(), Some("1700000000000-6"));
+        assert_ne!(events[0].json()["seq"], 0);
+    }
+}
+
 #[tokio::test]
 async fn watch_rejects_a_malformed_last_event_id_before_calling_ingest() {
     let env = start().await;

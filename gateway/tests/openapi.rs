@@ -267,7 +267,7 @@ async fn the_sse_routes_document_their_event_types() {
 
     let doc = document(&env).await;
 
-    let scan_events = ["delta", "error", "ready", "stage"];
+    let scan_events = ["delta", "error", "ready", "resync", "stage"];
     for (method, path) in [
         ("post", "/api/v1/scan/completion"),
         ("get", "/api/v1/scan/{id}/events"),
@@ -278,12 +278,35 @@ async fn the_sse_routes_document_their_event_types() {
         for (name, data) in &events {
             let mut found = Vec::new();
             refs(data, &mut found);
+            let schema = if name == "resync" {
+                "#/components/schemas/ResyncData"
+            } else {
+                "#/components/schemas/ScanEventData"
+            };
             assert!(
-                found.contains(&"#/components/schemas/ScanEventData"),
-                "{path}: `{name}` data is a scan event: {data}"
+                found.contains(&schema),
+                "{path}: `{name}` data is a {schema}: {data}"
             );
         }
     }
+    let resync = &doc["components"]["schemas"]["ResyncData"];
+    for field in ["job_id", "event_id", "seq", "reason", "result_url"] {
+        assert!(
+            resync["required"]
+                .as_array()
+                .unwrap()
+                .contains(&Value::from(field)),
+            "ResyncData.{field} is always sent"
+        );
+    }
+    let statuses = &doc["components"]["schemas"]["ScanEventData"]["properties"]["status"]["enum"];
+    assert!(
+        statuses
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("restarted")),
+        "{statuses}"
+    );
     let stream = &doc["paths"]["/api/v1/notifications/stream"]["get"];
     let events = sse_events(&doc, stream);
     let names: BTreeSet<&str> = events.iter().map(|(n, _)| n.as_str()).collect();

@@ -237,7 +237,7 @@ pub(crate) async fn completion(
         .await
         .map_err(ingest_error)?
         .into_inner();
-    let mut stream = sse::scan_stream(stream, |r| r.event);
+    let mut stream = sse::scan_stream(stream, |r| sse::SharedEvent::from_parts(r.event, r.resync));
     let first = sse::first_message(&mut stream, "ingest").await?;
     Ok(sse::scan_events(
         stream,
@@ -441,7 +441,8 @@ pub(crate) async fn events(
                 .await
                 .map_err(ingest_error)?
                 .into_inner();
-            let mut stream = sse::scan_stream(stream, |r| r.event);
+            let mut stream =
+                sse::scan_stream(stream, |r| sse::SharedEvent::from_parts(r.event, r.resync));
             let first = sse::first_message(&mut stream, "ingest").await?;
             (stream, first)
         }

@@ -122,6 +122,7 @@ fn event(
         ts: Some(ecoscan_proto::now()),
         trace_id: "0af7651916cd43dd8448eb211c80319c".to_owned(),
         payload,
+        offset: 0,
     }
 }
 
@@ -281,7 +282,12 @@ impl ScanService for FakeIngest {
         }
         let events = success_events(NEW_JOB)
             .into_iter()
-            .map(|event| Ok(ScanResponse { event: Some(event) }))
+            .map(|event| {
+                Ok(ScanResponse {
+                    event: Some(event),
+                    resync: None,
+                })
+            })
             .collect();
         Ok(Response::new(stream_of(events)))
     }
@@ -304,7 +310,12 @@ impl ScanService for FakeIngest {
                 let mut items: Vec<_> = success_events(RUNNING_JOB)
                     .into_iter()
                     .take(2)
-                    .map(|event| Ok(WatchResponse { event: Some(event) }))
+                    .map(|event| {
+                        Ok(WatchResponse {
+                            event: Some(event),
+                            resync: None,
+                        })
+                    })
                     .collect();
                 items.push(Err(Status::internal("redis: connection reset by peer")));
                 return Ok(Response::new(stream_of(items)));
@@ -312,10 +323,24 @@ impl ScanService for FakeIngest {
             _ => return Err(Status::not_found(format!("job {} not found", msg.job_id))),
         };
         let after = seq_of(&msg.after_event_id);
-        let items = events
+        // As the real ingest does: a resume at or past the end of a finished job gets the
+        // job's end again, at the log's final id.
+        let last = events.last().cloned();
+        let mut events: Vec<ScanEvent> = events
             .into_iter()
             .filter(|e| after.is_none_or(|a| seq_of(&e.event_id).unwrap() > a))
-            .map(|event| Ok(WatchResponse { event: Some(event) }))
+            .collect();
+        if events.is_empty() {
+            events.extend(last);
+        }
+        let items = events
+            .into_iter()
+            .map(|event| {
+                Ok(WatchResponse {
+                    event: Some(event),
+                    resync: None,
+                })
+            })
             .collect();
         Ok(Response::new(stream_of(items)))
     }

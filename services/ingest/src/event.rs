@@ -2,9 +2,34 @@
 //! stage sits in the job's progress, and the final event of a finished job. The RPC layer, the
 //! hub and the pipeline all speak it.
 
-use ecoscan_proto::v1::{ErrorInfo, EventStatus, JobStatus, ScanEvent, Stage, scan_event::Payload};
+use ecoscan_proto::v1::{
+    ErrorInfo, EventStatus, JobStatus, Resync, ResyncReason, ScanEvent, Stage, scan_event::Payload,
+};
 
-use crate::store::Job;
+use crate::store::{EventId, Job};
+
+/// What a watch stream carries: the job's events, and the gaps its log could not fill.
+#[derive(Clone, Debug, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every item is an event, moved once into its response: boxing it would add \
+              an allocation per event to spare the rare resync a few bytes"
+)]
+pub enum Watched {
+    Event(ScanEvent),
+    /// Said instead of skipped (see [`resync`]).
+    Resync(Resync),
+}
+
+impl Watched {
+    /// The event, if it is one.
+    pub fn into_event(self) -> Option<ScanEvent> {
+        match self {
+            Self::Event(e) => Some(e),
+            Self::Resync(_) => None,
+        }
+    }
+}
 
 /// Builds an event; the log assigns `event_id` and `seq`.
 pub fn event(
@@ -27,6 +52,7 @@ pub fn event(
         ts: Some(ecoscan_proto::now()),
         trace_id: ecoscan_common::telemetry::current_trace_id(),
         payload,
+        offset: 0,
     }
 }
 
@@ -58,6 +84,86 @@ pub fn terminal_event_from_row(job: &Job) -> ScanEvent {
             Some(Payload::Error(error)),
         )
     }
+}
+
+/// The final event of a finished job for a watcher, rebuilt from its row: it takes the
+/// position of the log's final event, `last` (its id and `seq`), so a watcher that has it
+/// already recognizes it as the same event. Without a log (it expired) the position is the
+/// watcher's own, `resumed`, when it gave one: nothing newer is left to name.
+pub fn rebuilt_end(job: &Job, last: Option<EventId>, resumed: Option<EventId>) -> ScanEvent {
+    let mut ev = terminal_event_from_row(job);
+    if let Some(at) = last.or(resumed) {
+        ev.event_id = at.to_string();
+        ev.seq = at.n;
+    }
+    ev
+}
+
+/// A gap announced to a watcher that was at `after`: the stream goes on after `at` (`None`
+/// when the log holds nothing of the job).
+pub fn resync(
+    job_id: &str,
+    after: Option<EventId>,
+    at: Option<EventId>,
+    reason: ResyncReason,
+) -> Resync {
+    let message = match reason {
+        ResyncReason::EventsLost => {
+            "events after your position are no longer in the job's log; read the job's result \
+             for its state"
+        }
+        ResyncReason::LogExpired => {
+            "the job's event log has expired; read the job's result for its state"
+        }
+        ResyncReason::PastEnd => {
+            "your position is past the end of the job's log; the stream goes on from the log's \
+             end: read the job's result for its state"
+        }
+        ResyncReason::Unspecified => "read the job's result for its state",
+    };
+    Resync {
+        job_id: job_id.to_owned(),
+        after_event_id: after.map(|a| a.to_string()).unwrap_or_default(),
+        event_id: at.map(|a| a.to_string()).unwrap_or_default(),
+        seq: at.map_or(0, |a| a.n),
+        reason: reason as i32,
+        message: message.to_owned(),
+    }
+}
+
+/// The `restarted` event of a stage that runs again from its start (a retry after a failed
+/// attempt): what it streamed before is void, and answer text starts again at offset 0.
+pub(crate) fn restarted(job_id: &str, stage: Stage, attempt: usize) -> ScanEvent {
+    let (lo, _) = progress_range(stage);
+    event(
+        job_id,
+        stage,
+        EventStatus::Restarted,
+        lo,
+        &format!("{} restarted (attempt {attempt})", stage_name(stage)),
+        None,
+    )
+}
+
+/// The `delta` event of answer text `text` that goes at `offset` (in code points) of the
+/// answer of this run of the stage.
+pub(crate) fn delta(
+    job_id: &str,
+    stage: Stage,
+    progress: f32,
+    text: String,
+    offset: usize,
+) -> ScanEvent {
+    let mut ev = event(
+        job_id,
+        stage,
+        EventStatus::Delta,
+        progress,
+        "",
+        Some(Payload::Delta(text)),
+    );
+    ev.offset = u32::try_from(offset).unwrap_or(u32::MAX);
+    ev
 }
 
 /// The `failed` event of the stage a job failed in: it carries the error, at the top of the

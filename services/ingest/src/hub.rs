@@ -22,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use ecoscan_proto::v1::ScanEvent;
+use ecoscan_proto::v1::{ResyncReason, ScanEvent};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
@@ -32,7 +32,7 @@ use tracing::Instrument;
 use crate::{
     Stores,
     error::{Error, StoreError},
-    event::{is_final, terminal_event_from_row},
+    event::{Watched, is_final, rebuilt_end, resync},
     store::{EventId, FeedItem, Job},
 };
 
@@ -225,7 +225,7 @@ impl Hub {
         job: Job,
         after: Option<EventId>,
         lifetime: Option<Duration>,
-    ) -> Pin<Box<dyn Stream<Item = Result<ScanEvent, Status>> + Send>> {
+    ) -> Pin<Box<dyn Stream<Item = Result<Watched, Status>> + Send>> {
         let (tx, rx) = mpsc::channel(8);
         let watcher = Watcher {
             hub: self.clone(),
@@ -272,7 +272,7 @@ struct Watcher {
     /// refused by the log and are dropped. Read with the log (after subscribing, so no newer
     /// fence marker can fall between the two), raised by the markers on the feed.
     fence: u64,
-    tx: mpsc::Sender<Result<ScanEvent, Status>>,
+    tx: mpsc::Sender<Result<Watched, Status>>,
 }
 
 /// Whether the watch goes on after sending.
@@ -318,8 +318,10 @@ impl Watcher {
                 }
                 // Published by a writer whose claim is stale: the log refused it.
                 Ok(Some(HubItem::Event(_, Some(epoch)))) if epoch < self.fence => continue,
+                // The next event after the last one sent (ids are `<T>-<seq>`); anything else
+                // is a gap the log fills or announces.
                 Ok(Some(HubItem::Event(ev, _)))
-                    if self.last_seq.is_none_or(|s| ev.seq == s + 1) =>
+                    if ev.seq == self.last_seq.or(self.last.map(|l| l.n)).unwrap_or(0) + 1 =>
                 {
                     vec![Arc::unwrap_or_clone(ev)]
                 }
@@ -347,6 +349,8 @@ impl Watcher {
     }
 
     /// The job's events after the last one sent, and its newest claim, as the log has them.
+    /// A gap between the last event sent and the first the log still has (it was trimmed, or
+    /// lost its data) is announced first, never skipped.
     async fn read_log(&mut self) -> Result<Vec<ScanEvent>, Status> {
         let events = &self.hub.inner.stores.events;
         let (read, fence) = tokio::join!(
@@ -354,12 +358,39 @@ impl Watcher {
             events.epoch(&self.job.id)
         );
         self.fence = self.fence.max(fence.map_err(Error::from)?);
-        Ok(read.map_err(Error::from)?)
+        let read = read.map_err(Error::from)?;
+        if let Some(first) = read.first()
+            && let Ok(id) = first.event_id.parse::<EventId>()
+        {
+            // Ids are dense (`<T>-<seq>`): the next event is the last one's n + 1. A log read
+            // from its start begins with `queued` (a log an operator restarted, too).
+            let lost = match self.last {
+                Some(last) => id.n > last.n + 1,
+                None => id.n > 1 && first.stage != ecoscan_proto::v1::Stage::Queued as i32,
+            };
+            if lost {
+                let at = EventId { n: id.n - 1, ..id };
+                self.announce(ResyncReason::EventsLost, Some(at)).await;
+            }
+        }
+        Ok(read)
+    }
+
+    /// Tells the watcher that the log cannot give it everything after its position; the
+    /// stream goes on after `at`.
+    async fn announce(&mut self, reason: ResyncReason, at: Option<EventId>) {
+        tracing::info!(job.id = %self.job.id, reason = reason.as_str_name(), after = ?self.last.map(|l| l.to_string()), "announcing a gap to a watcher");
+        let gap = resync(&self.job.id, self.last, at, reason);
+        let _ = self.tx.send(Ok(Watched::Resync(gap))).await;
+        if at.is_some() {
+            self.last = at;
+            self.last_seq = at.map(|a| a.n);
+        }
     }
 
     /// A resume after `after`: at or past the end of a finished job's log, the watch ends at
-    /// once with the job's end state; past the end of a running job's log, it goes on from the
-    /// log's end (the caller has seen everything there is).
+    /// once with the job's end; past the end of a running job's log, it announces a resync and
+    /// goes on from the log's end (ids this log never gave, or the log lost its data).
     async fn resume_at(&mut self, after: EventId) -> Result<Sent, Status> {
         let last = self
             .stores()
@@ -372,17 +403,28 @@ impl Watcher {
                 if let Sent::Ended = self.end_if_finished().await? {
                     return Ok(Sent::Ended);
                 }
-                self.last = Some(last);
+                if after > last {
+                    self.announce(ResyncReason::PastEnd, Some(last)).await;
+                }
             }
-            // A log that expired (or never reached this store): the row knows the outcome.
-            None => return self.end_if_finished().await,
+            // No log: it expired (the row knows the outcome), or its store lost it while the
+            // job runs (what is appended from now on follows).
+            None => {
+                if let Sent::Ended = self.end_if_finished().await? {
+                    return Ok(Sent::Ended);
+                }
+                self.announce(ResyncReason::EventsLost, None).await;
+                self.last = None;
+                self.last_seq = None;
+            }
             Some(_) => {}
         }
         Ok(Sent::More)
     }
 
     /// Ends the watch with the job's final event, rebuilt from its row, if the job has
-    /// finished; the event keeps the id of the final event in the log when it is still there.
+    /// finished: at the position of the log's final event ([`rebuilt_end`]); when the log has
+    /// expired, after a resync that says so.
     async fn end_if_finished(&mut self) -> Result<Sent, Status> {
         let row = self
             .stores()
@@ -393,17 +435,20 @@ impl Watcher {
         let Some(row) = row.filter(Job::is_terminal) else {
             return Ok(Sent::More);
         };
-        let mut ev = terminal_event_from_row(&row);
-        if let Some(last) = self
+        let last = self
             .stores()
             .events
             .last_id(&self.job.id)
             .await
-            .map_err(Error::from)?
-        {
-            ev.event_id = last.to_string();
+            .map_err(Error::from)?;
+        let resumed = self.last;
+        if last.is_none() {
+            self.announce(ResyncReason::LogExpired, None).await;
         }
-        let _ = self.tx.send(Ok(ev)).await;
+        let _ = self
+            .tx
+            .send(Ok(Watched::Event(rebuilt_end(&row, last, resumed))))
+            .await;
         Ok(Sent::Ended)
     }
 
@@ -419,7 +464,7 @@ impl Watcher {
             self.last = Some(id);
             self.last_seq = Some(ev.seq);
             let end = is_final(&ev);
-            if self.tx.send(Ok(ev)).await.is_err() || end {
+            if self.tx.send(Ok(Watched::Event(ev))).await.is_err() || end {
                 return Sent::Ended;
             }
         }

@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     Config, Stores,
     error::Error,
-    event::event,
+    event::{Watched, event},
     fetch::ImageFetcher,
     hub::Hub,
     image,
@@ -210,6 +210,22 @@ impl Inner {
     }
 }
 
+/// A resume position must be one of the job's own: every id of a job starts with the job's
+/// time (`<T>-`, see [`EventId::of`]). An id of another job would resume at a position that
+/// means nothing here.
+fn check_position(job_id: &str, after: EventId) -> Result<(), Error> {
+    let own = EventId::of(job_id, 0);
+    if after.ms == own.ms {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "event id {after} is not an event of job {job_id}: its ids start with \"{}-\"; \
+             resume with an id this job's stream sent, or without one",
+            own.ms
+        )))
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes
@@ -268,7 +284,16 @@ impl ScanService for ScanApi {
         tracing::Span::current().record("job.id", job.id.as_str());
         let events = self.inner.hub.watch(job, None, lifetime);
         Ok(Response::new(Box::pin(events.map(|item| {
-            item.map(|event| ScanResponse { event: Some(event) })
+            item.map(|watched| match watched {
+                Watched::Event(event) => ScanResponse {
+                    event: Some(event),
+                    resync: None,
+                },
+                Watched::Resync(resync) => ScanResponse {
+                    event: None,
+                    resync: Some(resync),
+                },
+            })
         }))))
     }
 
@@ -292,9 +317,21 @@ impl ScanService for ScanApi {
             )
         };
         let job = self.inner.job_for(&req.job_id, &user).await?;
+        if let Some(after) = after {
+            check_position(&job.id, after)?;
+        }
         let events = self.inner.hub.watch(job, after, lifetime);
         Ok(Response::new(Box::pin(events.map(|item| {
-            item.map(|event| WatchResponse { event: Some(event) })
+            item.map(|watched| match watched {
+                Watched::Event(event) => WatchResponse {
+                    event: Some(event),
+                    resync: None,
+                },
+                Watched::Resync(resync) => WatchResponse {
+                    event: None,
+                    resync: Some(resync),
+                },
+            })
         }))))
     }
 

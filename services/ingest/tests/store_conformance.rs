@@ -1640,6 +1640,8 @@ async fn a_watcher_never_gets_an_event_its_log_refused(scope: &RedisScope, setti
             .expect("an event within 10 s")
             .expect("the watch goes on")
             .expect("no error")
+            .into_event()
+            .expect("an event, not a resync")
     };
     assert_eq!(next().await.seq, 1);
     assert_eq!(next().await.seq, 2);

@@ -1,25 +1,35 @@
 //! The watch protocol: every `Watch` ends — with the job's final event, at once when it resumes
 //! at or past the end of a finished job (from the row when the log has expired), or when its
-//! lifetime runs out — and a watcher that misses live events catches up from the log.
+//! lifetime runs out — a watcher that misses live events catches up from the log, and a gap the
+//! log can no longer fill is announced (a resync), never skipped.
 
 mod support;
 
 use std::{sync::Arc, time::Duration};
 
 use ecoscan_common::client::request_as;
-use ecoscan_ingest::{Stores, store::MemoryEventLog};
-use ecoscan_proto::v1::{EventStatus, ScanEvent, Stage, WatchRequest};
+use ecoscan_ingest::{
+    Stores,
+    event::Watched,
+    store::{EventId, MemoryEventLog},
+};
+use ecoscan_proto::v1::{
+    EventStatus, ResyncReason, ScanEvent, Stage, WatchRequest, scan_event::Payload,
+};
 use support::*;
 use tokio_stream::StreamExt;
 use tonic::{Code, Status};
 
+/// One message of a watch stream, as the hub hands it to the RPC.
+type Msg = Watched;
+
 /// A watch of `job_id` after `after`, read to its end (or its error), within `limit`.
-async fn watch_from(
+async fn watch_msgs(
     env: &Env,
     job_id: &str,
     after: &str,
     limit: Duration,
-) -> (Vec<ScanEvent>, Option<Status>) {
+) -> Result<(Vec<Msg>, Option<Status>), Status> {
     let mut stream = env
         .ingest
         .clone()
@@ -31,15 +41,18 @@ async fn watch_from(
             Duration::from_secs(60),
             "u1",
         ))
-        .await
-        .unwrap()
+        .await?
         .into_inner();
-    let mut events = Vec::new();
+    let mut msgs = Vec::new();
     let mut error = None;
     let read = async {
         while let Some(item) = stream.next().await {
             match item {
-                Ok(r) => events.push(r.event.expect("every message carries an event")),
+                Ok(r) => msgs.push(match (r.event, r.resync) {
+                    (Some(e), None) => Msg::Event(e),
+                    (None, Some(r)) => Msg::Resync(r),
+                    other => panic!("a message carries an event or a resync: {other:?}"),
+                }),
                 Err(status) => {
                     error = Some(status);
                     break;
@@ -50,11 +63,41 @@ async fn watch_from(
     tokio::time::timeout(limit, read)
         .await
         .unwrap_or_else(|_| panic!("the watch after {after:?} did not end within {limit:?}"));
+    Ok((msgs, error))
+}
+
+/// [`watch_msgs`] of a stream that carries events only.
+async fn watch_from(
+    env: &Env,
+    job_id: &str,
+    after: &str,
+    limit: Duration,
+) -> (Vec<ScanEvent>, Option<Status>) {
+    let (msgs, error) = watch_msgs(env, job_id, after, limit).await.unwrap();
+    let events = msgs
+        .into_iter()
+        .map(|m| match m {
+            Msg::Event(e) => e,
+            Msg::Resync(r) => panic!("no resync expected after {after:?}: {r:?}"),
+        })
+        .collect();
     (events, error)
+}
+
+fn event(msg: &Msg) -> Option<&ScanEvent> {
+    match msg {
+        Msg::Event(e) => Some(e),
+        Msg::Resync(_) => None,
+    }
 }
 
 fn is_done(ev: &ScanEvent) -> bool {
     ev.stage == Stage::Done as i32
+}
+
+/// The id `<T>-<n>` of job `job_id` (its events' ids all start with the job's time).
+fn id_of(job_id: &str, n: u64) -> String {
+    EventId::of(job_id, n).to_string()
 }
 
 #[tokio::test]
@@ -71,40 +114,82 @@ async fn a_resume_at_the_final_event_ends_at_once_with_the_jobs_end() {
     assert!(is_done(&again[0]));
     assert_eq!(again[0].status, EventStatus::Completed as i32);
     assert_eq!(
-        again[0].event_id, done.event_id,
-        "the final event's id, so a resume stays put"
+        (again[0].event_id.as_str(), again[0].seq),
+        (done.event_id.as_str(), done.seq),
+        "the end rebuilt from the row stands where the log's final event does (never seq 0)"
     );
 }
 
 #[tokio::test]
-async fn a_resume_past_the_end_of_a_finished_job_ends_at_once() {
+async fn a_resume_past_the_end_of_a_finished_job_ends_at_once_at_the_logs_end() {
     let env = start(None, |_| {}).await;
     let job = submit_png(&env).await;
-    watch_all(&env, &job).await;
-    let (again, error) = watch_from(&env, &job, "99999999999999-0", Duration::from_secs(5)).await;
+    let events = watch_all(&env, &job).await;
+    let done = events.last().unwrap();
+    let (again, error) = watch_from(&env, &job, &id_of(&job, 999), Duration::from_secs(5)).await;
     assert!(error.is_none(), "{error:?}");
     assert_eq!(again.len(), 1);
     assert!(is_done(&again[0]));
+    assert_eq!(
+        (again[0].event_id.as_str(), again[0].seq),
+        (done.event_id.as_str(), done.seq)
+    );
 }
 
 #[tokio::test]
-async fn a_resume_past_the_end_of_a_running_job_goes_on_to_its_end() {
+async fn a_resume_past_the_end_of_a_running_job_is_announced_and_goes_on_to_its_end() {
     let stages = Stages {
         answer_delay: Duration::from_millis(1500),
         ..Stages::new(None)
     };
     let env = start_with(stages, |_| {}, |s| s).await;
     let job = submit_png(&env).await;
-    let (events, error) = watch_from(&env, &job, "99999999999999-0", Duration::from_secs(30)).await;
+    let (msgs, error) = watch_msgs(&env, &job, &id_of(&job, 999), Duration::from_secs(30))
+        .await
+        .unwrap();
     assert!(error.is_none(), "{error:?}");
+    let Some(Msg::Resync(gap)) = msgs.first() else {
+        panic!("a resync comes first: {msgs:?}");
+    };
+    assert_eq!(gap.reason, ResyncReason::PastEnd as i32);
+    assert_eq!(gap.after_event_id, id_of(&job, 999));
     assert!(
-        events.last().is_some_and(is_done),
-        "the watch reaches the job's end: {events:?}"
+        gap.seq >= 1 && gap.event_id == id_of(&job, gap.seq),
+        "{gap:?}"
     );
+    // Then the events after the position it names, in order, to the end.
+    let seqs: Vec<u64> = msgs[1..]
+        .iter()
+        .map(|m| event(m).expect("events").seq)
+        .collect();
+    let expected: Vec<u64> = (gap.seq + 1..=gap.seq + seqs.len() as u64).collect();
+    assert_eq!(seqs, expected, "{msgs:?}");
+    assert!(msgs.last().and_then(event).is_some_and(is_done), "{msgs:?}");
 }
 
 #[tokio::test]
-async fn a_resume_of_a_job_whose_log_expired_ends_with_the_end_from_its_row() {
+async fn a_resume_with_an_id_of_another_job_or_a_malformed_id_is_invalid_argument() {
+    let env = start(None, |_| {}).await;
+    let job = submit_png(&env).await;
+    let other = submit_png(&env).await;
+    watch_all(&env, &job).await;
+    // Jobs submitted within the same millisecond share their time: make the other id's
+    // time differ for sure.
+    let foreign = format!("{}-2", EventId::of(&other, 0).ms + 1);
+    for bad in [foreign.as_str(), "99999999999999-0", "12", "a-1"] {
+        let status = watch_msgs(&env, &job, bad, Duration::from_secs(5))
+            .await
+            .expect_err("refused before streaming");
+        assert_eq!(status.code(), Code::InvalidArgument, "{bad}: {status:?}");
+        assert!(
+            status.message().contains(bad),
+            "the message names the id: {status:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_its_row() {
     let env = start(None, |_| {}).await;
     let job = submit_png(&env).await;
     let events = watch_all(&env, &job).await;
@@ -120,12 +205,62 @@ async fn a_resume_of_a_job_whose_log_expired_ends_with_the_end_from_its_row() {
         .expire("another-job", Duration::ZERO)
         .await
         .unwrap();
-    for after in ["", events[2].event_id.as_str(), "99999999999999-0"] {
-        let (again, error) = watch_from(&env, &job, after, Duration::from_secs(5)).await;
+    let past = id_of(&job, 999);
+    for after in ["", events[2].event_id.as_str(), past.as_str()] {
+        let (msgs, error) = watch_msgs(&env, &job, after, Duration::from_secs(5))
+            .await
+            .unwrap();
         assert!(error.is_none(), "{error:?}");
-        assert_eq!(again.len(), 1, "after {after:?}: {again:?}");
-        assert!(is_done(&again[0]));
-        assert_eq!(again[0].status, EventStatus::Completed as i32);
+        assert_eq!(msgs.len(), 2, "after {after:?}: {msgs:?}");
+        let Msg::Resync(gap) = &msgs[0] else {
+            panic!("the gap is said first: {msgs:?}")
+        };
+        assert_eq!(gap.reason, ResyncReason::LogExpired as i32);
+        assert_eq!(gap.after_event_id, after);
+        let end = event(&msgs[1]).expect("then the end");
+        assert!(is_done(end));
+        assert_eq!(end.status, EventStatus::Completed as i32);
+        // No log is left to name the end's position: it keeps the watcher's own.
+        assert_eq!(end.event_id, after);
+    }
+}
+
+#[tokio::test]
+async fn a_gap_the_trimmed_log_cannot_fill_is_announced_not_skipped() {
+    // A log that keeps 3 events per job: a whole job's log no longer fits.
+    let env = start_with(
+        Stages::new(None),
+        |_| {},
+        |s| Stores {
+            events: Arc::new(MemoryEventLog::new(3)),
+            ..s
+        },
+    )
+    .await;
+    let job = submit_png(&env).await;
+    let events = watch_all(&env, &job).await;
+    let last = events.last().unwrap().clone();
+    assert!(is_done(&last));
+    // `watch_all` started before the trim mattered; now a resume from the first event, and a
+    // watch from the start, find the log begins later.
+    for after in [id_of(&job, 1), String::new()] {
+        let (msgs, error) = watch_msgs(&env, &job, &after, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(error.is_none(), "{error:?}");
+        let Msg::Resync(gap) = &msgs[0] else {
+            panic!("after {after:?}, the gap is said first: {msgs:?}")
+        };
+        assert_eq!(gap.reason, ResyncReason::EventsLost as i32);
+        assert_eq!(gap.after_event_id, after);
+        assert_eq!(
+            gap.seq,
+            last.seq - 3,
+            "the stream goes on from the log's first event"
+        );
+        assert_eq!(gap.event_id, id_of(&job, gap.seq));
+        let seqs: Vec<u64> = msgs[1..].iter().map(|m| event(m).unwrap().seq).collect();
+        assert_eq!(seqs, [last.seq - 2, last.seq - 1, last.seq]);
     }
 }
 
@@ -200,4 +335,71 @@ async fn a_watch_ends_when_its_lifetime_runs_out_and_resumes_where_it_stopped() 
         "nothing lost or repeated across the resumes"
     );
     assert!(all.last().is_some_and(is_done));
+}
+
+/// The answer text a client builds from the events as the README says: a stage event `started`
+/// or `restarted` of answer empties it, and a delta keeps the first `offset` code points and
+/// appends its text.
+fn answer_from_deltas(events: &[ScanEvent]) -> String {
+    let mut text: Vec<char> = Vec::new();
+    for ev in events.iter().filter(|e| e.stage == Stage::Answer as i32) {
+        match EventStatus::try_from(ev.status) {
+            Ok(EventStatus::Started | EventStatus::Restarted) => text.clear(),
+            Ok(EventStatus::Delta) => {
+                let Some(Payload::Delta(d)) = &ev.payload else {
+                    panic!("a delta event carries text: {ev:?}")
+                };
+                text.truncate(ev.offset as usize);
+                text.extend(d.chars());
+            }
+            _ => {}
+        }
+    }
+    text.into_iter().collect()
+}
+
+#[tokio::test]
+async fn a_retried_answer_stage_announces_itself_and_its_deltas_give_the_stored_answer() {
+    let stages = Stages {
+        answer_breaks_once: true,
+        ..Stages::new(None)
+    };
+    let env = start_with(
+        stages,
+        |c| c.delta_interval = Duration::from_millis(50),
+        |s| s,
+    )
+    .await;
+    let job = submit_png(&env).await;
+    let events = watch_all(&env, &job).await;
+    assert!(
+        events
+            .last()
+            .is_some_and(|e| is_done(e) && e.status == EventStatus::Completed as i32)
+    );
+    assert_eq!(env.stages.count("answer"), 2, "the broken call was retried");
+
+    let answer: Vec<&ScanEvent> = events
+        .iter()
+        .filter(|e| e.stage == Stage::Answer as i32)
+        .collect();
+    let statuses: Vec<i32> = answer.iter().map(|e| e.status).collect();
+    let restarted = statuses
+        .iter()
+        .position(|s| *s == EventStatus::Restarted as i32)
+        .unwrap_or_else(|| panic!("the retry is announced: {answer:#?}"));
+    assert!(
+        statuses[..restarted].contains(&(EventStatus::Delta as i32)),
+        "the first attempt's text went out before it broke: {answer:#?}"
+    );
+    // The second run's deltas start again at 0.
+    let first_after = answer[restarted..]
+        .iter()
+        .find(|e| e.status == EventStatus::Delta as i32)
+        .expect("the second run streams");
+    assert_eq!(first_after.offset, 0);
+
+    let stored = result_of(&env, &job).await.answer.expect("an answer").text;
+    assert_eq!(stored, "Remove the label, rinse, crush.");
+    assert_eq!(answer_from_deltas(&events), stored);
 }

@@ -2,14 +2,16 @@
 //! (nothing else: it works against any gateway it can reach). Human output draws a progress bar
 //! per stage and the answer as it streams; `--json` prints one JSON object per line for scripts.
 
-use std::{io::Write, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
+
+mod view;
+pub use view::ScanView;
 
 /// Reconnects of one `watch` after its connection dropped, before giving up.
 const MAX_RECONNECTS: u32 = 10;
@@ -123,7 +125,9 @@ impl Client {
     }
 
     /// Follows a job's events to its end, reconnecting with `Last-Event-ID` when the
-    /// connection drops; `on_event` sees each SSE event (name, data) once.
+    /// connection drops; `on_event` sees each SSE event (name, data) once. After a `resync`
+    /// (a gap the job's log cannot fill) it reads the job's result and hands it on as a
+    /// `result` event, the state to take instead of the missed events'.
     pub async fn follow(
         &self,
         job_id: &str,
@@ -159,6 +163,12 @@ impl Client {
                         match ev.event.as_str() {
                             "ready" => return Ok(Outcome::Ready),
                             "error" => return Ok(Outcome::Failed),
+                            "resync" => match self.result(job_id).await {
+                                Ok(result) => on_event("result", &result),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "cannot read the job's result after a resync")
+                                }
+                            },
                             _ => {}
                         }
                     }
@@ -183,6 +193,12 @@ impl Client {
             tracing::debug!(%dropped, reconnects, "reconnecting with Last-Event-ID");
             tokio::time::sleep(Duration::from_millis(250 * u64::from(reconnects.min(8)))).await;
         }
+    }
+
+    /// The job's result (`GET /api/v1/scan/{id}`): its outputs so far, or all of them.
+    pub async fn result(&self, job_id: &str) -> anyhow::Result<Value> {
+        self.json(self.request(reqwest::Method::GET, &format!("/api/v1/scan/{job_id}")))
+            .await
     }
 
     pub async fn characters(&self) -> anyhow::Result<Value> {
@@ -220,195 +236,6 @@ impl Client {
             }
         }
         Ok(())
-    }
-}
-
-/// The stages a person sees, in order.
-const STAGES: [&str; 4] = ["vision", "rule", "answer", "reward"];
-
-/// Draws a scan's events: a bar per stage and the answer as it streams (on a terminal), or one
-/// JSON line per event (`json`).
-pub struct ScanView {
-    json: bool,
-    bars: Vec<ProgressBar>,
-    multi: MultiProgress,
-    answer: String,
-    result: Option<Value>,
-    error: Option<Value>,
-}
-
-impl ScanView {
-    pub fn new(json: bool) -> Self {
-        let multi = MultiProgress::with_draw_target(if json {
-            ProgressDrawTarget::hidden()
-        } else {
-            ProgressDrawTarget::stderr()
-        });
-        let style = ProgressStyle::with_template("{prefix:>7} {spinner} {wide_msg} {elapsed:>4}")
-            .expect("a valid template")
-            .tick_chars("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏✔");
-        let bars = STAGES
-            .iter()
-            .map(|s| {
-                let bar = multi.add(ProgressBar::new_spinner());
-                bar.set_style(style.clone());
-                bar.set_prefix(*s);
-                bar.set_message("waiting");
-                bar
-            })
-            .collect();
-        Self {
-            json,
-            bars,
-            multi,
-            answer: String::new(),
-            result: None,
-            error: None,
-        }
-    }
-
-    fn bar(&self, stage: &str) -> Option<&ProgressBar> {
-        STAGES
-            .iter()
-            .position(|s| *s == stage)
-            .map(|i| &self.bars[i])
-    }
-
-    pub fn event(&mut self, name: &str, data: &Value) {
-        if self.json {
-            println!("{}", json!({"event": name, "data": data}));
-        }
-        let stage = data["stage"].as_str().unwrap_or_default();
-        let status = data["status"].as_str().unwrap_or_default();
-        match name {
-            "delta" => {
-                self.answer
-                    .push_str(data["delta"].as_str().unwrap_or_default());
-                if let Some(bar) = self.bar("answer") {
-                    // The tail of the answer so far, on one line.
-                    let tail: String = self.answer.chars().rev().take(60).collect();
-                    let tail: String = tail.chars().rev().collect();
-                    bar.set_message(tail.replace('\n', " "));
-                }
-            }
-            "stage" => {
-                if let Some(bar) = self.bar(stage) {
-                    match status {
-                        "started" | "progress" => {
-                            bar.enable_steady_tick(Duration::from_millis(100));
-                            bar.set_message("running");
-                        }
-                        "completed" => {
-                            bar.finish_with_message(summary(stage, data));
-                        }
-                        "failed" => bar.abandon_with_message("failed"),
-                        _ => {}
-                    }
-                }
-                if status == "completed"
-                    && stage == "answer"
-                    && let Some(text) = data["answer"]["text"].as_str()
-                {
-                    self.answer = text.to_owned();
-                }
-                if status == "completed" && stage == "reward" {
-                    self.result = Some(data["reward"].clone());
-                }
-            }
-            "error" => {
-                for bar in &self.bars {
-                    if !bar.is_finished() {
-                        bar.abandon_with_message("not run");
-                    }
-                }
-                self.error = Some(data["error"].clone());
-            }
-            "ready" => {
-                for bar in &self.bars {
-                    if !bar.is_finished() {
-                        bar.finish_with_message("done");
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// The closing lines: the answer and the character, or the error.
-    pub fn finish(&self, job_id: &str) {
-        let _ = self.multi.clear();
-        if self.json {
-            return;
-        }
-        let mut out = std::io::stdout().lock();
-        if let Some(err) = &self.error {
-            let _ = writeln!(
-                out,
-                "scan {job_id} failed: {} {}",
-                err["code"].as_str().unwrap_or("?"),
-                err["message"].as_str().unwrap_or_default()
-            );
-            return;
-        }
-        if !self.answer.is_empty() {
-            let _ = writeln!(out, "\n{}\n", self.answer.trim());
-        }
-        if let Some(reward) = &self.result {
-            let c = &reward["character"];
-            match c["code"].as_str() {
-                Some(code) if !code.is_empty() => {
-                    let name = c["name_en"]
-                        .as_str()
-                        .filter(|n| !n.is_empty())
-                        .or(c["name_ko"].as_str())
-                        .unwrap_or(code);
-                    let new = reward["newly_granted"].as_bool().unwrap_or(false);
-                    let _ = writeln!(
-                        out,
-                        "character: {name} ({code}){}",
-                        if new {
-                            " — new!"
-                        } else {
-                            " — already yours"
-                        }
-                    );
-                }
-                _ => {
-                    let _ = writeln!(
-                        out,
-                        "no character: {}",
-                        reward["reason"].as_str().unwrap_or("not eligible")
-                    );
-                }
-            }
-        }
-        let _ = writeln!(out, "job {job_id}");
-    }
-}
-
-/// One line for a completed stage.
-fn summary(stage: &str, data: &Value) -> String {
-    match stage {
-        "vision" => {
-            let c = &data["classification"];
-            format!(
-                "{} / {} ({:.0} %)",
-                c["major_category"].as_str().unwrap_or("?"),
-                c["middle_category"].as_str().unwrap_or("?"),
-                c["confidence"].as_f64().unwrap_or(0.0) * 100.0
-            )
-        }
-        "rule" => data["rules"]["stream_name"]
-            .as_str()
-            .filter(|s| !s.is_empty())
-            .unwrap_or("rules found")
-            .to_owned(),
-        "answer" => "written".into(),
-        "reward" => data["reward"]["reason"]
-            .as_str()
-            .unwrap_or("evaluated")
-            .to_owned(),
-        _ => "done".into(),
     }
 }
 

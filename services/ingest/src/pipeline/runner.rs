@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     error::StoreError,
-    event::{event, failed, progress_range, stage_name, terminal_event_from_row},
+    event::{delta, event, failed, progress_range, restarted, stage_name, terminal_event_from_row},
     store::{Job, Lease, jobs::Checkpoint},
 };
 
@@ -343,9 +343,16 @@ impl Ctx {
             let (lo, _) = progress_range(stage);
             self.append(job.lease_epoch, event(&job.id, stage, EventStatus::Started, lo, &format!("{} started", stage_name(stage)), None))
                 .await?;
-            // Each attempt within the stage deadline, its whole response stream included.
+            // Each attempt within the stage deadline, its whole response stream included. An
+            // attempt after the first says so first (`restarted`): what the failed one streamed
+            // (answer text above all) is void, and its deltas start again at offset 0.
             let timeout = self.config.stage_timeout;
+            let attempts = std::sync::atomic::AtomicUsize::new(0);
             let attempt = || async {
+                let n = attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if n > 1 {
+                    self.append(job.lease_epoch, restarted(&job.id, stage, n)).await?;
+                }
                 tokio::time::timeout(timeout, self.attempt(job, def)).await.unwrap_or_else(|_| {
                     Err(StageError::Call(Status::deadline_exceeded(format!(
                         "{} did not finish within {} s",
@@ -410,10 +417,11 @@ impl Ctx {
                 tokio::select! {
                     m = next(&mut messages, idle, stage) => m?,
                     () = tokio::time::sleep_until(flush_at) => {
+                        let offset = streamed_chars;
                         streamed_chars += pending.chars().count();
                         let text = std::mem::take(&mut pending);
                         let p = (lo + (hi - lo) * (streamed_chars as f32 / 600.0).min(0.95)).min(hi);
-                        self.append(job.lease_epoch, event(&job.id, stage, EventStatus::Delta, p, "", Some(Payload::Delta(text)))).await?;
+                        self.append(job.lease_epoch, delta(&job.id, stage, p, text, offset)).await?;
                         flush_at = tokio::time::Instant::now() + self.config.delta_interval;
                         continue;
                     }
@@ -434,14 +442,7 @@ impl Ctx {
         if !pending.is_empty() {
             self.append(
                 job.lease_epoch,
-                event(
-                    &job.id,
-                    stage,
-                    EventStatus::Delta,
-                    hi,
-                    "",
-                    Some(Payload::Delta(pending)),
-                ),
+                delta(&job.id, stage, hi, pending, streamed_chars),
             )
             .await?;
         }

@@ -51,6 +51,10 @@ pub struct Stages {
     pub answer_delay: Duration,
     /// Answer sends its first delta and then nothing, never ending its stream.
     pub answer_stalls: bool,
+    /// Answer's first call streams two deltas, waits `answer_break_after`, then breaks
+    /// (UNAVAILABLE, as a model stream cut mid-answer surfaces); later calls answer in full.
+    pub answer_breaks_once: bool,
+    pub answer_break_after: Duration,
 }
 
 impl Stages {
@@ -64,6 +68,8 @@ impl Stages {
             vision_fails_with,
             answer_delay: Duration::ZERO,
             answer_stalls: false,
+            answer_breaks_once: false,
+            answer_break_after: Duration::from_millis(400),
         }
     }
 
@@ -142,11 +148,21 @@ impl answer_service_server::AnswerService for Stages {
         req: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.hit("answer");
+        let first_call = self.count("answer") == 1;
         assert!(req.get_ref().classification.is_some() && req.get_ref().rules.is_some());
         tokio::time::sleep(self.answer_delay).await;
         let delta = |d: &str| GenerateResponse {
             event: Some(generate_response::Event::Delta(d.into())),
         };
+        if self.answer_breaks_once && first_call {
+            let wait = self.answer_break_after;
+            let first = stream_of(vec![delta("Rinse it. "), delta("Remove the label. ")]);
+            let broken = futures::stream::once(async move {
+                tokio::time::sleep(wait).await;
+                Err(Status::unavailable("the model's stream broke off"))
+            });
+            return Ok(Response::new(Box::pin(first.chain(broken))));
+        }
         if self.answer_stalls {
             let first = stream_of(vec![delta("Remove the label, ")]);
             return Ok(Response::new(Box::pin(
