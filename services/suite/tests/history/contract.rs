@@ -1,0 +1,549 @@
+//! The event contract, as rules over what each client saw (its histories) and what the stores
+//! hold (the job row in PostgreSQL, every event ever seen in the job's Redis log).
+//!
+//! Every rule that could be read more than one way is decided in [`RULES`], in one place:
+//! which SSE events end a job, the answer-delta rule (offsets in characters or bytes, the
+//! `restarted` stage status), what a `resync` event is called, how soon an end must come.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    time::{Duration, Instant},
+};
+
+use ecoscan_proto::v1::{JobStatus, ScanEvent, scan_event::Payload};
+use serde_json::Value;
+
+/// How offsets on `delta` events count.
+#[allow(dead_code)] // One of them is the contract.
+#[derive(Clone, Copy, Debug)]
+pub enum OffsetUnit {
+    Chars,
+    Bytes,
+}
+
+/// The contract's choices.
+pub struct Rules {
+    /// The longest a client may wait for the job's end after the job ended, or after the
+    /// connection that delivers it began (a resume): "at once".
+    pub end_within: Duration,
+    /// The SSE event announcing a gap the log can no longer fill.
+    pub resync_event: &'static str,
+    /// The field of a `delta` event's data that says where in the answer text it goes.
+    pub delta_offset_field: &'static str,
+    pub offset_unit: OffsetUnit,
+    /// The `stage` event status of a stage that runs again: the client drops what that stage
+    /// sent so far (for the answer: its text).
+    pub restarted_status: &'static str,
+    /// Whether an `error` event without an id (a failed upstream stream, not the job's end)
+    /// is tolerated. It is not: a client shows it as the scan failing.
+    pub idless_error_tolerated: bool,
+}
+
+pub const RULES: Rules = Rules {
+    end_within: Duration::from_secs(1),
+    resync_event: "resync",
+    delta_offset_field: "offset",
+    offset_unit: OffsetUnit::Chars,
+    restarted_status: "restarted",
+    idless_error_tolerated: false,
+};
+
+/// An event id, `<ms>-<seq>`, ordered as numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EventId(pub u64, pub u64);
+
+impl EventId {
+    pub fn parse(s: &str) -> Option<Self> {
+        let (a, b) = s.split_once('-')?;
+        Some(Self(a.parse().ok()?, b.parse().ok()?))
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.0, self.1)
+    }
+}
+
+/// One complete SSE event a client got.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub id: Option<String>,
+    pub event: String,
+    pub data: Value,
+    pub at: Instant,
+}
+
+impl Received {
+    pub fn is_end(&self) -> bool {
+        self.event == "ready" || self.event == "error"
+    }
+}
+
+/// How one connection went.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    /// No HTTP answer (refused, reset before the head).
+    NoAnswer(String),
+    /// A non-200 answer and its body.
+    Refused(u16, String),
+    /// 200 and an SSE body, which ended: `cut` when the client dropped it on purpose.
+    Streamed { cut: bool },
+}
+
+/// One connection of a client.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    /// The `Last-Event-ID` it sent.
+    pub after: Option<String>,
+    pub began: Instant,
+    pub outcome: Outcome,
+    pub events: Vec<Received>,
+}
+
+/// What a client does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Kind {
+    /// From the start, dropping at random points and resuming with its last id.
+    Follower,
+    /// First connects with another job's id, then resumes with its own.
+    ForeignId,
+    /// After the job ended and the gateway's feed for it is gone: resumes at the final id.
+    AtEnd,
+    /// After the job ended: resumes with an id past the end.
+    PastEnd,
+    /// One request with a malformed id.
+    Malformed,
+}
+
+/// Everything one client saw.
+#[derive(Clone, Debug)]
+pub struct History {
+    pub job: String,
+    pub kind: Kind,
+    /// The id of its first connection (`None`: from the start).
+    pub first_after: Option<String>,
+    pub connections: Vec<Connection>,
+    /// It gave up waiting (its deadline passed) before an end.
+    pub gave_up: bool,
+}
+
+impl History {
+    pub fn events(&self) -> impl Iterator<Item = (&Connection, &Received)> {
+        self.connections
+            .iter()
+            .flat_map(|c| c.events.iter().map(move |e| (c, e)))
+    }
+
+    /// Connections the client dropped on purpose (mid-event, often).
+    pub fn drops(&self) -> usize {
+        self.connections
+            .iter()
+            .filter(|c| matches!(c.outcome, Outcome::Streamed { cut: true }))
+            .count()
+    }
+
+    pub fn resumes(&self) -> usize {
+        self.connections.iter().filter(|c| c.after.is_some()).count()
+    }
+}
+
+/// What the stores say about a job.
+#[derive(Debug, Default)]
+pub struct Stored {
+    /// Every event the job's Redis log was seen holding, by id.
+    pub log: HashMap<String, ScanEvent>,
+    /// The highest seq the log was seen holding.
+    pub last_seq: u64,
+    /// The row's final status (`None`: not finished).
+    pub status: Option<JobStatus>,
+    /// When the job was first seen ended (its `done` in the log or its row terminal).
+    pub ended_at: Option<Instant>,
+    /// The stored answer text (from the result), when it succeeded.
+    pub answer: Option<String>,
+    /// Windows in which the gateway or ingest was down (a 5xx is then the truth).
+    pub outages: Vec<(Instant, Instant)>,
+}
+
+/// One broken promise.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub job: String,
+    pub client: String,
+    pub rule: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[{}] job {} {}: {}",
+            self.rule, self.job, self.client, self.detail
+        )
+    }
+}
+
+fn stage_name(stage: i32) -> String {
+    ecoscan_proto::v1::Stage::try_from(stage)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("STAGE_")
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default()
+}
+
+fn status_name(status: i32) -> String {
+    ecoscan_proto::v1::EventStatus::try_from(status)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("EVENT_STATUS_")
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether what a client got for `id` is what the log holds: same seq, stage, status, text.
+fn same_as_logged(got: &Received, logged: &ScanEvent) -> Result<(), String> {
+    let seq = got.data["seq"].as_u64().unwrap_or(u64::MAX);
+    let stage = got.data["stage"].as_str().unwrap_or_default();
+    let status = got.data["status"].as_str().unwrap_or_default();
+    let mut diffs = Vec::new();
+    if seq != logged.seq {
+        diffs.push(format!("seq {seq} (logged {})", logged.seq));
+    }
+    if stage != stage_name(logged.stage) {
+        diffs.push(format!("stage {stage} (logged {})", stage_name(logged.stage)));
+    }
+    if status != status_name(logged.status) {
+        diffs.push(format!(
+            "status {status} (logged {})",
+            status_name(logged.status)
+        ));
+    }
+    if let Some(Payload::Delta(text)) = &logged.payload
+        && got.data["delta"].as_str() != Some(text.as_str())
+    {
+        diffs.push(format!(
+            "delta {:?} (logged {text:?})",
+            got.data["delta"].as_str()
+        ));
+    }
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(diffs.join(", "))
+    }
+}
+
+/// The answer text as a client rebuilds it by the documented rule; `None` once it cannot
+/// know it (it joined mid-answer, or a gap was announced).
+struct AnswerText(Option<String>);
+
+impl AnswerText {
+    fn apply(&mut self, ev: &Received) -> Result<(), String> {
+        let data = &ev.data;
+        if ev.event == RULES.resync_event {
+            self.0 = None;
+            return Ok(());
+        }
+        if ev.event == "stage"
+            && data["stage"] == "answer"
+            && data["status"] == RULES.restarted_status
+        {
+            self.0 = Some(String::new());
+            return Ok(());
+        }
+        if ev.event != "delta" {
+            return Ok(());
+        }
+        let piece = data["delta"].as_str().unwrap_or_default();
+        match data[RULES.delta_offset_field].as_u64() {
+            None => {
+                if let Some(text) = &mut self.0 {
+                    text.push_str(piece);
+                }
+            }
+            Some(offset) => {
+                let offset = offset as usize;
+                if offset == 0 {
+                    self.0 = Some(String::new());
+                }
+                let Some(text) = &mut self.0 else {
+                    return Ok(());
+                };
+                let cut = match RULES.offset_unit {
+                    OffsetUnit::Bytes => (text.len() >= offset && text.is_char_boundary(offset))
+                        .then_some(offset),
+                    OffsetUnit::Chars => match text.char_indices().nth(offset) {
+                        Some((i, _)) => Some(i),
+                        None => (text.chars().count() == offset).then_some(text.len()),
+                    },
+                };
+                let Some(cut) = cut else {
+                    let len = text.chars().count();
+                    self.0 = None;
+                    return Err(format!(
+                        "delta at offset {offset} beyond the {len} characters the client has"
+                    ));
+                };
+                text.truncate(cut);
+                text.push_str(piece);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn in_outage(stored: &Stored, at: Instant) -> bool {
+    stored
+        .outages
+        .iter()
+        .any(|(from, to)| *from <= at && at <= *to + Duration::from_secs(2))
+}
+
+/// Checks one client's history against the contract and the stores.
+pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut v = |rule: &'static str, detail: String| {
+        out.push(Violation {
+            job: h.job.clone(),
+            client: client.to_owned(),
+            rule,
+            detail,
+        });
+    };
+
+    // Answers: a malformed id is 400 with a message; a resume at or past the end of a
+    // finished job is never a 5xx; no 4xx for a valid resume.
+    for c in &h.connections {
+        match (&h.kind, &c.outcome) {
+            (Kind::Malformed, Outcome::Refused(400, body)) => {
+                let message = serde_json::from_str::<Value>(body).ok().and_then(|b| {
+                    b["message"]
+                        .as_str()
+                        .or(b["error"]["message"].as_str())
+                        .map(str::to_owned)
+                });
+                if message.is_none_or(|m| m.trim().is_empty()) {
+                    v("malformed-id-400", format!("400 without a message: {body:?}"));
+                }
+            }
+            (Kind::Malformed, Outcome::Refused(status, body)) => v(
+                "malformed-id-400",
+                format!("{:?} answered {status}: {body}", c.after),
+            ),
+            (Kind::Malformed, Outcome::Streamed { .. }) => v(
+                "malformed-id-400",
+                format!("{:?} answered 200 with a stream", c.after),
+            ),
+            (Kind::Malformed, Outcome::NoAnswer(e)) => {
+                v("malformed-id-400", format!("{:?}: no answer: {e}", c.after));
+            }
+            (Kind::AtEnd | Kind::PastEnd, Outcome::Refused(status, body))
+                if *status >= 500 && !in_outage(stored, c.began) =>
+            {
+                v(
+                    "end-resume-no-5xx",
+                    format!("resume after {:?} answered {status}: {body}", c.after),
+                );
+            }
+            (_, Outcome::Refused(status, body)) if (400..500).contains(status) => v(
+                "valid-resume-not-4xx",
+                format!("resume after {:?} answered {status}: {body}", c.after),
+            ),
+            _ => {}
+        }
+    }
+    if h.kind == Kind::Malformed {
+        return out;
+    }
+
+    let final_id = stored
+        .log
+        .values()
+        .filter(|e| e.stage == ecoscan_proto::v1::Stage::Done as i32)
+        .filter_map(|e| EventId::parse(&e.event_id))
+        .max();
+    let mut last_id = h.first_after.as_deref().and_then(EventId::parse);
+    // Seq continuity: the next event's seq, once the client knows where it is.
+    let mut next_seq: Option<u64> = h.first_after.is_none().then_some(1);
+    let mut text = AnswerText(h.first_after.is_none().then(String::new));
+    let mut ends: Vec<&Received> = Vec::new();
+    let mut after_end = 0;
+    for (conn, ev) in h.events() {
+        if !ends.is_empty() {
+            after_end += 1;
+        }
+        if let Err(e) = text.apply(ev) {
+            v("answer-deltas", e);
+        }
+        if ev.event == RULES.resync_event {
+            next_seq = None;
+            if let Some(id) = ev.id.as_deref().and_then(EventId::parse) {
+                last_id = Some(id);
+            }
+            continue;
+        }
+        let Some(id_text) = ev.id.as_deref() else {
+            if ev.event == "error" && !RULES.idless_error_tolerated {
+                v(
+                    "one-end",
+                    format!(
+                        "an `error` without an id (not the job's end) on the connection after {:?}: {}",
+                        conn.after, ev.data
+                    ),
+                );
+            }
+            continue;
+        };
+        let Some(id) = EventId::parse(id_text) else {
+            v("ids-increase", format!("unparsable id {id_text:?}"));
+            continue;
+        };
+        let seq = ev.data["seq"].as_u64().unwrap_or(0);
+        if ev.is_end() {
+            ends.push(ev);
+        }
+
+        // Ids strictly increase; the end alone may repeat the final id, to a client that
+        // resumed at or past it.
+        if let Some(prev) = last_id
+            && id <= prev
+        {
+            let repeat_of_end = ev.is_end() && final_id.is_none_or(|f| id == f);
+            if !repeat_of_end {
+                v(
+                    "ids-increase",
+                    format!("{} {id} after {prev} (seq {seq})", ev.event),
+                );
+            }
+        }
+        last_id = Some(last_id.map_or(id, |p| p.max(id)));
+
+        // Every event is one the store holds, or the row's end rebuilt with the log's last seq.
+        match stored.log.get(id_text) {
+            Some(logged) => {
+                if let Err(diff) = same_as_logged(ev, logged) {
+                    v(
+                        "event-is-stored",
+                        format!("{} {id}: differs from the log: {diff}", ev.event),
+                    );
+                }
+            }
+            None if ev.is_end() => {
+                if seq == 0 || seq != stored.last_seq {
+                    v(
+                        "rebuilt-end-seq",
+                        format!(
+                            "{} {id} rebuilt from the row carries seq {seq}; the log's last seq is {}",
+                            ev.event, stored.last_seq
+                        ),
+                    );
+                }
+            }
+            None => v(
+                "event-is-stored",
+                format!(
+                    "{} {id} (seq {seq}, {} {}) is not in the job's log",
+                    ev.event, ev.data["stage"], ev.data["status"]
+                ),
+            ),
+        }
+
+        // No gap skipped: seqs follow each other unless a resync announced the gap. The end
+        // repeated at a resume carries the seq the client already has.
+        match next_seq {
+            Some(want) if seq == want => {}
+            Some(want) if ev.is_end() && seq + 1 == want => {}
+            Some(want) if seq > want => v(
+                "no-silent-gap",
+                format!("{} {id} has seq {seq}; seqs {want}..{} were skipped without a resync", ev.event, seq - 1),
+            ),
+            Some(want) => v(
+                "no-silent-gap",
+                format!("{} {id} has seq {seq}, expected {want} (numbering went back)", ev.event),
+            ),
+            None => {}
+        }
+        next_seq = Some(seq + 1);
+    }
+
+    // Exactly one end, the last thing sent, equal to the stored status, in time.
+    let expected = match stored.status {
+        Some(JobStatus::Succeeded) => Some("ready"),
+        Some(JobStatus::Failed) => Some("error"),
+        _ => None,
+    };
+    match ends.as_slice() {
+        [] if h.gave_up => v(
+            "one-end",
+            format!(
+                "no end within the client's deadline ({} connections, last after {:?}: {:?})",
+                h.connections.len(),
+                h.connections.last().and_then(|c| c.after.clone()),
+                h.connections.last().map(|c| &c.outcome)
+            ),
+        ),
+        [] => v("one-end", "the client got no end".to_owned()),
+        [end] => {
+            if after_end > 0 {
+                v("one-end", format!("{after_end} events after the end"));
+            }
+            if Some(end.event.as_str()) != expected {
+                v(
+                    "end-is-stored-status",
+                    format!(
+                        "got `{}` ({}), the row says {:?}",
+                        end.event, end.data, stored.status
+                    ),
+                );
+            }
+            let conn = h
+                .events()
+                .find(|(_, e)| std::ptr::eq(*e, *end))
+                .map(|(c, _)| c.began);
+            let since = [stored.ended_at, conn].into_iter().flatten().max();
+            if let Some(since) = since {
+                let waited = end.at.saturating_duration_since(since);
+                if waited > RULES.end_within {
+                    v(
+                        "end-in-time",
+                        format!(
+                            "`{}` came {:.1} s after the job ended or the resume began (within {:?} promised)",
+                            end.event,
+                            waited.as_secs_f64(),
+                            RULES.end_within
+                        ),
+                    );
+                }
+            }
+        }
+        more => v(
+            "one-end",
+            format!(
+                "{} ends: {:?}",
+                more.len(),
+                more.iter()
+                    .map(|e| format!("{} {:?}", e.event, e.id))
+                    .collect::<Vec<_>>()
+            ),
+        ),
+    }
+
+    // The answer, rebuilt by the delta rule, is the stored one.
+    if let (Some(got), Some(want), Some("ready")) = (
+        &text.0,
+        &stored.answer,
+        ends.first().map(|e| e.event.as_str()),
+    ) && got != want
+    {
+        v(
+            "answer-deltas",
+            format!("the deltas give {got:?}; the stored answer is {want:?}"),
+        );
+    }
+    out
+}
