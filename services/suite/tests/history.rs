@@ -398,6 +398,7 @@ async fn run(layout: Layout) {
                 ended_at: s.ended_at,
                 answer,
                 outages: outages.clone(),
+                run_began: started,
             },
         );
     }

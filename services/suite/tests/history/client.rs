@@ -76,7 +76,15 @@ pub async fn run(http: &reqwest::Client, gateway: &str, user: &str, plan: Plan) 
                 .and_then(Result::ok)
                 .unwrap_or_default();
             conn.outcome = Outcome::Refused(status, body);
+            let foreign_refused =
+                plan.kind == Kind::ForeignId && status == 400 && conn.after == plan.first_after;
             history.connections.push(conn);
+            // Another job's id may be refused as not this job's: start over from the start,
+            // as an application would.
+            if foreign_refused {
+                last_id = None;
+                continue;
+            }
             // A refusal of bad input or of the caller is final; a server error is retried.
             if plan.kind == Kind::Malformed || status < 500 {
                 return history;
@@ -113,8 +121,9 @@ pub async fn run(http: &reqwest::Client, gateway: &str, user: &str, plan: Plan) 
                 let Some(ev) = parse_block(&String::from_utf8_lossy(&block)) else {
                     continue;
                 };
+                // An empty `id:` resets the position (a resync of an expired log).
                 if let Some(id) = &ev.id {
-                    last_id = Some(id.clone());
+                    last_id = (!id.is_empty()).then(|| id.clone());
                 }
                 let ends = ev.is_end() && ev.id.is_some();
                 conn.events.push(ev);

@@ -38,6 +38,9 @@ pub struct Rules {
     /// Whether an `error` event without an id (a failed upstream stream, not the job's end)
     /// is tolerated. It is not: a client shows it as the scan failing.
     pub idless_error_tolerated: bool,
+    /// Whether a resume with another job's id may be refused with 400 (it is not an id of
+    /// this job's log); the client then starts over from the start.
+    pub foreign_id_may_be_refused: bool,
 }
 
 pub const RULES: Rules = Rules {
@@ -47,6 +50,7 @@ pub const RULES: Rules = Rules {
     offset_unit: OffsetUnit::Chars,
     restarted_status: "restarted",
     idless_error_tolerated: false,
+    foreign_id_may_be_refused: true,
 };
 
 /// An event id, `<ms>-<seq>`, ordered as numbers.
@@ -150,7 +154,7 @@ impl History {
 }
 
 /// What the stores say about a job.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stored {
     /// Every event the job's Redis log was seen holding, by id.
     pub log: HashMap<String, ScanEvent>,
@@ -164,6 +168,8 @@ pub struct Stored {
     pub answer: Option<String>,
     /// Windows in which the gateway or ingest was down (a 5xx is then the truth).
     pub outages: Vec<(Instant, Instant)>,
+    /// When the run began: times in violations are since then.
+    pub run_began: Instant,
 }
 
 /// One broken promise.
@@ -347,8 +353,19 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
             {
                 v(
                     "end-resume-no-5xx",
-                    format!("resume after {:?} answered {status}: {body}", c.after),
+                    format!(
+                        "resume after {:?} at {:.1} s answered {status}: {body}",
+                        c.after,
+                        c.began.duration_since(stored.run_began).as_secs_f64()
+                    ),
                 );
+            }
+            (Kind::ForeignId, Outcome::Refused(400, body))
+                if RULES.foreign_id_may_be_refused && c.after == h.first_after =>
+            {
+                if !body.contains("message") {
+                    v("foreign-id", format!("400 without a message: {body:?}"));
+                }
             }
             (_, Outcome::Refused(status, body)) if (400..500).contains(status) => v(
                 "valid-resume-not-4xx",
@@ -373,18 +390,27 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
     let mut text = AnswerText(h.first_after.is_none().then(String::new));
     let mut ends: Vec<&Received> = Vec::new();
     let mut after_end = 0;
+    let mut any_event = false;
     for (conn, ev) in h.events() {
+        // Its id refused, the client started over: from here on, a client from the start.
+        if !any_event && conn.after.is_none() && h.first_after.is_some() {
+            last_id = None;
+            next_seq = Some(1);
+            text = AnswerText(Some(String::new()));
+        }
+        any_event = true;
         if !ends.is_empty() {
             after_end += 1;
         }
         if let Err(e) = text.apply(ev) {
             v("answer-deltas", e);
         }
+        // A resync: the stream goes on after its id (which may be below the client's
+        // position: past the end, or from before the log lost its data), its seq next.
         if ev.event == RULES.resync_event {
-            next_seq = None;
-            if let Some(id) = ev.id.as_deref().and_then(EventId::parse) {
-                last_id = Some(id);
-            }
+            let seq = ev.data["seq"].as_u64().unwrap_or(0);
+            next_seq = (seq > 0).then_some(seq + 1);
+            last_id = ev.id.as_deref().and_then(EventId::parse);
             continue;
         }
         let Some(id_text) = ev.id.as_deref() else {
@@ -392,8 +418,11 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                 v(
                     "one-end",
                     format!(
-                        "an `error` without an id (not the job's end) on the connection after {:?}: {}",
-                        conn.after, ev.data
+                        "an `error` without an id (not the job's end) at {:.1} s on the connection \
+                         after {:?}: {}",
+                        ev.at.duration_since(stored.run_began).as_secs_f64(),
+                        conn.after,
+                        ev.data["error"]["message"]
                     ),
                 );
             }
@@ -425,6 +454,13 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
 
         // Every event is one the store holds, or the row's end rebuilt with the log's last seq.
         match stored.log.get(id_text) {
+            Some(logged) if ev.is_end() && seq == 0 => v(
+                "rebuilt-end-seq",
+                format!(
+                    "{} {id} carries seq 0; the log's event {id} has seq {}",
+                    ev.event, logged.seq
+                ),
+            ),
             Some(logged) => {
                 if let Err(diff) = same_as_logged(ev, logged) {
                     v(
@@ -456,6 +492,8 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
         // No gap skipped: seqs follow each other unless a resync announced the gap. The end
         // repeated at a resume carries the seq the client already has.
         match next_seq {
+            // Flagged above as the rebuilt end's seq.
+            _ if ev.is_end() && seq == 0 => {}
             Some(want) if seq == want => {}
             Some(want) if ev.is_end() && seq + 1 == want => {}
             Some(want) if seq > want => v(

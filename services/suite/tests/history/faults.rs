@@ -118,13 +118,22 @@ pub async fn inject(fault: Fault, t: &mut Targets<'_>) -> Result<(String, Option
             let job = running_job(t.observer).await.ok_or("no running job")?;
             let key = t.observer.log_key(&job);
             let mut conn = t.observer_redis();
-            let mut set = redis::cmd("SET");
-            set.arg(&key).arg("not a stream");
-            let set = set.query_async::<()>(&mut conn);
-            tokio::time::timeout(Duration::from_secs(5), set)
+            // Read and overwritten in one step, so every event the log held is seen.
+            let mut overwrite = redis::cmd("EVAL");
+            overwrite
+                .arg(
+                    "local held = redis.call('XRANGE', KEYS[1], '-', '+') \
+                     redis.call('SET', KEYS[1], ARGV[1]) return held",
+                )
+                .arg(1)
+                .arg(&key)
+                .arg("not a stream");
+            let held = overwrite.query_async::<redis::streams::StreamRangeReply>(&mut conn);
+            let held = tokio::time::timeout(Duration::from_secs(5), held)
                 .await
-                .map_err(|_| "SET timed out".to_owned())?
+                .map_err(|_| "the overwrite timed out".to_owned())?
                 .map_err(|e| e.to_string())?;
+            t.observer.absorb(&job, &held);
             tokio::time::sleep(Duration::from_secs(2)).await;
             let mut del = redis::cmd("DEL");
             del.arg(&key);

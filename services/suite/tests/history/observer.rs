@@ -143,21 +143,26 @@ impl Observer {
             let Ok(Ok(reply)) = tokio::time::timeout(Duration::from_secs(1), read).await else {
                 continue;
             };
-            let events: Vec<ScanEvent> = reply
-                .ids
-                .iter()
-                .filter_map(|e| e.get::<Vec<u8>>("ev"))
-                .map(|b| crate::support::stores::logged_event(&b))
-                .collect();
-            let mut jobs = self.jobs.lock().expect("observer lock");
-            let seen = jobs.entry(job).or_default();
-            for e in events {
-                seen.last_seq = seen.last_seq.max(e.seq);
-                if e.stage == Stage::Done as i32 && seen.ended_at.is_none() {
-                    seen.ended_at = Some(Instant::now());
-                }
-                seen.log.entry(e.event_id.clone()).or_insert(e);
+            self.absorb(&job, &reply);
+        }
+    }
+
+    /// Notes what `job`'s log was seen holding.
+    pub fn absorb(&self, job: &str, reply: &redis::streams::StreamRangeReply) {
+        let events: Vec<ScanEvent> = reply
+            .ids
+            .iter()
+            .filter_map(|e| e.get::<Vec<u8>>("ev"))
+            .map(|b| crate::support::stores::logged_event(&b))
+            .collect();
+        let mut jobs = self.jobs.lock().expect("observer lock");
+        let seen = jobs.entry(job.to_owned()).or_default();
+        for e in events {
+            seen.last_seq = seen.last_seq.max(e.seq);
+            if e.stage == Stage::Done as i32 && seen.ended_at.is_none() {
+                seen.ended_at = Some(Instant::now());
             }
+            seen.log.entry(e.event_id.clone()).or_insert(e);
         }
     }
 
