@@ -9,7 +9,8 @@
 //! A bounded number of scans go in through the gateway, each watched by several SSE clients
 //! over HTTP that read the raw bytes, drop at planned points (mid-event too) and resume with
 //! their last id in `Last-Event-ID`; others resume at the final id once the gateway's feed
-//! for the job is gone, past the end, from another job's id, or with a malformed id.
+//! for the job is gone, past the end, from inside a log that expired (deleted by the test),
+//! from another job's id, or with a malformed id.
 //! Meanwhile, one at a time, in an order and at moments drawn from the seed: Redis restarted
 //! empty (one server), Redis at `maxmemory`, a job's log key turned into a string, `CLIENT
 //! PAUSE` past the lease, SIGKILL of ingest and of the gateway, a Cluster slot moved while its
@@ -78,7 +79,7 @@ const MALFORMED: [&str; 6] = [
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn draw(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -87,7 +88,7 @@ impl Rng {
     }
 
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.draw() % n.max(1)
     }
 
     pub fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
@@ -164,8 +165,16 @@ async fn submit(http: &reqwest::Client, gateway: &str, i: usize, key: &str) -> O
 }
 
 /// A follower's plan: 0 to 3 drops at random byte counts, short pauses.
-fn follower_plan(rng: &mut Rng, job: &str, kind: Kind, after: Option<String>, until: Instant) -> client::Plan {
-    let drops = (0..rng.below(4)).map(|_| 150 + rng.below(2500) as usize).collect();
+fn follower_plan(
+    rng: &mut Rng,
+    job: &str,
+    kind: Kind,
+    after: Option<String>,
+    until: Instant,
+) -> client::Plan {
+    let drops = (0..rng.below(4))
+        .map(|_| 150 + rng.below(2500) as usize)
+        .collect();
     let pauses = (0..4)
         .map(|_| rng.between(Duration::from_millis(20), Duration::from_millis(800)))
         .collect();
@@ -202,7 +211,7 @@ async fn scan(
     jobs: Arc<Mutex<Vec<String>>>,
     key: String,
 ) -> (Option<String>, Vec<History>) {
-    let mut rng = Rng(seed ^ (i as u64).wrapping_mul(0x51_7cc1_b727_220a_95));
+    let mut rng = Rng(seed ^ (i as u64).wrapping_mul(0x517c_c1b7_2722_0a95));
     let Some(job) = submit(&http, &gateway, i, &key).await else {
         return (None, Vec::new());
     };
@@ -262,6 +271,20 @@ async fn scan(
             client::run(&http, &gateway, USER, past_end)
         );
         histories.extend([a, b]);
+        // Its log expired (deleted here): a resume from inside it.
+        if rng.below(2) == 0 && n > 2 {
+            let mut conn = observer.redis_conn();
+            let mut del = redis::cmd("DEL");
+            del.arg(observer.log_key(&job));
+            let deleted =
+                tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
+                    .await;
+            if matches!(deleted, Ok(Ok(()))) {
+                let inside = EventId(ms, 1 + rng.below(n - 1));
+                let plan = probe(&job, Kind::Expired, inside.to_string());
+                histories.push(client::run(&http, &gateway, USER, plan).await);
+            }
+        }
     }
     (Some(job), histories)
 }
@@ -288,9 +311,7 @@ async fn run(layout: Layout) {
         Layout::Single(r) => Nodes {
             urls: vec![r.url()],
         },
-        Layout::Cluster(c) => Nodes {
-            urls: c.urls(),
-        },
+        Layout::Cluster(c) => Nodes { urls: c.urls() },
     };
     let model = model::ScriptedModel::start(seed, 3).await;
     let mut cluster = stores
@@ -315,7 +336,12 @@ async fn run(layout: Layout) {
     let http = reqwest::Client::new();
     let jobs: Arc<Mutex<Vec<String>>> = Arc::default();
     let scans = {
-        let (http, gateway, observer, jobs) = (http.clone(), gateway.clone(), observer.clone(), jobs.clone());
+        let (http, gateway, observer, jobs) = (
+            http.clone(),
+            gateway.clone(),
+            observer.clone(),
+            jobs.clone(),
+        );
         let prefix = stores.prefix.clone();
         tokio::spawn(async move {
             let mut each = tokio::task::JoinSet::new();
@@ -381,9 +407,11 @@ async fn run(layout: Layout) {
                 .send()
                 .await;
             match res {
-                Ok(r) => r.json::<serde_json::Value>().await.ok().and_then(|v| {
-                    v["answer"]["text"].as_str().map(str::to_owned)
-                }),
+                Ok(r) => r
+                    .json::<serde_json::Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| v["answer"]["text"].as_str().map(str::to_owned)),
                 Err(_) => None,
             }
         } else {
@@ -395,7 +423,7 @@ async fn run(layout: Layout) {
                 log: s.log.clone(),
                 last_seq: s.last_seq,
                 status: s.status,
-                ended_at: s.ended_at,
+                ended_at: s.ended_at(),
                 answer,
                 outages: outages.clone(),
                 run_began: started,
@@ -459,7 +487,14 @@ async fn run(layout: Layout) {
     drop(stores);
     drop(layout);
     if !violations.is_empty() {
-        let shown: Vec<String> = violations.iter().take(60).map(ToString::to_string).collect();
+        for v in &violations {
+            eprintln!("violation {v}");
+        }
+        let shown: Vec<String> = violations
+            .iter()
+            .take(60)
+            .map(ToString::to_string)
+            .collect();
         panic!(
             "{} violations of the event contract (seed {seed}; first {}):\n  {}",
             violations.len(),

@@ -117,6 +117,8 @@ pub enum Kind {
     AtEnd,
     /// After the job ended: resumes with an id past the end.
     PastEnd,
+    /// After the job ended and its log was deleted (expired): resumes from inside the log.
+    Expired,
     /// One request with a malformed id.
     Malformed,
 }
@@ -149,7 +151,10 @@ impl History {
     }
 
     pub fn resumes(&self) -> usize {
-        self.connections.iter().filter(|c| c.after.is_some()).count()
+        self.connections
+            .iter()
+            .filter(|c| c.after.is_some())
+            .count()
     }
 }
 
@@ -221,7 +226,10 @@ fn same_as_logged(got: &Received, logged: &ScanEvent) -> Result<(), String> {
         diffs.push(format!("seq {seq} (logged {})", logged.seq));
     }
     if stage != stage_name(logged.stage) {
-        diffs.push(format!("stage {stage} (logged {})", stage_name(logged.stage)));
+        diffs.push(format!(
+            "stage {stage} (logged {})",
+            stage_name(logged.stage)
+        ));
     }
     if status != status_name(logged.status) {
         diffs.push(format!(
@@ -281,8 +289,9 @@ impl AnswerText {
                     return Ok(());
                 };
                 let cut = match RULES.offset_unit {
-                    OffsetUnit::Bytes => (text.len() >= offset && text.is_char_boundary(offset))
-                        .then_some(offset),
+                    OffsetUnit::Bytes => {
+                        (text.len() >= offset && text.is_char_boundary(offset)).then_some(offset)
+                    }
                     OffsetUnit::Chars => match text.char_indices().nth(offset) {
                         Some((i, _)) => Some(i),
                         None => (text.chars().count() == offset).then_some(text.len()),
@@ -334,7 +343,10 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                         .map(str::to_owned)
                 });
                 if message.is_none_or(|m| m.trim().is_empty()) {
-                    v("malformed-id-400", format!("400 without a message: {body:?}"));
+                    v(
+                        "malformed-id-400",
+                        format!("400 without a message: {body:?}"),
+                    );
                 }
             }
             (Kind::Malformed, Outcome::Refused(status, body)) => v(
@@ -348,7 +360,7 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
             (Kind::Malformed, Outcome::NoAnswer(e)) => {
                 v("malformed-id-400", format!("{:?}: no answer: {e}", c.after));
             }
-            (Kind::AtEnd | Kind::PastEnd, Outcome::Refused(status, body))
+            (Kind::AtEnd | Kind::PastEnd | Kind::Expired, Outcome::Refused(status, body))
                 if *status >= 500 && !in_outage(stored, c.began) =>
             {
                 v(
@@ -361,12 +373,14 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                 );
             }
             (Kind::ForeignId, Outcome::Refused(400, body))
-                if RULES.foreign_id_may_be_refused && c.after == h.first_after =>
+                if RULES.foreign_id_may_be_refused
+                    && c.after == h.first_after
+                    && !body.contains("message") =>
             {
-                if !body.contains("message") {
-                    v("foreign-id", format!("400 without a message: {body:?}"));
-                }
+                v("foreign-id", format!("400 without a message: {body:?}"));
             }
+            (Kind::ForeignId, Outcome::Refused(400, _))
+                if RULES.foreign_id_may_be_refused && c.after == h.first_after => {}
             (_, Outcome::Refused(status, body)) if (400..500).contains(status) => v(
                 "valid-resume-not-4xx",
                 format!("resume after {:?} answered {status}: {body}", c.after),
@@ -385,8 +399,19 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
         .filter_map(|e| EventId::parse(&e.event_id))
         .max();
     let mut last_id = h.first_after.as_deref().and_then(EventId::parse);
-    // Seq continuity: the next event's seq, once the client knows where it is.
-    let mut next_seq: Option<u64> = h.first_after.is_none().then_some(1);
+    // Seq continuity: the next event's seq, once the client knows where it is. An id of
+    // this job's is `<the job's ms>-<seq>`: a client resuming from one knows its seq.
+    let job_ms = stored
+        .log
+        .keys()
+        .filter_map(|id| EventId::parse(id))
+        .map(|id| id.0)
+        .next();
+    let mut next_seq: Option<u64> = match h.first_after.as_deref().map(EventId::parse) {
+        None => Some(1),
+        Some(Some(EventId(ms, seq))) if Some(ms) == job_ms => Some(seq + 1),
+        Some(_) => None,
+    };
     let mut text = AnswerText(h.first_after.is_none().then(String::new));
     let mut ends: Vec<&Received> = Vec::new();
     let mut after_end = 0;
@@ -439,16 +464,17 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
 
         // Ids strictly increase; the end alone may repeat the final id, to a client that
         // resumed at or past it.
+        let repeat_of_end = ev.is_end()
+            && last_id.is_some_and(|prev| id <= prev)
+            && final_id.is_none_or(|f| id == f);
         if let Some(prev) = last_id
             && id <= prev
+            && !repeat_of_end
         {
-            let repeat_of_end = ev.is_end() && final_id.is_none_or(|f| id == f);
-            if !repeat_of_end {
-                v(
-                    "ids-increase",
-                    format!("{} {id} after {prev} (seq {seq})", ev.event),
-                );
-            }
+            v(
+                "ids-increase",
+                format!("{} {id} after {prev} (seq {seq})", ev.event),
+            );
         }
         last_id = Some(last_id.map_or(id, |p| p.max(id)));
 
@@ -494,15 +520,22 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
         match next_seq {
             // Flagged above as the rebuilt end's seq.
             _ if ev.is_end() && seq == 0 => {}
+            _ if repeat_of_end => {}
             Some(want) if seq == want => {}
-            Some(want) if ev.is_end() && seq + 1 == want => {}
             Some(want) if seq > want => v(
                 "no-silent-gap",
-                format!("{} {id} has seq {seq}; seqs {want}..{} were skipped without a resync", ev.event, seq - 1),
+                format!(
+                    "{} {id} has seq {seq}; seqs {want}..{} were skipped without a resync",
+                    ev.event,
+                    seq - 1
+                ),
             ),
             Some(want) => v(
                 "no-silent-gap",
-                format!("{} {id} has seq {seq}, expected {want} (numbering went back)", ev.event),
+                format!(
+                    "{} {id} has seq {seq}, expected {want} (numbering went back)",
+                    ev.event
+                ),
             ),
             None => {}
         }

@@ -78,7 +78,7 @@ async fn running_job(observer: &Observer) -> Option<String> {
         let answering = all.iter().find(|(_, s)| s.answering());
         let any = all
             .iter()
-            .find(|(_, s)| s.ended_at.is_none() && !s.log.is_empty());
+            .find(|(_, s)| s.ended_at().is_none() && !s.log.is_empty());
         if let Some((job, _)) = answering.or(if Instant::now() > until { any } else { None }) {
             return Some(job.clone());
         }
@@ -91,10 +91,16 @@ async fn running_job(observer: &Observer) -> Option<String> {
 
 /// Injects `fault`; returns what it did (for the timeline) and, for a process killed, the
 /// window it was down.
-pub async fn inject(fault: Fault, t: &mut Targets<'_>) -> Result<(String, Option<(Instant, Instant)>), String> {
+pub async fn inject(
+    fault: Fault,
+    t: &mut Targets<'_>,
+) -> Result<(String, Option<(Instant, Instant)>), String> {
     match fault {
         Fault::RedisRestartEmpty => {
-            let redis = t.redis.as_deref_mut().ok_or("no private server to restart")?;
+            let redis = t
+                .redis
+                .as_deref_mut()
+                .ok_or("no private server to restart")?;
             // Writes wait while the log is read one last time, so nothing it held goes unseen.
             on::<()>(&redis.url(), &cmd(&["CLIENT", "PAUSE", "2000", "WRITE"])).await?;
             t.observer.read_logs(true).await;
@@ -105,7 +111,11 @@ pub async fn inject(fault: Fault, t: &mut Targets<'_>) -> Result<(String, Option
         }
         Fault::RedisMaxmemory => {
             for url in &t.nodes.urls {
-                on::<()>(url, &cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])).await?;
+                on::<()>(
+                    url,
+                    &cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]),
+                )
+                .await?;
                 on::<()>(url, &cmd(&["CONFIG", "SET", "maxmemory", "1"])).await?;
             }
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -160,12 +170,17 @@ pub async fn inject(fault: Fault, t: &mut Targets<'_>) -> Result<(String, Option
             t.cluster.kill(service);
             tokio::time::sleep(Duration::from_millis(500)).await;
             t.cluster.restart(service).await;
-            Ok((format!("{} SIGKILLed and restarted", service.name()), Some((from, Instant::now()))))
+            Ok((
+                format!("{} SIGKILLed and restarted", service.name()),
+                Some((from, Instant::now())),
+            ))
         }
         Fault::MoveSlot => {
             let job = running_job(t.observer).await.ok_or("no running job")?;
             let key = t.observer.log_key(&job);
-            move_slot(&t.nodes.urls, &key).await.map(|d| (format!("job {job}: {d}"), None))
+            move_slot(&t.nodes.urls, &key)
+                .await
+                .map(|d| (format!("job {job}: {d}"), None))
         }
     }
 }
@@ -189,8 +204,12 @@ async fn move_slot(urls: &[String], key: &str) -> Result<String, String> {
     let slots: Vec<redis::Value> = on(&urls[0], &cmd(&["CLUSTER", "SLOTS"])).await?;
     let mut owner = None;
     for range in slots {
-        let redis::Value::Array(items) = range else { continue };
-        let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi))) = (items.first(), items.get(1)) else {
+        let redis::Value::Array(items) = range else {
+            continue;
+        };
+        let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi))) =
+            (items.first(), items.get(1))
+        else {
             continue;
         };
         if (*lo..=*hi).contains(&slot)
@@ -201,19 +220,39 @@ async fn move_slot(urls: &[String], key: &str) -> Result<String, String> {
         }
     }
     let owner = owner.ok_or_else(|| format!("no owner of slot {slot}"))?;
-    let from = ids.iter().position(|i| *i == owner).ok_or("owner is not one of ours")?;
+    let from = ids
+        .iter()
+        .position(|i| *i == owner)
+        .ok_or("owner is not one of ours")?;
     let to = (from + 1) % urls.len();
     let (src, dst) = (&urls[from], &urls[to]);
     let dst_port = dst.rsplit(':').next().unwrap_or_default().to_owned();
-    on::<()>(dst, &cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &ids[from]])).await?;
-    on::<()>(src, &cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &ids[to]])).await?;
+    on::<()>(
+        dst,
+        &cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &ids[from]]),
+    )
+    .await?;
+    on::<()>(
+        src,
+        &cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &ids[to]]),
+    )
+    .await?;
     let mut moved = 0;
     loop {
         let keys: Vec<String> = on(src, &cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "50"])).await?;
         if keys.is_empty() {
             break;
         }
-        let mut migrate = cmd(&["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "REPLACE", "KEYS"]);
+        let mut migrate = cmd(&[
+            "MIGRATE",
+            "127.0.0.1",
+            &dst_port,
+            "",
+            "0",
+            "5000",
+            "REPLACE",
+            "KEYS",
+        ]);
         for k in &keys {
             migrate.arg(k);
         }
@@ -223,12 +262,22 @@ async fn move_slot(urls: &[String], key: &str) -> Result<String, String> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for url in [dst, src] {
-        on::<()>(url, &cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &ids[to]])).await?;
+        on::<()>(
+            url,
+            &cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &ids[to]]),
+        )
+        .await?;
     }
     for (i, url) in urls.iter().enumerate() {
         if i != from && i != to {
-            on::<()>(url, &cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &ids[to]])).await?;
+            on::<()>(
+                url,
+                &cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &ids[to]]),
+            )
+            .await?;
         }
     }
-    Ok(format!("slot {slot} ({moved} keys) moved from node {from} to node {to}"))
+    Ok(format!(
+        "slot {slot} ({moved} keys) moved from node {from} to node {to}"
+    ))
 }

@@ -178,9 +178,10 @@ fn answer(script: &Script) -> Response {
     let cut_after = {
         let mut last_cut = script.last_cut.lock().expect("script lock");
         let mut rng = script.rng.lock().expect("script lock");
-        let cut = script.cut_one_in > 0 && !*last_cut && rng.next() % script.cut_one_in == 0;
+        let cut =
+            script.cut_one_in > 0 && !*last_cut && rng.draw().is_multiple_of(script.cut_one_in);
         *last_cut = cut;
-        cut.then(|| 1 + (rng.next() % (ANSWER_PIECES.len() as u64 - 2)) as usize)
+        cut.then(|| 1 + (rng.draw() % (ANSWER_PIECES.len() as u64 - 2)) as usize)
     };
     if cut_after.is_some() {
         script.calls.cut.fetch_add(1, Ordering::Relaxed);

@@ -21,11 +21,20 @@ const AFTER_END: Duration = Duration::from_secs(3);
 pub struct Seen {
     pub log: HashMap<String, ScanEvent>,
     pub last_seq: u64,
-    pub ended_at: Option<Instant>,
+    /// When its final event was first seen in the log.
+    pub done_at: Option<Instant>,
+    /// When its row was first seen terminal.
+    pub row_at: Option<Instant>,
     pub status: Option<JobStatus>,
 }
 
 impl Seen {
+    /// When the job ended, for its watchers: its final event in the log (the row goes
+    /// terminal first, and the final event follows once the log takes it), else its row.
+    pub fn ended_at(&self) -> Option<Instant> {
+        self.done_at.or(self.row_at)
+    }
+
     /// The id of the job's final event, as far as the log was seen.
     pub fn final_id(&self) -> Option<EventId> {
         self.log
@@ -45,11 +54,7 @@ impl Seen {
 
     /// Writing its answer now (a delta logged, no `done`).
     pub fn answering(&self) -> bool {
-        self.ended_at.is_none()
-            && self
-                .log
-                .values()
-                .any(|e| e.stage == Stage::Answer as i32)
+        self.ended_at().is_none() && self.log.values().any(|e| e.stage == Stage::Answer as i32)
     }
 }
 
@@ -117,7 +122,7 @@ impl Observer {
                 tick.tick().await;
                 self.read_logs(false).await;
                 n += 1;
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     self.read_rows().await;
                 }
             }
@@ -131,7 +136,7 @@ impl Observer {
             .lock()
             .expect("observer lock")
             .iter()
-            .filter(|(_, s)| all || s.ended_at.is_none_or(|t| t.elapsed() < AFTER_END))
+            .filter(|(_, s)| all || s.ended_at().is_none_or(|t| t.elapsed() < AFTER_END))
             .map(|(j, _)| j.clone())
             .collect();
         for job in jobs {
@@ -159,8 +164,8 @@ impl Observer {
         let seen = jobs.entry(job.to_owned()).or_default();
         for e in events {
             seen.last_seq = seen.last_seq.max(e.seq);
-            if e.stage == Stage::Done as i32 && seen.ended_at.is_none() {
-                seen.ended_at = Some(Instant::now());
+            if e.stage == Stage::Done as i32 && seen.done_at.is_none() {
+                seen.done_at = Some(Instant::now());
             }
             seen.log.entry(e.event_id.clone()).or_insert(e);
         }
@@ -181,8 +186,8 @@ impl Observer {
             };
             let status = JobStatus::try_from(row.get::<i32, _>("status")).ok();
             seen.status = status;
-            if seen.ended_at.is_none() {
-                seen.ended_at = Some(Instant::now());
+            if seen.row_at.is_none() {
+                seen.row_at = Some(Instant::now());
             }
         }
     }
