@@ -272,15 +272,24 @@ async fn scan(
         );
         histories.extend([a, b]);
         // Its log expired (deleted here): a resume from inside it.
-        if rng.below(2) == 0 && n > 2 {
+        if rng.below(2) == 0 {
             let mut conn = observer.redis_conn();
             let mut del = redis::cmd("DEL");
             del.arg(observer.log_key(&job));
             let deleted =
                 tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
                     .await;
-            if matches!(deleted, Ok(Ok(()))) {
-                let inside = EventId(ms, 1 + rng.below(n - 1));
+            // A position the client could have: an event the log held, not the last.
+            let mut held: Vec<EventId> = observer
+                .seen(&job)
+                .log
+                .keys()
+                .filter_map(|id| EventId::parse(id))
+                .filter(|id| *id < EventId(ms, n))
+                .collect();
+            held.sort();
+            if matches!(deleted, Ok(Ok(()))) && !held.is_empty() {
+                let inside = held[rng.below(held.len() as u64) as usize];
                 let plan = probe(&job, Kind::Expired, inside.to_string());
                 histories.push(client::run(&http, &gateway, USER, plan).await);
             }
@@ -448,11 +457,19 @@ async fn run(layout: Layout) {
         submitted += 1;
         let store = &stored[job];
         if store.status.is_none() {
+            let last = store
+                .log
+                .values()
+                .max_by_key(|e| EventId::parse(&e.event_id))
+                .map(|e| format!("seq {} {:?} {:?}", e.seq, e.stage(), e.status()));
             violations.push(Violation {
                 job: job.clone(),
                 client: "row".into(),
                 rule: "job-ends",
-                detail: format!("the job did not end within {SCAN_DEADLINE:?} of its submit"),
+                detail: format!(
+                    "the job did not end within {SCAN_DEADLINE:?} of its submit (last logged \
+                     event: {last:?})"
+                ),
             });
         }
         for (c, h) in histories.iter().enumerate() {

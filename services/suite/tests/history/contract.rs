@@ -41,6 +41,10 @@ pub struct Rules {
     /// Whether a resume with another job's id may be refused with 400 (it is not an id of
     /// this job's log); the client then starts over from the start.
     pub foreign_id_may_be_refused: bool,
+    /// Whether the job's end rebuilt from its row, when the final event never reached the
+    /// log, may stand at the log's last position (that event's id and seq) rather than after
+    /// it: a client that saw that event then gets the end with the same id.
+    pub rebuilt_end_at_last_position: bool,
 }
 
 pub const RULES: Rules = Rules {
@@ -51,6 +55,7 @@ pub const RULES: Rules = Rules {
     restarted_status: "restarted",
     idless_error_tolerated: false,
     foreign_id_may_be_refused: true,
+    rebuilt_end_at_last_position: true,
 };
 
 /// An event id, `<ms>-<seq>`, ordered as numbers.
@@ -392,12 +397,15 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
         return out;
     }
 
+    // The log's final position: its `done`, else (the final event never reached the log)
+    // its last event, where an end rebuilt from the row stands.
     let final_id = stored
         .log
         .values()
         .filter(|e| e.stage == ecoscan_proto::v1::Stage::Done as i32)
         .filter_map(|e| EventId::parse(&e.event_id))
-        .max();
+        .max()
+        .or_else(|| stored.log.keys().filter_map(|id| EventId::parse(id)).max());
     let mut last_id = h.first_after.as_deref().and_then(EventId::parse);
     // Seq continuity: the next event's seq, once the client knows where it is. An id of
     // this job's is `<the job's ms>-<seq>`: a client resuming from one knows its seq.
@@ -464,9 +472,9 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
 
         // Ids strictly increase; the end alone may repeat the final id, to a client that
         // resumed at or past it.
-        let repeat_of_end = ev.is_end()
-            && last_id.is_some_and(|prev| id <= prev)
-            && final_id.is_none_or(|f| id == f);
+        // The end at the log's final position, which the client may have reached already.
+        let end_at_final = ev.is_end() && final_id.is_none_or(|f| id == f);
+        let repeat_of_end = end_at_final && last_id.is_some_and(|prev| id <= prev);
         if let Some(prev) = last_id
             && id <= prev
             && !repeat_of_end
@@ -487,6 +495,23 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                     ev.event, logged.seq
                 ),
             ),
+            // The row's end standing at the log's final position, whose event is not the
+            // `done` (the final event never reached the log): the same seq.
+            Some(logged)
+                if end_at_final
+                    && RULES.rebuilt_end_at_last_position
+                    && logged.stage != ecoscan_proto::v1::Stage::Done as i32 =>
+            {
+                if seq != logged.seq {
+                    v(
+                        "rebuilt-end-seq",
+                        format!(
+                            "{} {id} rebuilt from the row carries seq {seq}; the log's last seq is {}",
+                            ev.event, logged.seq
+                        ),
+                    );
+                }
+            }
             Some(logged) => {
                 if let Err(diff) = same_as_logged(ev, logged) {
                     v(
