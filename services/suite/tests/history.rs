@@ -457,6 +457,18 @@ async fn run(layout: Layout) {
         submitted += 1;
         let store = &stored[job];
         if store.status.is_none() {
+            use sqlx::Row;
+            let row = sqlx::query("SELECT status, attempts FROM scan_jobs WHERE id = $1")
+                .bind(job)
+                .fetch_optional(&pg)
+                .await
+                .ok()
+                .flatten()
+                .map(|r| {
+                    let status = JobStatus::try_from(r.get::<i32, _>("status"))
+                        .map_or("?", |s| s.as_str_name());
+                    format!("row {status}, {} attempts", r.get::<i32, _>("attempts"))
+                });
             let last = store
                 .log
                 .values()
@@ -467,8 +479,9 @@ async fn run(layout: Layout) {
                 client: "row".into(),
                 rule: "job-ends",
                 detail: format!(
-                    "the job did not end within {SCAN_DEADLINE:?} of its submit (last logged \
-                     event: {last:?})"
+                    "the job did not end within {SCAN_DEADLINE:?} of its submit ({}; last \
+                     logged event: {last:?})",
+                    row.unwrap_or_else(|| "no row".into())
                 ),
             });
         }

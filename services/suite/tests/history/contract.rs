@@ -512,6 +512,23 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                     );
                 }
             }
+            // An end rebuilt from the row, standing at a position of the log that is not
+            // its end: it claims an event's id (and seq) that the log gave another event.
+            Some(logged)
+                if ev.is_end() && logged.stage != ecoscan_proto::v1::Stage::Done as i32 =>
+            {
+                v(
+                    "rebuilt-end-seq",
+                    format!(
+                        "{} {id} (seq {seq}) rebuilt from the row stands at the log's {} {} \
+                         event, not at its end (last seq {})",
+                        ev.event,
+                        stage_name(logged.stage),
+                        status_name(logged.status),
+                        stored.last_seq
+                    ),
+                );
+            }
             Some(logged) => {
                 if let Err(diff) = same_as_logged(ev, logged) {
                     v(
