@@ -376,6 +376,7 @@ async fn run(layout: Layout) {
     rng.shuffle(&mut faults);
     let mut timeline = Vec::new();
     let mut outages = Vec::new();
+    let mut taken = Vec::new();
     tokio::time::sleep(rng.between(Duration::from_secs(3), Duration::from_secs(5))).await;
     for fault in &faults {
         let at = started.elapsed();
@@ -389,6 +390,7 @@ async fn run(layout: Layout) {
             nodes: &nodes,
             observer: &observer,
             lease: LEASE,
+            taken: &mut taken,
         };
         match faults::inject(*fault, &mut targets).await {
             Ok((what, outage)) => {

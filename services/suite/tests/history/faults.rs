@@ -68,21 +68,29 @@ pub struct Targets<'a> {
     pub nodes: &'a Nodes,
     pub observer: &'a Observer,
     pub lease: Duration,
+    /// Jobs a fault picked already: each fault gets a job of its own.
+    pub taken: &'a mut Vec<String>,
 }
 
-/// A job writing its answer now, else any unfinished job with a log, waiting up to 5 s.
-async fn running_job(observer: &Observer) -> Option<String> {
+/// A running job no fault has picked yet, waiting up to 5 s for one: `early`, one that has
+/// not reached its answer (so it streams for a while after the fault), else one writing its
+/// answer now; failing those, any unfinished job with a log.
+async fn running_job(observer: &Observer, taken: &mut Vec<String>, early: bool) -> Option<String> {
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         let all = observer.all();
-        let answering = all.iter().find(|(_, s)| s.answering());
-        let any = all
+        let free = |job: &String| !taken.contains(job);
+        let running = |s: &super::observer::Seen| s.ended_at().is_none() && !s.log.is_empty();
+        let wanted = all
             .iter()
-            .find(|(_, s)| s.ended_at().is_none() && !s.log.is_empty());
-        if let Some((job, _)) = answering.or(if Instant::now() > until { any } else { None }) {
+            .find(|(j, s)| free(j) && running(s) && s.answering() != early);
+        let any = all.iter().find(|(j, s)| free(j) && running(s));
+        let late = Instant::now() > until;
+        if let Some((job, _)) = wanted.or(if late { any } else { None }) {
+            taken.push(job.clone());
             return Some(job.clone());
         }
-        if Instant::now() > until + Duration::from_secs(1) {
+        if late {
             return None;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -125,7 +133,9 @@ pub async fn inject(
             Ok(("maxmemory 1 byte for 3 s".into(), None))
         }
         Fault::WrongType => {
-            let job = running_job(t.observer).await.ok_or("no running job")?;
+            let job = running_job(t.observer, t.taken, false)
+                .await
+                .ok_or("no running job")?;
             let key = t.observer.log_key(&job);
             let mut conn = t.observer_redis();
             // Read and overwritten in one step, so every event the log held is seen.
@@ -176,7 +186,9 @@ pub async fn inject(
             ))
         }
         Fault::MoveSlot => {
-            let job = running_job(t.observer).await.ok_or("no running job")?;
+            let job = running_job(t.observer, t.taken, true)
+                .await
+                .ok_or("no running job")?;
             let key = t.observer.log_key(&job);
             move_slot(&t.nodes.urls, &key)
                 .await
