@@ -36,6 +36,8 @@ mod faults;
 mod model;
 #[path = "history/observer.rs"]
 mod observer;
+#[path = "history/record.rs"]
+mod record;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -298,6 +300,25 @@ async fn scan(
     (Some(job), histories)
 }
 
+/// Copies every service's log to `<target tmp dir>/history/<layout>-seed<seed>/`.
+fn keep_logs(cluster: &Cluster, layout: &Layout, seed: u64) -> std::path::PathBuf {
+    let name = match layout {
+        Layout::Single(_) => "one-redis",
+        Layout::Cluster(_) => "redis-cluster",
+    };
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("history")
+        .join(format!("{name}-seed{seed}"));
+    let _ = std::fs::create_dir_all(&dir);
+    for service in Service::ALL {
+        let _ = std::fs::write(
+            dir.join(format!("{}.log", service.name())),
+            cluster.logs(service),
+        );
+    }
+    dir
+}
+
 async fn run(layout: Layout) {
     let started = std::time::Instant::now();
     let seed = seed();
@@ -513,6 +534,11 @@ async fn run(layout: Layout) {
         started.elapsed(),
     );
     eprintln!("faults:\n  {}", timeline.join("\n  "));
+    // The processes' logs say why; they go with the cluster's temporary directory.
+    if !violations.is_empty() {
+        let kept = keep_logs(&cluster, &layout, seed);
+        eprintln!("the services' logs of this run are in {}", kept.display());
+    }
 
     drop(cluster);
     pg.close().await;
