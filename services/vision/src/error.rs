@@ -54,7 +54,7 @@ impl From<Error> for Status {
                 tracing::error!(error = %llm, "model call failed");
                 let message = match llm.cause() {
                     LlmError::Malformed(_) => {
-                        "the model's answer could not be read as a classification"
+                        "the model's answer could not be used as a classification"
                     }
                     _ => "the model provider refused the classification request",
                 };
