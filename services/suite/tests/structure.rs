@@ -47,8 +47,6 @@ const REVIEWED_LONG_MODULES: &[&str] = &[
     "services/ingest/src/fetch/addr.rs",
     "services/ingest/src/store/jobs.rs",
     "services/ingest/src/store/redis.rs",
-    "services/llm/src/lib.rs",
-    "services/llm/src/openai.rs",
     "services/rule/src/dataset.rs",
     "services/suite/src/lib.rs",
 ];
