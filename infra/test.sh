@@ -34,6 +34,22 @@ if ! command -v grpcurl >/dev/null 2>&1; then
 fi
 grpcurl -version
 
+echo "==> LiteLLM proxy (the model-provider tests run the real one, on loopback)"
+# Pinned; keep equal to LITELLM_VERSION in services/suite/tests/llm_providers.rs. Installed into
+# a virtualenv of its own (its dependencies must not meet the other Python tools'), once.
+LITELLM_VERSION=1.106.12
+litellm_venv="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}/litellm-$LITELLM_VERSION"
+if [ ! -f "$litellm_venv/.installed" ]; then
+  echo "installing litellm[proxy]==$LITELLM_VERSION into $litellm_venv"
+  rm -rf "$litellm_venv"
+  mkdir -p "$(dirname "$litellm_venv")"
+  python3 -m venv "$litellm_venv"
+  "$litellm_venv/bin/pip" install --quiet --disable-pip-version-check \
+    "litellm[proxy]==$LITELLM_VERSION"
+  touch "$litellm_venv/.installed"
+fi
+export ECOSCAN_LITELLM="$litellm_venv/bin/litellm"
+
 echo "==> cargo test"
 cargo test --workspace --locked "$@"
 

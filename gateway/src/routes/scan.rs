@@ -321,7 +321,9 @@ pub(crate) async fn result(
 /// The finished result: the proto3 JSON of `ScanResult`, with `status` and `stage` as the short
 /// lowercase names the rest of the API uses, and `error` in the same shape as SSE errors.
 fn result_json(result: &ScanResult) -> Result<serde_json::Value, ApiError> {
-    let mut value = serde_json::to_value(result)
+    // Through the text: `to_value` widens an f32 to an f64 (0.93 -> 0.9300000071525574).
+    let mut value: serde_json::Value = serde_json::to_vec(result)
+        .and_then(|text| serde_json::from_slice(&text))
         .map_err(|e| ApiError::Internal(format!("failed to serialize a scan result: {e}")))?;
     if let Some(obj) = value.as_object_mut() {
         obj.insert("status".into(), json!(job_status_name(result.status)));
@@ -475,9 +477,15 @@ mod tests {
                 message: "vision is down".into(),
                 retryable: true,
             }),
+            classification: Some(ecoscan_proto::v1::Classification {
+                confidence: 0.93,
+                ..Default::default()
+            }),
             ..ScanResult::default()
         };
         let v = result_json(&result).unwrap();
+        // Served as stored, without f32 noise.
+        assert_eq!(v["classification"]["confidence"], 0.93);
         assert_eq!(v["status"], "failed");
         assert_eq!(v["stage"], "vision");
         assert_eq!(v["job_id"], "j");

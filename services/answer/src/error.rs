@@ -33,9 +33,11 @@ impl From<Error> for Status {
             }
             // Transient provider trouble (429, 5xx, timeouts, connection failures): worth a
             // retry by the caller, unless the model client already spent its retries on it.
+            // One plain sentence per kind of failure: the provider's own text stays in the log
+            // and the call's span.
             Error::Llm(ref llm) if llm.is_retryable() => {
                 tracing::warn!(error = %llm, "model call failed");
-                let status = Status::unavailable(format!("model provider unavailable: {llm}"));
+                let status = Status::unavailable(llm.public_message());
                 if llm.retries_exhausted() {
                     codes::mark_retried(status)
                 } else {
@@ -89,8 +91,20 @@ mod tests {
         assert!(!codes::worth_retrying(&exhausted));
 
         // A stream that broke mid-answer was not retried by the client: the caller may.
-        let broken = Status::from(Error::Llm(LlmError::Transport("reset".into())));
+        let broken = Status::from(Error::Llm(LlmError::Interrupted(
+            "connection reset by secret.internal".into(),
+        )));
         assert_eq!(broken.code(), Code::Unavailable);
         assert!(codes::worth_retrying(&broken));
+        assert!(!broken.message().contains("secret"), "{}", broken.message());
+        let upstream = Status::from(Error::Llm(LlmError::Upstream {
+            status: 502,
+            body: "secret body".into(),
+        }));
+        assert!(
+            !upstream.message().contains("secret"),
+            "{}",
+            upstream.message()
+        );
     }
 }

@@ -67,7 +67,12 @@ const KNOWN_VARIABLES: &str = include_str!("known_env.txt");
 
 /// Variables of ecoscan's prefixes that its scripts (`infra/`) read, not its binaries: a user
 /// who exports them for the scripts must still be able to start the binaries.
-const SCRIPT_VARIABLES: &[&str] = &["ECOSCAN_SERVICES_DIR", "ECOSCAN_TOOLS_DIR"];
+const SCRIPT_VARIABLES: &[&str] = &[
+    "ECOSCAN_SERVICES_DIR",
+    "ECOSCAN_TOOLS_DIR",
+    // The LiteLLM proxy the tests run (infra/test.sh installs it and says where).
+    "ECOSCAN_LITELLM",
+];
 
 /// Prefixes that belong to ecoscan: a variable starting with one of them that no code reads is
 /// a mistake (a typo, a setting that was renamed or removed). Shared ones (`REDIS_`, `S3_`,

@@ -180,6 +180,40 @@ pub(crate) fn failed(job_id: &str, stage: Stage, error: &ErrorInfo) -> ScanEvent
     )
 }
 
+/// The error a job that failed in `stage` with `status` keeps and shows: code, HTTP status and
+/// retryability from the status, and a message a person can read. A stage's verdict on the
+/// input (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`, …) is written for the person and passes
+/// through; for every other code the person gets one plain sentence per code, never the
+/// status's own text, which may carry a model provider's error body, internal addresses or a
+/// transport's diagnostics (that text is logged where the failure is handled).
+pub(crate) fn stage_error(stage: Stage, status: &tonic::Status) -> ErrorInfo {
+    use ecoscan_common::codes;
+    use tonic::Code;
+    let name = stage_name(stage);
+    let plain = match status.code() {
+        Code::InvalidArgument
+        | Code::FailedPrecondition
+        | Code::NotFound
+        | Code::OutOfRange
+        | Code::PermissionDenied
+        | Code::Unauthenticated
+        | Code::AlreadyExists => status.message(),
+        Code::Unavailable => {
+            "a service or model it needs is unavailable right now; try again later"
+        }
+        Code::DeadlineExceeded => "it did not finish in time; try again later",
+        Code::ResourceExhausted => "it is over capacity right now; try again later",
+        Code::Cancelled | Code::Aborted => "it was interrupted; try again",
+        _ => "it failed on our side; try again, and if it keeps failing, report the scan's id",
+    };
+    ErrorInfo {
+        code: codes::code_name(status.code()).to_owned(),
+        http_status: u32::from(codes::http_status(status.code())),
+        message: format!("{name} stage failed: {plain}"),
+        retryable: codes::retryable(status.code()),
+    }
+}
+
 /// Where each stage sits in the job's overall progress.
 pub(crate) fn progress_range(stage: Stage) -> (f32, f32) {
     match stage {
@@ -207,4 +241,42 @@ pub(crate) fn stage_name(stage: Stage) -> &'static str {
 /// Whether `ev` is a job's final event (stage `done`): nothing follows it.
 pub fn is_final(ev: &ScanEvent) -> bool {
     ev.stage == Stage::Done as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stage_failure_shows_people_a_plain_message_per_code_and_never_the_provider_text() {
+        let leaky = tonic::Status::unavailable(
+            "model provider unavailable: model provider answered 503: {\"error\": \"upstream 10.2.3.4 overloaded\"}",
+        );
+        let error = stage_error(Stage::Answer, &leaky);
+        assert_eq!(error.code, "UNAVAILABLE");
+        assert_eq!(error.http_status, 503);
+        assert!(error.retryable);
+        assert_eq!(
+            error.message,
+            "answer stage failed: a service or model it needs is unavailable right now; try again later"
+        );
+        for code in [
+            tonic::Code::Internal,
+            tonic::Code::Unknown,
+            tonic::Code::DeadlineExceeded,
+        ] {
+            let error = stage_error(Stage::Vision, &tonic::Status::new(code, "secret 10.2.3.4"));
+            assert!(
+                !error.message.contains("secret"),
+                "{code:?}: {}",
+                error.message
+            );
+        }
+        // A verdict on the person's input is for the person.
+        let verdict = tonic::Status::invalid_argument("the photo shows no object");
+        assert_eq!(
+            stage_error(Stage::Vision, &verdict).message,
+            "vision stage failed: the photo shows no object"
+        );
+    }
 }

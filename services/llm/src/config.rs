@@ -3,7 +3,7 @@
 use std::{fmt, str::FromStr, time::Duration};
 
 use anyhow::{Context, anyhow};
-use ecoscan_common::config::{env_duration, env_opt, env_or};
+use ecoscan_common::config::{STORES_VAR, env_duration, env_opt, env_or};
 
 /// Which backend answers the calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +66,17 @@ impl FromStr for Provider {
 /// - `LLM_TOKENS_PER_MINUTE` — provider token budget per minute, 0 = unlimited [0]
 /// - `LLM_MOCK_LATENCY` — mean latency of a mock call [300ms]
 /// - `LLM_MOCK_JITTER` — mock latency spread, ± fraction of the mean, uniform [0.2]
+/// - `LLM_RESPONSE_FORMAT` — how a classification asks for JSON: `json_schema` | `json_object`
+///   | `none` [json_schema]; a server that answers 400 to `json_schema` is asked once more with
+///   `json_object`, and that model keeps `json_object` for the life of the process
+/// - `LLM_STREAM_OPTIONS` — send `stream_options: {include_usage: true}` with answers [true];
+///   `false` for servers that reject it (their answers then report no token usage)
+/// - `LLM_PROPAGATE_TRACE` — `true` | `false` | `auto` [auto]: send `traceparent` to the
+///   provider; `auto` sends it only to loopback and cluster-internal hosts (`localhost`,
+///   `*.svc`, `*.cluster.local`), never to a third party
+///
+/// With `ECOSCAN_STORES=production`, `LLM_PROVIDER=mock` stops the start: a production
+/// deployment must name its model provider.
 ///
 /// Concurrency and token limits apply to the `openai` provider only: the mock stands in for a
 /// provider in load tests, where its latency, not a local limit, is what is being simulated.
@@ -84,6 +95,9 @@ pub struct LlmConfig {
     pub tokens_per_minute: u32,
     pub mock_latency: Duration,
     pub mock_jitter: f64,
+    pub response_format: ResponseFormat,
+    pub stream_options: bool,
+    pub propagate_trace: PropagateTrace,
 }
 
 impl Default for LlmConfig {
@@ -103,6 +117,9 @@ impl Default for LlmConfig {
             tokens_per_minute: 0,
             mock_latency: Duration::from_millis(300),
             mock_jitter: 0.2,
+            response_format: ResponseFormat::JsonSchema,
+            stream_options: true,
+            propagate_trace: PropagateTrace::Auto,
         }
     }
 }
@@ -124,6 +141,9 @@ impl fmt::Debug for LlmConfig {
             .field("tokens_per_minute", &self.tokens_per_minute)
             .field("mock_latency", &self.mock_latency)
             .field("mock_jitter", &self.mock_jitter)
+            .field("response_format", &self.response_format)
+            .field("stream_options", &self.stream_options)
+            .field("propagate_trace", &self.propagate_trace)
             .finish()
     }
 }
@@ -146,8 +166,12 @@ impl LlmConfig {
             tokens_per_minute: env_or("LLM_TOKENS_PER_MINUTE", d.tokens_per_minute)?,
             mock_latency: env_duration("LLM_MOCK_LATENCY", d.mock_latency)?,
             mock_jitter: env_or("LLM_MOCK_JITTER", d.mock_jitter)?,
+            response_format: env_or("LLM_RESPONSE_FORMAT", d.response_format)?,
+            stream_options: env_or("LLM_STREAM_OPTIONS", d.stream_options)?,
+            propagate_trace: env_or("LLM_PROPAGATE_TRACE", d.propagate_trace)?,
         };
         config.validate().context("invalid llm configuration")?;
+        refuse_mock_in_production(env_opt(STORES_VAR).as_deref(), config.provider)?;
         Ok(config)
     }
 
@@ -171,6 +195,69 @@ impl LlmConfig {
             (Provider::Mock, _) => crate::mock::MODEL,
             (Provider::OpenAi, Operation::Classify) => &self.classify_model,
             (Provider::OpenAi, Operation::Answer) => &self.answer_model,
+        }
+    }
+}
+
+/// A deployment that promises production stores (`ECOSCAN_STORES=production`) serves people,
+/// and the mock's answers are not a model's: it must name a real provider.
+fn refuse_mock_in_production(stores: Option<&str>, provider: Provider) -> anyhow::Result<()> {
+    if stores.map(str::trim) == Some("production") && provider == Provider::Mock {
+        return Err(anyhow!(
+            "{STORES_VAR}=production, but LLM_PROVIDER is mock (the default when unset): the mock \
+             writes no real answers. Set LLM_PROVIDER=openai with LLM_BASE_URL, LLM_API_KEY, \
+             LLM_CLASSIFY_MODEL and LLM_ANSWER_MODEL for the model provider"
+        ));
+    }
+    Ok(())
+}
+
+/// How a classification asks for JSON (`LLM_RESPONSE_FORMAT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseFormat {
+    /// `response_format: {type: json_schema, …}` with the taxonomy as enums (OpenAI, vLLM,
+    /// recent Ollama and llama.cpp servers, LiteLLM).
+    JsonSchema,
+    /// `response_format: {type: json_object}`: any JSON object; the prompt describes the shape.
+    JsonObject,
+    /// No `response_format` at all, for servers that reject the field; the prompt asks for
+    /// JSON and the reader finds it in the text.
+    None,
+}
+
+impl FromStr for ResponseFormat {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "json_schema" => Ok(Self::JsonSchema),
+            "json_object" => Ok(Self::JsonObject),
+            "none" => Ok(Self::None),
+            other => Err(anyhow!(
+                "unknown response format {other:?} (use json_schema, json_object or none)"
+            )),
+        }
+    }
+}
+
+/// Whether the trace context goes to the provider (`LLM_PROPAGATE_TRACE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PropagateTrace {
+    Always,
+    Never,
+    /// Only to loopback and cluster-internal hosts: a third party learns nothing of our traces.
+    Auto,
+}
+
+impl FromStr for PropagateTrace {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "true" => Ok(Self::Always),
+            "false" => Ok(Self::Never),
+            "auto" => Ok(Self::Auto),
+            other => Err(anyhow!("unknown value {other:?} (use true, false or auto)")),
         }
     }
 }
@@ -200,6 +287,45 @@ mod tests {
         assert_eq!("OpenAI".parse::<Provider>().unwrap(), Provider::OpenAi);
         assert_eq!("mock".parse::<Provider>().unwrap(), Provider::Mock);
         assert!("anthropic".parse::<Provider>().is_err());
+    }
+
+    #[test]
+    fn production_stores_refuse_the_mock_and_name_what_to_set() {
+        let err = refuse_mock_in_production(Some("production"), Provider::Mock)
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "ECOSCAN_STORES=production",
+            "LLM_PROVIDER=openai",
+            "LLM_BASE_URL",
+        ] {
+            assert!(err.contains(needle), "{needle:?} in {err}");
+        }
+        refuse_mock_in_production(Some("production"), Provider::OpenAi).unwrap();
+        refuse_mock_in_production(None, Provider::Mock).unwrap();
+        refuse_mock_in_production(Some("auto"), Provider::Mock).unwrap();
+    }
+
+    #[test]
+    fn response_format_and_trace_settings_parse_and_refuse_unknown_values() {
+        assert_eq!(
+            "JSON_OBJECT".parse::<ResponseFormat>().unwrap(),
+            ResponseFormat::JsonObject
+        );
+        assert_eq!(
+            "none".parse::<ResponseFormat>().unwrap(),
+            ResponseFormat::None
+        );
+        assert!("json".parse::<ResponseFormat>().is_err());
+        assert_eq!(
+            "true".parse::<PropagateTrace>().unwrap(),
+            PropagateTrace::Always
+        );
+        assert_eq!(
+            "auto".parse::<PropagateTrace>().unwrap(),
+            PropagateTrace::Auto
+        );
+        assert!("yes".parse::<PropagateTrace>().is_err());
     }
 
     #[test]

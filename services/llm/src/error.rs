@@ -18,9 +18,13 @@ pub enum LlmError {
     /// The answer did not parse or does not have the requested shape.
     #[error("model answer is malformed: {0}")]
     Malformed(String),
-    /// The provider could not be reached, or the connection broke.
+    /// The provider could not be reached, or the connection broke before an answer began.
     #[error("model provider unreachable: {0}")]
     Transport(String),
+    /// A streamed answer broke off: the provider was reached and began to answer, then the
+    /// stream ended (or failed) before the answer was complete.
+    #[error("model answer stream broke off: {0}")]
+    Interrupted(String),
     /// Every attempt the client's retry budget allows failed transiently (`last` is the last
     /// failure): `LLM_MAX_RETRIES` retries were made, or the next wait would have ended past
     /// `LLM_RETRY_BUDGET`. The call was already retried here; a caller should not retry it
@@ -47,7 +51,10 @@ impl LlmError {
     /// Whether the same call may succeed when made again later.
     pub fn is_retryable(&self) -> bool {
         match self {
-            LlmError::RateLimited { .. } | LlmError::Timeout(_) | LlmError::Transport(_) => true,
+            LlmError::RateLimited { .. }
+            | LlmError::Timeout(_)
+            | LlmError::Transport(_)
+            | LlmError::Interrupted(_) => true,
             LlmError::Upstream { status, .. } => *status >= 500,
             LlmError::Malformed(_) => false,
             LlmError::RetriesExhausted { last, .. } => last.is_retryable(),
@@ -78,7 +85,34 @@ impl LlmError {
             LlmError::Timeout(_) => "timeout",
             LlmError::Malformed(_) => "malformed",
             LlmError::Transport(_) => "transport",
+            LlmError::Interrupted(_) => "interrupted",
             LlmError::RetriesExhausted { last, .. } => last.kind(),
+        }
+    }
+
+    /// One plain sentence per kind of failure, for people and for callers outside the
+    /// service: never the provider's own text (an error body may quote the request, name
+    /// internal hosts or the account), which stays in the logs, the call's span and analytics.
+    pub fn public_message(&self) -> String {
+        let what = match self.cause() {
+            LlmError::RateLimited { .. } => "the model provider is rate limiting requests",
+            LlmError::Upstream { status, .. } if *status >= 500 => {
+                "the model provider failed to answer"
+            }
+            LlmError::Upstream { .. } => "the model provider refused the request",
+            LlmError::Timeout(_) => "the model provider did not answer in time",
+            LlmError::Malformed(_) => "the model's answer could not be read",
+            LlmError::Transport(_) => "the model provider could not be reached",
+            LlmError::Interrupted(_) => "the model's answer broke off before it was complete",
+            // `cause()` unwraps it; were it ever nested, this is still true.
+            LlmError::RetriesExhausted { .. } => "the model call failed",
+        };
+        match self {
+            LlmError::RetriesExhausted { attempts, .. } => format!(
+                "{what}; gave up after {attempts} attempt{}",
+                if *attempts == 1 { "" } else { "s" }
+            ),
+            _ => what.to_owned(),
         }
     }
 }
@@ -105,6 +139,25 @@ mod tests {
             .is_retryable()
         );
         assert!(!LlmError::Malformed("x".into()).is_retryable());
+    }
+
+    #[test]
+    fn public_messages_never_carry_the_provider_text() {
+        let e = LlmError::RetriesExhausted {
+            attempts: 4,
+            last: Box::new(LlmError::Upstream {
+                status: 503,
+                body: "upstream 10.1.2.3 said: secret".into(),
+            }),
+        };
+        assert_eq!(
+            e.public_message(),
+            "the model provider failed to answer; gave up after 4 attempts"
+        );
+        let cut = LlmError::Interrupted("connection reset by 10.1.2.3".into());
+        assert!(cut.is_retryable());
+        assert!(!cut.public_message().contains("10.1.2.3"));
+        assert!(cut.to_string().starts_with("model answer stream broke off"));
     }
 
     #[test]

@@ -22,13 +22,13 @@ use std::{
 };
 
 use ecoscan_proto::v1::{CallStatus, LlmCall};
-use futures::{Stream, StreamExt as _};
+use futures::Stream;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{Instrument, Span, field::Empty};
 
-pub use config::{LlmConfig, Operation, Provider};
+pub use config::{LlmConfig, Operation, PropagateTrace, Provider, ResponseFormat};
 pub use error::LlmError;
 pub use metrics::LlmMetrics;
 pub use mock::{MODEL as MOCK_MODEL, marker as mock_marker};
@@ -74,7 +74,7 @@ struct Inner {
 
 enum Backend {
     Mock(mock::Mock),
-    OpenAi(openai::OpenAi),
+    OpenAi(Arc<openai::OpenAi>),
 }
 
 impl Llm {
@@ -90,7 +90,7 @@ impl Llm {
             Provider::Mock => {
                 Backend::Mock(mock::Mock::new(config.mock_latency, config.mock_jitter))
             }
-            Provider::OpenAi => Backend::OpenAi(openai::OpenAi::new(&config)?),
+            Provider::OpenAi => Backend::OpenAi(Arc::new(openai::OpenAi::new(&config)?)),
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -140,7 +140,7 @@ impl Llm {
             let mut log = self.start_log(Operation::Classify, &model, &input.job_id);
             let result = match &self.inner.backend {
                 Backend::Mock(m) => mock_classify(m, &input, &mut log).await,
-                Backend::OpenAi(o) => openai_classify(o, &input, &model, &mut log).await,
+                Backend::OpenAi(o) => o.classify(&input, &model, &mut log).await,
             };
             self.finish(log, result.as_ref().err().map(Failure::from));
             result
@@ -166,10 +166,20 @@ impl Llm {
             Backend::OpenAi(o) => {
                 let started = async {
                     let mut log = self.start_log(Operation::Answer, &model, &input.job_id);
-                    let body = openai::answer_body(&input, &model);
+                    let body = openai::answer_body(&input, &model, o.stream_options());
                     log.request_body = body.to_string();
-                    match o.send(&body, openai::answer_estimate(&input)).await {
-                        Ok(admitted) => Ok((admitted, log)),
+                    let estimate = openai::answer_estimate(&input);
+                    let mut budget = o.budget();
+                    match o.send(&body, estimate, &mut budget).await {
+                        Ok(admitted) => Ok((
+                            openai::Started {
+                                admitted,
+                                budget,
+                                body,
+                                estimate,
+                            },
+                            log,
+                        )),
                         Err(e) => {
                             self.finish(log, Some(Failure::from(&e)));
                             Err(e)
@@ -178,8 +188,8 @@ impl Llm {
                 }
                 .instrument(span.clone())
                 .await;
-                let (admitted, log) = started?;
-                let task = openai_answer(self.clone(), o.timeout(), admitted, log, tx);
+                let (started, log) = started?;
+                let task = openai::answer_task(self.clone(), o.clone(), started, log, tx);
                 tokio::spawn(task.instrument(span));
             }
         }
@@ -373,28 +383,6 @@ async fn mock_classify(
     Ok(output)
 }
 
-async fn openai_classify(
-    o: &openai::OpenAi,
-    input: &ClassifyInput,
-    model: &str,
-    log: &mut CallLog,
-) -> Result<ClassifyOutput, LlmError> {
-    let (image_url, redacted) = openai::image_urls(input);
-    log.request_body = openai::classify_body(input, model, &redacted).to_string();
-    let body = openai::classify_body(input, model, &image_url);
-    let admitted = o.send(&body, openai::classify_estimate(input)).await?;
-    let text = tokio::time::timeout(o.timeout(), admitted.response.text())
-        .await
-        .map_err(|_| LlmError::Timeout(o.timeout()))?
-        .map_err(|e| LlmError::Transport(openai::error_chain(&e)))?;
-    log.response_body = text.clone();
-    let (output, usage) = openai::parse_classification(&text, model)?;
-    log.model = output.model.clone();
-    log.input_tokens = usage.prompt_tokens;
-    log.output_tokens = usage.completion_tokens;
-    Ok(output)
-}
-
 type ChunkSender = mpsc::Sender<Result<AnswerChunk, LlmError>>;
 
 async fn mock_answer(
@@ -404,7 +392,7 @@ async fn mock_answer(
     mut log: CallLog,
     tx: ChunkSender,
 ) {
-    log.request_body = openai::answer_body(&input, mock::MODEL).to_string();
+    log.request_body = openai::answer_body(&input, mock::MODEL, true).to_string();
     log.input_tokens =
         mock::input_tokens(input.system_prompt.len() + input.user_prompt.len(), None);
     let text = mock::answer_text(input.locale, &input.subject, &input.steps);
@@ -436,73 +424,4 @@ async fn mock_answer(
     };
     llm.finish(log, None);
     let _ = tx.send(Ok(AnswerChunk::Done(usage))).await;
-}
-
-async fn openai_answer(
-    llm: Llm,
-    timeout: Duration,
-    admitted: openai::Admitted,
-    mut log: CallLog,
-    tx: ChunkSender,
-) {
-    // Held until the stream ends: a streaming call occupies a provider slot throughout.
-    let _permit = admitted.permit;
-    let mut events = openai::sse_events(admitted.response.bytes_stream(), timeout);
-    let mut text = String::new();
-    let outcome: Result<(), Option<LlmError>> = 'read: loop {
-        let events = match events.next().await {
-            Some(Ok(events)) => events,
-            Some(Err(e)) => break Err(Some(e)),
-            None => {
-                break Err(Some(LlmError::Transport(
-                    "answer stream ended before [DONE]".into(),
-                )));
-            }
-        };
-        for event in events {
-            match event {
-                openai::SseEvent::Delta(delta) => {
-                    if log.ttft.is_none() {
-                        log.ttft = Some(log.started.elapsed());
-                    }
-                    text.push_str(&delta);
-                    if tx.send(Ok(AnswerChunk::Delta(delta))).await.is_err() {
-                        break 'read Err(None);
-                    }
-                }
-                openai::SseEvent::Usage {
-                    model,
-                    usage_in,
-                    usage_out,
-                } => {
-                    if !model.is_empty() {
-                        log.model = model;
-                    }
-                    log.input_tokens = usage_in;
-                    log.output_tokens = usage_out;
-                }
-                openai::SseEvent::Done => break 'read Ok(()),
-                openai::SseEvent::Nothing => {}
-            }
-        }
-    };
-    log.response_body = text;
-    match outcome {
-        Ok(()) => {
-            let usage = AnswerUsage {
-                provider: Provider::OpenAi.as_str().to_owned(),
-                model: log.model.clone(),
-                input_tokens: log.input_tokens,
-                output_tokens: log.output_tokens,
-                ttft: log.ttft,
-            };
-            llm.finish(log, None);
-            let _ = tx.send(Ok(AnswerChunk::Done(usage))).await;
-        }
-        Err(None) => llm.finish(log, Some(Failure::cancelled())),
-        Err(Some(e)) => {
-            llm.finish(log, Some(Failure::from(&e)));
-            let _ = tx.send(Err(e)).await;
-        }
-    }
 }

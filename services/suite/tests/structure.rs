@@ -46,8 +46,6 @@ const REVIEWED_LONG_MODULES: &[&str] = &[
     "services/common/src/telemetry.rs",
     "services/ingest/src/fetch/addr.rs",
     "services/ingest/src/store/jobs.rs",
-    "services/llm/src/lib.rs",
-    "services/llm/src/openai.rs",
     "services/rule/src/dataset.rs",
     "services/suite/src/lib.rs",
 ];

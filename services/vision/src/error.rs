@@ -38,12 +38,12 @@ impl From<Error> for Status {
             }
             // Transient provider trouble (429, 5xx, timeouts, connection failures): worth a
             // retry by the caller, unless the model client already spent its retries on it.
+            // The message is one plain sentence per kind of failure: the provider's own text
+            // (which may quote hosts, the account or the request) stays in the log and the
+            // call's span.
             Error::Llm(ref llm) if llm.is_retryable() => {
                 tracing::warn!(error = %llm, "model call failed");
-                let status = Status::new(
-                    Code::Unavailable,
-                    format!("model provider unavailable: {llm}"),
-                );
+                let status = Status::new(Code::Unavailable, llm.public_message());
                 if llm.retries_exhausted() {
                     codes::mark_retried(status)
                 } else {
@@ -52,9 +52,11 @@ impl From<Error> for Status {
             }
             Error::Llm(ref llm) => {
                 tracing::error!(error = %llm, "model call failed");
-                let message = match llm {
-                    LlmError::Malformed(_) => "model answer could not be read as a classification",
-                    _ => "model provider rejected the classification request",
+                let message = match llm.cause() {
+                    LlmError::Malformed(_) => {
+                        "the model's answer could not be used as a classification"
+                    }
+                    _ => "the model provider refused the classification request",
                 };
                 Status::internal(message)
             }
@@ -144,5 +146,24 @@ mod tests {
             body: "secret detail".into(),
         }));
         assert!(!status.message().contains("secret"));
+    }
+
+    #[test]
+    fn retryable_failures_do_not_leak_provider_bodies_either() {
+        for llm in [
+            LlmError::Upstream {
+                status: 503,
+                body: "secret upstream detail".into(),
+            },
+            LlmError::RetriesExhausted {
+                attempts: 2,
+                last: Box::new(LlmError::Transport("dns error: secret.internal".into())),
+            },
+            LlmError::Interrupted("reset by secret peer".into()),
+        ] {
+            let status = Status::from(Error::Llm(llm));
+            assert_eq!(status.code(), Code::Unavailable);
+            assert!(!status.message().contains("secret"), "{}", status.message());
+        }
     }
 }

@@ -20,7 +20,10 @@ use super::{
 };
 use crate::{
     error::StoreError,
-    event::{delta, event, failed, progress_range, restarted, stage_name, terminal_event_from_row},
+    event::{
+        delta, event, failed, progress_range, restarted, stage_error, stage_name,
+        terminal_event_from_row,
+    },
     store::{Job, Lease, jobs::Checkpoint},
 };
 
@@ -167,12 +170,7 @@ impl Ctx {
                 tracing::info!(job.id = %job_id, "scan complete");
             }
             Err(StageFailure { stage, status }) => {
-                let error = ErrorInfo {
-                    code: codes::code_name(status.code()).to_owned(),
-                    http_status: u32::from(codes::http_status(status.code())),
-                    message: format!("{} stage failed: {}", stage_name(stage), status.message()),
-                    retryable: codes::retryable(status.code()),
-                };
+                let error = stage_error(stage, &status);
                 tracing::warn!(job.id = %job_id, stage = stage_name(stage), code = %error.code, error = %status.message(), "scan failed");
                 self.append(epoch, failed(job_id, stage, &error)).await?;
                 self.stores

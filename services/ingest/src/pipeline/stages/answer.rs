@@ -33,10 +33,18 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             .into_inner();
         Ok(messages(stream, |m| {
             m.event.map(|e| match e {
-                Event::Progress(p) => StageMsg::Progress(p),
+                Event::Progress(p) => StageMsg::Progress(before_the_text(p)),
                 Event::Delta(d) => StageMsg::Delta(d),
                 Event::Answer(a) => StageMsg::Output(Box::new(Checkpoint::Answer(a))),
             })
         }))
     })
+}
+
+/// The answer's share of the job's progress measures its text: the runner places each delta
+/// by the characters written so far, from the start of the stage's range. A step the service
+/// reports before the text (composing the prompt) therefore sits at that start, or the first
+/// delta would move the job's progress backwards (0.535 -> 0.518).
+fn before_the_text(p: ecoscan_proto::v1::Progress) -> ecoscan_proto::v1::Progress {
+    ecoscan_proto::v1::Progress { fraction: 0.0, ..p }
 }
