@@ -190,6 +190,9 @@ struct UpArgs {
     host: IpAddr,
     #[arg(long, env = "ECOSCAN_GATEWAY_PORT", default_value_t = Ports::DEFAULT.gateway)]
     gateway_port: u16,
+    /// The gateway's admin listener (`/metrics`, `/readyz`), always on 127.0.0.1.
+    #[arg(long, env = "ECOSCAN_GATEWAY_ADMIN_PORT", default_value_t = Ports::DEFAULT.gateway_admin)]
+    gateway_admin_port: u16,
     #[arg(long, env = "ECOSCAN_INGEST_PORT", default_value_t = Ports::DEFAULT.ingest)]
     ingest_port: u16,
     #[arg(long, env = "ECOSCAN_VISION_PORT", default_value_t = Ports::DEFAULT.vision)]
@@ -236,6 +239,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = ecoscan_common::telemetry::init_routed("suite", ecoscan::telemetry_routes())?;
     let ports = Ports {
         gateway: args.gateway_port,
+        gateway_admin: args.gateway_admin_port,
         ingest: args.ingest_port,
         vision: args.vision_port,
         rule: args.rule_port,
@@ -260,6 +264,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "\necoscan is up (model provider: {provider}; data in {data})\n\n\
          gateway        http://{gw}   (demo page: http://{gw}/)\n\
+         gateway admin  http://{admin}   (/metrics, /readyz)\n\
          ingest         {ingest}\n\
          vision         {vision}\n\
          rule           {rule}\n\
@@ -274,6 +279,7 @@ async fn main() -> anyhow::Result<()> {
          grpcurl {grpcurl} -d '{{}}' {rule} ecoscan.v1.RuleService/ListCategories\n",
         data = args.data_dir.display(),
         gw = a.gateway,
+        admin = a.gateway_admin,
         ingest = a.ingest,
         vision = a.vision,
         rule = a.rule,
