@@ -515,15 +515,49 @@ pub fn telemetry_routes() -> ecoscan_common::telemetry::ServiceRoutes {
 /// are tracked in a table of its own, so services may share one database, and running it again
 /// changes nothing. Returns the services migrated, in order.
 pub async fn migrate_all() -> anyhow::Result<Vec<&'static str>> {
-    ecoscan_ingest::migrate(&ecoscan_ingest::Config::from_env()?).await?;
-    tracing::info!(service = "ingest", "migrated");
-    ecoscan_reward::migrate(&ecoscan_reward::Config::from_env()?).await?;
-    tracing::info!(service = "reward", "migrated");
-    ecoscan_analytics::migrate(&ecoscan_analytics::Config::from_env()?).await?;
-    tracing::info!(service = "analytics", "migrated");
-    ecoscan_notification::migrate(&ecoscan_notification::Config::from_env()?).await?;
-    tracing::info!(service = "notification", "migrated");
-    Ok(vec!["ingest", "reward", "analytics", "notification"])
+    migrate(&[]).await
+}
+
+/// The services with a database, in the order [`migrate`] takes them.
+pub const WITH_DATABASE: [Service; 4] = [
+    Service::Ingest,
+    Service::Reward,
+    Service::Analytics,
+    Service::Notification,
+];
+
+/// `ecoscan migrate SERVICE…`: [`migrate_all`] for `services` only (all of them when empty).
+/// Each runs under its migrator's PostgreSQL advisory lock (pods starting together wait, one
+/// applies, the others find it done) and fails on a schema newer than this binary knows, so
+/// an older release never serves against a newer schema.
+pub async fn migrate(services: &[Service]) -> anyhow::Result<Vec<&'static str>> {
+    if let Some(s) = services.iter().find(|s| !WITH_DATABASE.contains(s)) {
+        anyhow::bail!(
+            "{} has no database to migrate (services with one: ingest, reward, analytics, \
+             notification)",
+            s.name()
+        );
+    }
+    let mut done = Vec::new();
+    for service in WITH_DATABASE {
+        if !services.is_empty() && !services.contains(&service) {
+            continue;
+        }
+        match service {
+            Service::Ingest => ecoscan_ingest::migrate(&ecoscan_ingest::Config::from_env()?).await?,
+            Service::Reward => ecoscan_reward::migrate(&ecoscan_reward::Config::from_env()?).await?,
+            Service::Analytics => {
+                ecoscan_analytics::migrate(&ecoscan_analytics::Config::from_env()?).await?
+            }
+            Service::Notification => {
+                ecoscan_notification::migrate(&ecoscan_notification::Config::from_env()?).await?
+            }
+            _ => unreachable!("only services with a database are listed"),
+        }
+        tracing::info!(service = service.name(), "migrated");
+        done.push(service.name());
+    }
+    Ok(done)
 }
 
 /// Variable naming a file to which [`serve_one`] writes the address it bound (`127.0.0.1:PORT`)

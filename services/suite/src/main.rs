@@ -39,11 +39,20 @@ enum Command {
     Characters(ListArgs),
     /// Your notifications, newest first; `--follow` prints new ones as they arrive.
     Notifications(NotificationsArgs),
-    /// Bring every service's database schema up to date, then exit (the Kubernetes migration
-    /// Job; safe to run again). Each service reads its database URL as when it serves:
-    /// `INGEST_DATABASE_URL`, `REWARD_DATABASE_URL`, `ANALYTICS_DATABASE_URL`,
-    /// `NOTIFICATION_DATABASE_URL`, else `DATABASE_URL`.
-    Migrate,
+    /// Bring the database schema of the named services (ingest, reward, analytics,
+    /// notification; all four when none is named) up to date, then exit: the init container of
+    /// each Kubernetes Deployment with a database. Safe to run again and at once from many pods
+    /// (PostgreSQL advisory lock); fails on a schema newer than this binary knows. Each service
+    /// reads its database URL as when it serves: `INGEST_DATABASE_URL`, `REWARD_DATABASE_URL`,
+    /// `ANALYTICS_DATABASE_URL`, `NOTIFICATION_DATABASE_URL`, else `DATABASE_URL`.
+    Migrate(MigrateArgs),
+}
+
+#[derive(clap::Args)]
+struct MigrateArgs {
+    /// The services to migrate (default: every one with a database).
+    #[arg(value_enum)]
+    services: Vec<Service>,
 }
 
 /// Where the gateway is and who the client acts for.
@@ -227,9 +236,9 @@ async fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Command::Notifications(args) => return notifications(args).await,
-        Command::Migrate => {
+        Command::Migrate(args) => {
             let _telemetry = ecoscan_common::telemetry::init("migrate")?;
-            let done = ecoscan::migrate_all().await?;
+            let done = ecoscan::migrate(&args.services).await?;
             println!("migrated: {}", done.join(", "));
             return Ok(());
         }
