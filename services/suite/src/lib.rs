@@ -544,8 +544,12 @@ pub async fn migrate(services: &[Service]) -> anyhow::Result<Vec<&'static str>> 
             continue;
         }
         match service {
-            Service::Ingest => ecoscan_ingest::migrate(&ecoscan_ingest::Config::from_env()?).await?,
-            Service::Reward => ecoscan_reward::migrate(&ecoscan_reward::Config::from_env()?).await?,
+            Service::Ingest => {
+                ecoscan_ingest::migrate(&ecoscan_ingest::Config::from_env()?).await?
+            }
+            Service::Reward => {
+                ecoscan_reward::migrate(&ecoscan_reward::Config::from_env()?).await?
+            }
             Service::Analytics => {
                 ecoscan_analytics::migrate(&ecoscan_analytics::Config::from_env()?).await?
             }

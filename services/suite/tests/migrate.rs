@@ -149,7 +149,11 @@ async fn migrate_one_service_touches_no_other_and_refuses_a_schema_newer_than_it
     };
 
     let out = run(&["reward"]).await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "migrated: reward\n");
     let tables: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT table_name::text FROM information_schema.tables \
@@ -174,7 +178,10 @@ async fn migrate_one_service_touches_no_other_and_refuses_a_schema_newer_than_it
     let out = run(&["reward"]).await.unwrap();
     assert!(!out.status.success(), "a newer schema must be refused");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("failed to migrate the reward database"), "{err}");
+    assert!(
+        err.contains("failed to migrate the reward database"),
+        "{err}"
+    );
     assert!(err.contains("99999999999999"), "{err}");
 
     // A service without a database is a usage error.
