@@ -142,6 +142,19 @@ def main() -> int:
                     sys.exit(f"{svc} did not start:\n{(work / f'{svc}.log').read_text()}")
                 time.sleep(0.05)
             addrs[svc] = (work / f"{svc}.addr").read_text().strip()
+            # Listening is not serving: wait until it answers (its stores opened), since the
+            # gateway's readiness does not wait on its backends.
+            if svc != "gateway":
+                while True:
+                    try:
+                        if urllib.request.urlopen(f"http://{addrs[svc]}/readyz",
+                                                  timeout=2).status == 200:
+                            break
+                    except OSError:
+                        pass
+                    if procs[svc].poll() is not None or time.time() > deadline:
+                        sys.exit(f"{svc} did not serve:\n{(work / f'{svc}.log').read_text()}")
+                    time.sleep(0.05)
         admin = None
         while admin is None:
             if (work / "gateway.admin").exists():
