@@ -6,13 +6,18 @@
 #      K8S_VERSION (kubernetes-validate, strict) and the custom resources against the CRD
 #      schemas kept in k8s/crds/ (jsonschema);
 #   3. holds the manifests to the code (infra/k8s_check.py: variables the services read, the
-#      ports they listen on, probes, PDBs, headless Services, NetworkPolicies, autoscaling),
-#      after a self-test showing it catches deliberately broken manifests.
+#      ports they listen on, probes, PDBs, headless Services, NetworkPolicies, autoscaling) and
+#      to the release gates (readiness independent of peers, no mock model in prod, migrations
+#      in init containers, memory request = limit, Pod Security "restricted" on every pod and
+#      namespace, a Secret that rolls the pods, ingest's web egress without link-local),
+#      after a self-test showing it catches deliberately broken manifests;
+#   4. runs checkov (pinned, from PyPI, offline) over the dev and prod renders, with the
+#      short skip list below, each skip with its reason.
 #
 # Usage: infra/k8s-check.sh            (from anywhere; exit status 0 when everything passes)
 #
-# Needs kubectl (for its built-in kustomize) and python3 with venv. The one thing it installs
-# is the pinned PyPI package kubernetes-validate (with jsonschema and PyYAML), into a
+# Needs kubectl (for its built-in kustomize) and python3 with venv. It installs the pinned PyPI
+# packages kubernetes-validate (with jsonschema and PyYAML) and checkov, each into a
 # virtualenv under ${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}, once.
 set -euo pipefail
 
@@ -20,6 +25,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 K8S_VERSION=1.32.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
+CHECKOV_VERSION=3.3.30
 TOOLS_DIR="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}"
 VENV="$TOOLS_DIR/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
 
@@ -45,6 +51,18 @@ if ! "$VENV/bin/python" -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev
 fi
 PYTHON="$VENV/bin/python"
 
+CHECKOV_VENV="$TOOLS_DIR/checkov-$CHECKOV_VERSION"
+if ! "$CHECKOV_VENV/bin/checkov" --version >/dev/null 2>&1; then
+    say "installing checkov==$CHECKOV_VERSION into $CHECKOV_VENV"
+    rm -rf "$CHECKOV_VENV"
+    mkdir -p "$TOOLS_DIR"
+    python3 -m venv "$CHECKOV_VENV" ||
+        die "python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)"
+    "$CHECKOV_VENV/bin/pip" install --quiet --disable-pip-version-check \
+        "checkov==$CHECKOV_VERSION" ||
+        { rm -rf "$CHECKOV_VENV"; die "could not install checkov from PyPI"; }
+fi
+
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -61,20 +79,29 @@ render_with_servicemonitor() { # overlay
     local k8s
     k8s=$("$PYTHON" -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' \
         "$PWD/k8s" "$dir")
+    local overlay="$k8s/overlays/$1"
+    [[ "$1" == prod ]] && overlay=$("$PYTHON" -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' \
+        "$out/k8s/overlays/prod" "$dir")
     cat >"$dir/kustomization.yaml" <<EOF
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
-  - $k8s/overlays/$1
+  - $overlay
 components:
   - $k8s/components/servicemonitor
 EOF
     render "$1+servicemonitor" "$dir"
 }
 
+# prod generates its Secret from secrets.env, which is never committed: render a copy of k8s/
+# with the example's placeholder values in it (or the operator's own secrets.env when present).
+cp -r k8s "$out/k8s"
+[[ -f "$out/k8s/overlays/prod/secrets.env" ]] ||
+    cp k8s/overlays/prod/secrets.env.example "$out/k8s/overlays/prod/secrets.env"
+
 render base k8s/base
 render dev k8s/overlays/dev
-render prod k8s/overlays/prod
+render prod "$out/k8s/overlays/prod"
 render_with_servicemonitor dev
 render_with_servicemonitor prod
 say "rendered base, dev, prod, dev+servicemonitor, prod+servicemonitor ($(kubectl version --client 2>/dev/null | grep -i kustomize || echo 'kubectl kustomize'))"
@@ -88,4 +115,21 @@ done
     die "self-test failed: infra/k8s_check.py misses a broken manifest (see above)"
 "$PYTHON" infra/k8s_check.py --kubernetes-version "$K8S_VERSION" "${renders[@]}" ||
     die "FAILED (see the problems above)"
+
+# checkov's Kubernetes checks. Skipped, each for a stated reason (k8s/README.md, "Validation"):
+#   CKV_K8S_43  image by digest: a release pins the digest with `kustomize edit set image`
+#               (k8s/README.md, "Pinning the image"); the committed overlay names a tag.
+#   CKV_K8S_15  imagePullPolicy Always: a pinned tag or digest does not move, so IfNotPresent
+#               is right and starts faster.
+#   CKV_K8S_35  secrets as files rather than environment variables: the services read their
+#               settings from the environment only.
+#   CKV2_K8S_6  a NetworkPolicy per pod: checkov does not see the namespace-wide default-deny
+#               (podSelector {}) that covers every pod.
+CHECKOV_SKIP=CKV_K8S_43,CKV_K8S_15,CKV_K8S_35,CKV2_K8S_6
+for name in dev prod; do
+    "$CHECKOV_VENV/bin/checkov" --framework kubernetes --skip-download --quiet --compact \
+        --skip-check "$CHECKOV_SKIP" -f "$out/$name.yaml" >"$out/checkov-$name.txt" 2>&1 ||
+        { cat "$out/checkov-$name.txt" >&2; die "checkov found problems in the $name render"; }
+    say "checkov $CHECKOV_VERSION: $name: $(grep -m1 -o 'Passed checks: [0-9]*, Failed checks: [0-9]*, Skipped checks: [0-9]*' "$out/checkov-$name.txt" || echo 'no summary')"
+done
 say "passed"

@@ -61,6 +61,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from k8s_pss import restricted_violations  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_K8S_VERSION = "1.32.0"
 
@@ -130,6 +133,8 @@ ENV_CALL = re.compile(
     r"(?:\"([A-Za-z_][A-Za-z0-9_]*)\"|([A-Z][A-Z0-9_]*)\s*[,)])"
 )
 CLAP_ENV = re.compile(r"\benv\s*=\s*\"([A-Za-z_][A-Za-z0-9_]*)\"")
+# ecoscan_common::binary::bind(service, VAR, default): a listen address read from VAR.
+BIND_CALL = re.compile(r"\bbind\(\s*\"[^\"]*\",\s*\"([A-Z][A-Z0-9_]*)\"")
 CONST_STR = re.compile(r"\bconst\s+([A-Z][A-Z0-9_]*)\s*:\s*&(?:'static\s+)?str\s*=\s*\"([^\"]*)\"\s*;")
 DEFAULT_ENV_FILTER = re.compile(r"\b(?:try_)?from_default_env\s*\(")
 TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{")
@@ -147,6 +152,13 @@ class CodeFacts:
     dispatch_stream: str
     dispatch_group: str
     has_migrate: bool
+    # Services with PostgreSQL migrations (services/<svc>/migrations): each Deployment of one
+    # runs `ecoscan migrate <svc>` as an init container.
+    db_services: list[str] = field(default_factory=list)
+    # The gateway's admin listener (/readyz, /metrics): its variable and default port.
+    admin_var: str = "GATEWAY_ADMIN_ADDR"
+    # Problems found in the code itself (a readiness handler that calls a backend).
+    code_problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -182,6 +194,7 @@ def _vars_in_texts(texts: list[str], const_texts: list[str]) -> set[str]:
             elif ident in consts:
                 names.add(consts[ident])
         names.update(CLAP_ENV.findall(t))
+        names.update(BIND_CALL.findall(t))
         if DEFAULT_ENV_FILTER.search(t):
             names.add("RUST_LOG")  # tracing_subscriber::EnvFilter::DEFAULT_ENV
     # TEST_* variables steer test harnesses (e.g. TEST_LOG in init_for_tests), not services.
@@ -234,7 +247,7 @@ def read_code(repo: Path = REPO) -> CodeFacts:
     ports = {k: int(v) for k, v in re.findall(r"(\w+):\s*(\d+)", m.group(1))} if m else {}
     serve_one = _fn_body(suite, "serve_one")
     crate_of = {v: c.replace("_", "-") for v, c in re.findall(
-        r"Service::(\w+)\s*=>\s*\{?\s*(ecoscan_\w+)::serve\(", serve_one)}
+        r"Service::(\w+)\s*=>\s*\{?\s*(?:let\s+\w+\s*=\s*)?(ecoscan_\w+)::", serve_one)}
     host = re.search(r"format!\(\"([^:\"]+):\{\}\",\s*service\.default_port\(\)\)", serve_one)
     if not (names and ports) or any(v not in addr or v not in fields or v not in crate_of
                                     or fields[v] not in ports for v in names):
@@ -273,7 +286,18 @@ def read_code(repo: Path = REPO) -> CodeFacts:
         dispatch_stream=stream.group(1), dispatch_group=group.group(1), has_migrate=has_migrate)
     if not has_migrate:
         facts.notes.append("`ecoscan migrate` is not in services/suite/src/main.rs yet; the "
-                           "migration Job's command is accepted as announced")
+                           "migration init container's command is accepted as announced")
+    facts.db_services = sorted(s for s in facts_services
+                               if (repo / "services" / s / "migrations").is_dir())
+    # Readiness is a process's own state: the gateway's /readyz handler must not call a
+    # backend (a backend's outage would take every gateway replica out of the Service).
+    health = (repo / "gateway/src/routes/health.rs").read_text()
+    readyz = _fn_body(health, "readyz")
+    for sign in ("Client", ".check(", "channel", "join_all", ".await"):
+        if sign in readyz:
+            facts.code_problems.append(
+                f"gateway/src/routes/health.rs: readyz contains `{sign}`: readiness must not "
+                "wait on a backend (backend health belongs in gateway_backend_up)")
     return facts
 
 
@@ -403,6 +427,16 @@ def image_pinned(image: str) -> bool:
     return ":" in last and last.split(":", 1)[1] not in ("", "latest")
 
 
+def parse_quantity(q) -> float:
+    """A Kubernetes quantity (`256Mi`, `1G`, `500m`, `2`) as a number."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9,
+             "T": 1e12, "m": 1e-3}
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(q))
+    if not m or m.group(2) not in units and m.group(2):
+        raise ValueError(f"bad quantity {q!r}")
+    return float(m.group(1)) * units.get(m.group(2), 1)
+
+
 def selector_matches(sel: dict | None, labels: dict) -> bool:
     """A LabelSelector (matchLabels/matchExpressions); an empty one matches everything."""
     if sel is None:
@@ -438,6 +472,9 @@ class Pod:
     def containers(self):
         return self.spec.get("containers", [])
 
+    def init_containers(self):
+        return self.spec.get("initContainers", []) or []
+
     def port_by_name(self, name: str) -> int | None:
         for c in self.containers():
             for p in c.get("ports", []):
@@ -454,6 +491,9 @@ class Workload:
     service: str | None   # for serve
     env: dict             # name -> source tuple
     listen_port: int | None = None
+    admin_port: int | None = None      # the gateway's admin listener
+    migrates: list[str] = field(default_factory=list)  # for migrate: the services named
+    init: bool = False    # an init container
 
 
 class Render:
@@ -631,7 +671,8 @@ class Checker:
     def workloads(self) -> list[Workload]:
         out = []
         for pod in self.r.pods():
-            for c in pod.containers():
+            for init, c in [(False, c) for c in pod.containers()] + \
+                    [(True, c) for c in pod.init_containers()]:
                 if image_repo(c.get("image", "")) != "ecoscan":
                     continue
                 argv = (c.get("command") or []) + (c.get("args") or [])
@@ -639,10 +680,14 @@ class Checker:
                     self.err(pod.owner, "sets `command`; the image's entrypoint is `ecoscan`, "
                              "give `args` only")
                 env = self.env_of(pod, c)
-                if len(argv) == 2 and argv[0] == "serve" and argv[1] in self.code.services:
+                if not init and len(argv) == 2 and argv[0] == "serve" \
+                        and argv[1] in self.code.services:
                     out.append(Workload(pod, c, "serve", argv[1], env))
-                elif argv == ["migrate"]:
-                    out.append(Workload(pod, c, "migrate", None, env))
+                elif argv[:1] == ["migrate"] and all(a in self.code.db_services
+                                                    for a in argv[1:]):
+                    out.append(Workload(pod, c, "migrate", None, env,
+                                        migrates=argv[1:] or list(self.code.db_services),
+                                        init=init))
                 else:
                     self.err(pod.owner, f"container {c['name']}: args {argv} are neither "
                              f"`serve <{'|'.join(self.code.services)}>` nor `migrate`")
@@ -700,7 +745,7 @@ class Checker:
     def check_env(self, w: Workload):
         who = w.service or "`ecoscan migrate`"
         allowed = self.code.reads[w.service] if w.service else \
-            set().union(*(self.code.reads[s] for s in self.code.services))
+            set().union(*(self.code.reads[s] for s in w.migrates))
         for name, src in w.env.items():
             self.count("environment variables checked")
             if name not in self.code.reads_anywhere:
@@ -800,6 +845,9 @@ class Checker:
         if port not in cports:
             self.err(owner, f"no containerPort {port} ({svc} listens on {port})")
         grpc = svc != "gateway"
+        if not grpc:
+            self.admin_listener(w)
+        targets = {port} | ({w.admin_port} if w.admin_port else set())
         probes = ["livenessProbe", "readinessProbe"] + (["startupProbe"] if grpc else [])
         for name in probes:
             probe = c.get(name)
@@ -809,13 +857,16 @@ class Checker:
             self.count("probes checked")
             if grpc and "grpc" not in probe and name != "startupProbe":
                 self.err(owner, f"{name} is not a native gRPC probe")
+            # The gateway's readiness is on its admin listener; everything else on the port
+            # the service listens on.
+            want = w.admin_port if (not grpc and name == "readinessProbe") else port
             for h in ("grpc", "httpGet", "tcpSocket"):
                 if h in probe:
                     p = probe[h].get("port")
                     p = pod.port_by_name(p) if isinstance(p, str) else p
-                    if p != port:
+                    if want is not None and p != want:
                         self.err(owner, f"{name} probes port {probe[h].get('port')}, but {svc} "
-                                 f"listens on {port}")
+                                 f"answers it on {want}")
             if "grpc" in probe and probe["grpc"].get("service", "") != "":
                 self.err(owner, f"{name} asks gRPC health for service "
                          f"{probe['grpc']['service']!r}; the overall status is \"\"")
@@ -850,12 +901,168 @@ class Checker:
             for sp in s["spec"].get("ports", []):
                 tp = sp.get("targetPort", sp["port"])
                 tp = pod.port_by_name(tp) if isinstance(tp, str) else tp
-                if tp != port:
+                if tp not in targets:
                     self.err(s, f"port {sp.get('name', sp['port'])} targets {sp.get('targetPort')}"
                              f", but {svc} listens on {port}")
                 if headless and sp["port"] != port:
                     self.err(s, f"headless Service port {sp['port']} differs from the pod port "
                              f"{port}; callers connect to the pods at the Service port")
+
+    def admin_listener(self, w: Workload):
+        """The gateway's admin listener: set, reachable (not loopback), a container port."""
+        var = self.code.admin_var
+        src = w.env.get(var)
+        if src is None:
+            self.err(w.pod.owner, f"does not set {var}: /readyz and /metrics would listen on "
+                     "loopback only, out of reach of the kubelet's probes and Prometheus")
+            return
+        value = self.resolve(w.pod, src)
+        m = re.fullmatch(r"\[?([^\]]*)\]?:(\d+)", value or "")
+        if not m:
+            self.err(w.pod.owner, f"{var}={value!r} is not a resolvable host:port")
+            return
+        if m.group(1).startswith("127.") or m.group(1) in ("localhost", "::1"):
+            self.err(w.pod.owner, f"{var}={value} listens on loopback only")
+        w.admin_port = int(m.group(2))
+        if w.admin_port == w.listen_port:
+            self.err(w.pod.owner, f"{var} is the API port: readiness and metrics would be public")
+        if w.admin_port not in [p["containerPort"] for p in w.container.get("ports", [])]:
+            self.err(w.pod.owner, f"no containerPort {w.admin_port} (the admin listener)")
+
+    # -- release gates: readiness, model, migrations, sizing, Pod Security, secrets, egress -----
+    def check_readiness(self, ws: list[Workload]):
+        """Readiness is each process's own state: never a path that waits on a peer."""
+        for p in self.code.code_problems:
+            self.err("(code)", p)
+        for w in ws:
+            if not w.service:
+                continue
+            probe = w.container.get("readinessProbe") or {}
+            if w.service == "gateway":
+                got = probe.get("httpGet", {})
+                if got.get("path") != "/readyz":
+                    self.err(w.pod.owner, "readinessProbe is not GET /readyz on the admin "
+                             "listener (the gateway's own state, no backend call)")
+            elif probe and ("grpc" not in probe or probe["grpc"].get("service", "") != ""):
+                self.err(w.pod.owner, "readinessProbe is not the overall gRPC health status "
+                         "(SERVING until the process drains; never a peer's state)")
+
+    def check_model(self, ws: list[Workload]):
+        """The model provider comes from the Secret, never a ConfigMap or a literal."""
+        for cm in self.r.of("ConfigMap"):
+            if cm["metadata"]["name"].startswith("ecoscan-config") and \
+                    "LLM_PROVIDER" in (cm.get("data") or {}):
+                self.err(cm, "sets LLM_PROVIDER: the provider comes from the Secret, so that "
+                         "no shared setting can put the mock model in front of users")
+        for w in ws:
+            src = w.env.get("LLM_PROVIDER")
+            if w.service in ("vision", "answer"):
+                if src is None or src[0] != "secret" or src[3]:
+                    self.err(w.pod.owner, "LLM_PROVIDER must come from a required key of the "
+                             "Secret (secretKeyRef, not optional)")
+            if src is not None and "prod" in self.r.name and \
+                    (self.resolve(w.pod, src) or "").strip().lower() == "mock":
+                self.err(w.pod.owner, "LLM_PROVIDER=mock in prod: the mock model must never "
+                         "answer users")
+
+    def check_migrations(self, ws: list[Workload]):
+        """Each Deployment with a database migrates in an init container before it serves; no
+        fixed-name Job (a Job's pod template is immutable, so the next release's apply fails)."""
+        for job in self.r.of("Job"):
+            self.err(job, "a Job in the manifests: its pod template is immutable, so the next "
+                     "release's `kubectl apply` fails (\"field is immutable\"); migrations run "
+                     "in each Deployment's init container")
+        for w in ws:
+            if w.command == "migrate" and not w.init:
+                self.err(w.pod.owner, "runs `ecoscan migrate` outside an init container")
+        for w in ws:
+            if w.service not in self.code.db_services:
+                continue
+            inits = [x for x in ws if x.pod is w.pod and x.init and x.command == "migrate"]
+            if not any(w.service in x.migrates for x in inits):
+                self.err(w.pod.owner, f"no init container runs `ecoscan migrate {w.service}`: "
+                         f"{w.service} could start against a schema older than it needs")
+
+    def check_sizing(self, ws: list[Workload]):
+        """Memory request = limit (a pod is never killed for memory it was promised), and a
+        CPU request to scale on."""
+        for w in ws:
+            res = w.container.get("resources") or {}
+            req, lim = res.get("requests") or {}, res.get("limits") or {}
+            if "memory" in req and "memory" in lim and \
+                    parse_quantity(req["memory"]) != parse_quantity(lim["memory"]):
+                self.err(w.pod.owner, f"container {w.container['name']}: memory request "
+                         f"{req['memory']} differs from its limit {lim['memory']} "
+                         "(request = limit: measured, see k8s/README.md \"Sizing\")")
+            self.count("containers sized")
+
+    def check_pod_security(self):
+        for pod in self.r.pods():
+            for v in restricted_violations(pod.spec):
+                self.err(pod.owner, f"Pod Security restricted: {v}")
+            self.count("pods held to Pod Security restricted")
+        for ns in self.r.of("Namespace"):
+            labels = ns["metadata"].get("labels") or {}
+            if labels.get("pod-security.kubernetes.io/enforce") != "restricted":
+                self.err(ns, "no label pod-security.kubernetes.io/enforce=restricted")
+            if not labels.get("pod-security.kubernetes.io/enforce-version"):
+                self.err(ns, "the Pod Security level is not pinned to a version "
+                         "(pod-security.kubernetes.io/enforce-version)")
+
+    def check_generated_secret(self, ws: list[Workload]):
+        """prod: the Secret is generated from secrets.env (its name carries a hash of its values,
+        so a changed value rolls the pods), and k8s/README.md names every key the pods read."""
+        secrets = [s for s in self.r.of("Secret")
+                   if s["metadata"]["name"].startswith("ecoscan-secrets")]
+        if not secrets or any(s["metadata"]["name"] == "ecoscan-secrets" for s in secrets):
+            self.err("(render)", "the Secret is not generated with a content hash in its name "
+                     "(secretGenerator): a changed value would not roll the pods")
+        readme = (REPO / "k8s/README.md").read_text()
+        example = (REPO / "k8s/overlays/prod/secrets.env.example").read_text()
+        example_keys = set(re.findall(r"^([A-Z][A-Z0-9_]*)=", example, re.M))
+        keys: dict[str, bool] = {}
+        for w in ws:
+            for src in w.env.values():
+                if src[0] == "secret":
+                    keys[src[2]] = keys.get(src[2], True) and src[3]
+        for ta in self.r.of("TriggerAuthentication"):
+            for ref in ta["spec"].get("secretTargetRef", []):
+                keys[ref["key"]] = False
+                if not ref["name"].startswith("ecoscan-secrets-"):
+                    self.err(ta, f"names Secret {ref['name']}, not the generated one")
+        for key, optional in sorted(keys.items()):
+            if f"`{key}`" not in readme:
+                self.err("k8s/README.md", f"the Secret key {key} is not in its Secret table")
+            if not optional and key not in example_keys:
+                self.err("k8s/overlays/prod/secrets.env.example", f"lacks the required key {key}")
+
+    def check_fetch_egress(self, ws: list[Workload]):
+        """ingest fetches images by URL: its web egress (80/443) must exclude link-local and
+        loopback (and the cluster's private ranges), as defence in depth behind its own check."""
+        ingest = next((w for w in ws if w.service == "ingest"), None)
+        if ingest is None or not self.net.policies:
+            return
+        for p in self.net.selecting(ingest.pod, "Egress"):
+            for rule in p["spec"].get("egress") or []:
+                if not any(self.net._port_ok(rule, port, None) for port in (80, 443)):
+                    continue
+                peers = rule.get("to")
+                if not peers:
+                    self.err(p, "lets ingest reach ports 80/443 on any address, link-local "
+                             "(cloud metadata) and loopback included; use an ipBlock with except")
+                    continue
+                for peer in peers:
+                    block = peer.get("ipBlock")
+                    if block is None:
+                        continue
+                    need = {"169.254.0.0/16", "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12",
+                            "192.168.0.0/16"} if ":" not in block["cidr"] else \
+                        {"fe80::/10", "::1/128", "fc00::/7"}
+                    missing = need - set(block.get("except") or [])
+                    if missing:
+                        self.err(p, f"ipBlock {block['cidr']} does not except "
+                                 f"{', '.join(sorted(missing))}")
+                    self.count("egress ipBlocks checked")
 
     # -- 4. who talks to whom -----------------------------------------------------------------
     def service_target(self, pod: Pod, url: str) -> tuple[Pod | None, int, str | None]:
@@ -1071,8 +1278,7 @@ class Checker:
                         self.err(o, f"no topologySpreadConstraint over {k}")
             if not image_pinned(w.container.get("image", "")):
                 self.err(o, f"image {w.container.get('image')} is not pinned by tag or digest")
-        if self.r.get("Secret", "ecoscan-secrets") is not None:
-            self.err("Secret/ecoscan-secrets", "is in the prod render; the operator creates it")
+        self.check_generated_secret(ws)
         gw = next((w for w in ws if w.service == "gateway"), None)
         ok = False
         for ing in self.r.of("Ingress"):
@@ -1116,11 +1322,17 @@ class Checker:
                     if sp is None:
                         self.err(m, f"endpoint port {ep.get('port')!r} is not a port name of "
                                  f"Service {w.service}")
+                    elif w.admin_port is not None:
+                        tp = sp.get("targetPort", sp["port"])
+                        tp = w.pod.port_by_name(tp) if isinstance(tp, str) else tp
+                        if tp != w.admin_port:
+                            self.err(m, f"scrapes port {ep.get('port')!r}, not the gateway's "
+                                     f"admin listener ({w.admin_port}), where /metrics is")
                     if ep.get("path", "/metrics") != "/metrics":
                         self.err(m, f"path {ep.get('path')}: metrics are served at /metrics")
-                if self.net.policies and not self.net.open_outside(w.pod, w.listen_port, True):
-                    self.err(m, f"no NetworkPolicy lets Prometheus reach {w.service}:"
-                             f"{w.listen_port}")
+                scrape = w.admin_port or w.listen_port
+                if self.net.policies and not self.net.open_outside(w.pod, scrape, True):
+                    self.err(m, f"no NetworkPolicy lets Prometheus reach {w.service}:{scrape}")
 
     def run(self) -> "Checker":
         self.check_schemas()
@@ -1137,8 +1349,12 @@ class Checker:
         for svc in self.code.services:
             if svc not in seen:
                 self.err("(render)", f"no workload runs `ecoscan serve {svc}`")
-        if not any(w.command == "migrate" for w in ws):
-            self.err("(render)", "no workload runs `ecoscan migrate`")
+        self.check_readiness(ws)
+        self.check_model(ws)
+        self.check_migrations(ws)
+        self.check_sizing(ws)
+        self.check_pod_security()
+        self.check_fetch_egress(ws)
         self.check_calls(ws)
         self.check_store_egress(ws)
         self.check_autoscaling(ws)
@@ -1169,6 +1385,10 @@ def _container(docs, name):
 
 def _set_cm(docs, key, value):
     _find(docs, "ConfigMap", "ecoscan-config")["data"][key] = value
+
+
+def _env(container, name):
+    return next(e for e in container["env"] if e["name"] == name)
 
 
 def _drop_secret_key(docs, key):
@@ -1231,6 +1451,57 @@ MUTATIONS = [
     ("dev", "a store the NetworkPolicies do not let through",
      lambda d: d.remove(_find(d, "NetworkPolicy", "postgres-ingress")),
      ["Deployment/postgres", "does not admit"]),
+    ("prod", "the gateway's readiness on the API port",
+     lambda d: _container(d, "gateway")["readinessProbe"]["httpGet"].update(port="http"),
+     ["Deployment/gateway", "readinessProbe", "8081"]),
+    ("prod", "the gateway's admin listener on loopback",
+     lambda d: _env(_container(d, "gateway"), "GATEWAY_ADMIN_ADDR").update(value="127.0.0.1:8081"),
+     ["Deployment/gateway", "GATEWAY_ADMIN_ADDR", "loopback"]),
+    ("prod", "the mock model in prod",
+     lambda d: _find(d, "Secret", "ecoscan-secrets")["data"].update(
+         LLM_PROVIDER=base64.b64encode(b"mock").decode()),
+     ["Deployment/vision", "LLM_PROVIDER=mock"]),
+    ("prod", "the model provider from the ConfigMap",
+     lambda d: _set_cm(d, "LLM_PROVIDER", "openai"),
+     ["ConfigMap/ecoscan-config", "LLM_PROVIDER"]),
+    ("prod", "a namespace without the Pod Security label",
+     lambda d: _find(d, "Namespace", "ecoscan")["metadata"]["labels"].pop(
+         "pod-security.kubernetes.io/enforce"),
+     ["Namespace/ecoscan", "restricted"]),
+    ("prod", "a memory request below its limit",
+     lambda d: _container(d, "ingest")["resources"]["requests"].update(memory="64Mi"),
+     ["Deployment/ingest", "memory request"]),
+    ("prod", "a privileged container (Pod Security)",
+     lambda d: _container(d, "rule")["securityContext"].update(privileged=True),
+     ["Deployment/rule", "restricted", "privileged"]),
+    ("dev", "a hostPath volume (Pod Security)",
+     lambda d: _find(d, "Deployment", "redis")["spec"]["template"]["spec"]["volumes"].append(
+         {"name": "host", "hostPath": {"path": "/"}}),
+     ["Deployment/redis", "restricted", "hostPath"]),
+    ("prod", "an init container that may escalate privileges (Pod Security)",
+     lambda d: _find(d, "Deployment", "reward")["spec"]["template"]["spec"]["initContainers"][0][
+         "securityContext"].pop("allowPrivilegeEscalation"),
+     ["Deployment/reward", "initContainer migrate", "allowPrivilegeEscalation"]),
+    ("prod", "a Deployment with a database and no migration init container",
+     lambda d: _find(d, "Deployment", "analytics")["spec"]["template"]["spec"].pop(
+         "initContainers"),
+     ["Deployment/analytics", "ecoscan migrate analytics"]),
+    ("prod", "a fixed-name migration Job",
+     lambda d: d.append({"apiVersion": "batch/v1", "kind": "Job",
+                         "metadata": {"name": "ecoscan-migrate", "namespace": "ecoscan"},
+                         "spec": {"template": copy.deepcopy(
+                             _find(d, "Deployment", "reward")["spec"]["template"])}}),
+     ["Job/ecoscan-migrate", "immutable"]),
+    ("prod", "ingest's web egress open to link-local addresses",
+     lambda d: _find(d, "NetworkPolicy", "ingest-egress")["spec"]["egress"][7]["to"][0][
+         "ipBlock"]["except"].remove("169.254.0.0/16"),
+     ["NetworkPolicy/ingest-egress", "169.254.0.0/16"]),
+    ("prod", "a Secret that does not roll the pods",
+     lambda d: [_find(d, "Secret", "ecoscan-secrets")["metadata"].update(name="ecoscan-secrets")],
+     ["the Secret is not generated"]),
+    ("servicemonitor", "the gateway scraped on its API port",
+     lambda d: _find(d, "ServiceMonitor", "gateway")["spec"]["endpoints"][0].update(port="http"),
+     ["ServiceMonitor/gateway", "admin listener"]),
     ("servicemonitor", "a ServiceMonitor on a port the Service does not have",
      lambda d: _find(d, "ServiceMonitor", "analytics")["spec"]["endpoints"][0].update(
          port="metrics"),
@@ -1280,12 +1551,21 @@ def load_render(spec: str) -> Render:
 
 
 def render_here() -> list[Render]:
-    """Without files: render base, dev and prod with kubectl kustomize."""
+    """Without files: render base, dev and prod with kubectl kustomize (prod from a copy of k8s/
+    with secrets.env.example as its secrets.env when there is no secrets.env)."""
+    import shutil
+    import tempfile
     out = []
-    for name, d in (("base", "k8s/base"), ("dev", "k8s/overlays/dev"), ("prod", "k8s/overlays/prod")):
-        text = subprocess.run(["kubectl", "kustomize", str(REPO / d)], check=True,
-                              capture_output=True, text=True).stdout
-        out.append(Render(name, list(yaml.safe_load_all(text))))
+    with tempfile.TemporaryDirectory() as tmp:
+        k8s = Path(tmp) / "k8s"
+        shutil.copytree(REPO / "k8s", k8s)
+        env = k8s / "overlays/prod/secrets.env"
+        if not env.exists():
+            shutil.copy(k8s / "overlays/prod/secrets.env.example", env)
+        for name, d in (("base", "base"), ("dev", "overlays/dev"), ("prod", "overlays/prod")):
+            text = subprocess.run(["kubectl", "kustomize", str(k8s / d)], check=True,
+                                  capture_output=True, text=True).stdout
+            out.append(Render(name, list(yaml.safe_load_all(text))))
     return out
 
 

@@ -44,7 +44,7 @@ pub async fn start_suite(
     tweak(&mut config);
     let shutdown = CancellationToken::new();
     let running = ecoscan::start(config, shutdown.clone()).await?;
-    wait_ready(&format!("http://{}/readyz", running.addrs.gateway)).await?;
+    wait_ready(&format!("http://{}/readyz", running.addrs.gateway_admin)).await?;
     Ok((running, shutdown))
 }
 

@@ -149,21 +149,26 @@ impl ApiError {
         }
     }
 
-    /// Seconds for `Retry-After`, on load-shedding answers only.
+    /// Seconds for `Retry-After`, on load-shedding answers and on a backend that is down (the
+    /// routes that need it answer 503 while the others go on).
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             Self::Overloaded => Some(1),
             Self::TooMany {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),
-            Self::Upstream { status, .. } if status.code() == Code::ResourceExhausted => Some(
-                status
-                    .metadata()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .unwrap_or(DEFAULT_RETRY_AFTER_SECS),
-            ),
+            Self::Upstream { status, .. }
+                if matches!(status.code(), Code::ResourceExhausted | Code::Unavailable) =>
+            {
+                Some(
+                    status
+                        .metadata()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .unwrap_or(DEFAULT_RETRY_AFTER_SECS),
+                )
+            }
             _ => None,
         }
     }
@@ -184,9 +189,11 @@ impl ApiError {
                 Code::ResourceExhausted => {
                     format!("the {service} service is busy; try again later")
                 }
-                Code::Unavailable | Code::Cancelled => {
-                    format!("the {service} service is unavailable; try again shortly")
-                }
+                // Names what is down, so a person knows which part of the API waits on it.
+                Code::Unavailable | Code::Cancelled => format!(
+                    "{service} is unavailable, try again in {} s",
+                    self.retry_after().unwrap_or(DEFAULT_RETRY_AFTER_SECS)
+                ),
                 Code::DeadlineExceeded => format!("the {service} service did not answer in time"),
                 Code::Unimplemented => format!("the {service} service does not support this"),
                 Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => {
@@ -333,7 +340,25 @@ mod tests {
             upstream(Code::ResourceExhausted, "backlog full").retry_after(),
             Some(DEFAULT_RETRY_AFTER_SECS)
         );
-        assert_eq!(upstream(Code::Unavailable, "x").retry_after(), None);
+        assert_eq!(upstream(Code::NotFound, "x").retry_after(), None);
+    }
+
+    #[test]
+    fn a_backend_that_is_down_is_503_with_retry_after_naming_it() {
+        let err = upstream(Code::Unavailable, "tcp connect error: connection refused");
+        assert_eq!(err.http_status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(err.retry_after(), Some(DEFAULT_RETRY_AFTER_SECS));
+        assert_eq!(
+            err.public_message(),
+            "ingest is unavailable, try again in 5 s"
+        );
+        // A connection cut mid-call is the same outage.
+        let cut = ApiError::upstream("analytics", tonic::Status::cancelled("h2 reset"));
+        assert_eq!(cut.retry_after(), Some(DEFAULT_RETRY_AFTER_SECS));
+        assert_eq!(
+            cut.public_message(),
+            "analytics is unavailable, try again in 5 s"
+        );
     }
 
     #[test]

@@ -15,14 +15,15 @@
 //! | `GET /api/v1/notifications/stream` | `NotificationService.Subscribe` → SSE |
 //! | `POST /api/v1/notifications` | `NotificationService.Schedule` → 201 |
 //! | `GET /api/v1/analytics/usage?since=&until=` | `AnalyticsService.Usage` |
-//! | `GET /healthz`, `GET /readyz` | none / `grpc.health.v1.Health.Check` on every backend |
-//! | `GET /metrics` | none (Prometheus text) |
+//! | `GET /healthz` | none |
 //! | `GET /api/v1/openapi.json` | none (the OpenAPI 3.1 document of all of these) |
 //! | `GET /` | the demo page |
 //!
 //! [`ROUTES`] lists them; the router mounts exactly those, and the OpenAPI document
-//! (`openapi.rs`) describes exactly those.
+//! (`openapi.rs`) describes exactly those. `GET /metrics`, `/readyz` and `/healthz` are on the
+//! admin listener (`admin.rs`, `GATEWAY_ADMIN_ADDR`), apart from the API.
 
+mod admin;
 mod auth;
 mod config;
 mod error;
@@ -62,6 +63,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::limits::{RateLimits, SseSlots};
 
+pub use admin::DEFAULT_ADMIN_ADDR;
 pub use auth::{AuthConfig, TrustHeader, mint as mint_token};
 pub use config::{Config, DEFAULT_ADDR, Limits};
 pub use error::ApiError;
@@ -74,10 +76,7 @@ const SUBMIT_DEADLINE: Duration = Duration::from_secs(15);
 const SCAN_STREAM_DEADLINE: Duration = Duration::from_secs(10 * 60);
 /// A notification stream is long-lived; clients reconnect when it ends.
 const NOTIFICATION_STREAM_DEADLINE: Duration = Duration::from_secs(60 * 60);
-/// `/readyz` must answer quickly even when a backend hangs.
-const READY_DEADLINE: Duration = Duration::from_secs(1);
-
-/// A backend the gateway calls, for readiness checks.
+/// A backend the gateway calls, for the background health checks (`admin.rs`).
 #[derive(Clone)]
 struct Backend {
     name: &'static str,
@@ -205,8 +204,6 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v1/notifications/stream"),
     ("GET", "/api/v1/analytics/usage"),
     ("GET", "/healthz"),
-    ("GET", "/readyz"),
-    ("GET", "/metrics"),
     ("GET", "/api/v1/openapi.json"),
 ];
 
@@ -227,22 +224,34 @@ fn mount<S: Clone + Send + Sync + 'static>(
 /// The gateway's routes and middleware, for [`serve`] and for router-level tests. Clients
 /// connect lazily, so no backend needs to be up to build it.
 pub fn router(config: Config) -> anyhow::Result<Router> {
-    // Router-level use is local: the header is trusted as on a loopback listener.
-    let trusted = config.auth.header_trusted(true, "127.0.0.1")?;
-    router_with(config, trusted, CancellationToken::new())
+    routers(config).map(|(api, _)| api)
 }
 
+/// [`router`] and the admin listener's router beside it (`/metrics`, `/readyz`, `/healthz`).
+pub fn routers(config: Config) -> anyhow::Result<(Router, Router)> {
+    // Router-level use is local: the header is trusted as on a loopback listener.
+    let trusted = config.auth.header_trusted(true, "127.0.0.1")?;
+    let (api, admin) = router_with(config, trusted, CancellationToken::new())?;
+    Ok((api, admin.router()))
+}
+
+/// The API router, and what the admin listener serves about it.
 fn router_with(
     config: Config,
     header_trusted: bool,
     shutdown: CancellationToken,
-) -> anyhow::Result<Router> {
-    let state = AppState::new(config, header_trusted, shutdown)?;
+) -> anyhow::Result<(Router, admin::Admin)> {
+    let state = AppState::new(config, header_trusted, shutdown.clone())?;
     let config = state.config.clone();
     let mut registry = ecoscan_common::metrics::Metrics::new("gateway");
     let http_metrics =
         metrics::HttpMetrics::register(&mut registry, state.sse.clone(), state.watches.clone());
-    let registry = Arc::new(registry);
+    let health = admin::BackendHealth::register(&mut registry, state.backends.clone());
+    let admin = admin::Admin {
+        registry: Arc::new(registry),
+        health,
+        shutdown,
+    };
 
     let api = [
         ("GET", "/", get(routes::index)),
@@ -307,16 +316,10 @@ fn router_with(
 
     let openapi = openapi::render(header_trusted);
     let app = [
-        // Probes stay outside the concurrency limit: a saturated gateway is still alive, and a
-        // failing liveness probe would restart it and drop every open stream.
+        // Liveness stays outside the concurrency limit: a saturated gateway is still alive, and
+        // a failing liveness probe would restart it and drop every open stream. (Readiness and
+        // metrics are on the admin listener.)
         ("GET", "/healthz", get(routes::health::healthz)),
-        ("GET", "/readyz", get(routes::health::readyz)),
-        // Scrapes too: metrics matter most when the gateway is saturated.
-        (
-            "GET",
-            "/metrics",
-            get(metrics::serve_metrics).with_state(registry),
-        ),
         // And the API's description, which costs nothing to serve.
         (
             "GET",
@@ -351,7 +354,7 @@ fn router_with(
                     .on_failure(()),
             ),
     );
-    Ok(app)
+    Ok((app, admin))
 }
 
 /// CORS for the origins in `GATEWAY_CORS_ORIGINS`, or none.
@@ -384,10 +387,22 @@ fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer
 }
 
 /// Serves the gateway on `listener` until `shutdown` is cancelled, then ends open SSE streams
-/// and drains in-flight requests.
+/// and drains in-flight requests. No admin listener: [`serve_with_admin`] adds one.
 pub async fn serve(
     config: Config,
     listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    serve_with_admin(config, listener, None, shutdown).await
+}
+
+/// [`serve`], with `GET /metrics`, `/readyz` and `/healthz` on `admin` (the admin listener,
+/// `GATEWAY_ADMIN_ADDR`) when given: off the API port, so the series and the probes are not
+/// public. The backends' health is checked in the background either way.
+pub async fn serve_with_admin(
+    config: Config,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().context("listener has no address")?;
@@ -395,11 +410,21 @@ pub async fn serve(
         .auth
         .header_trusted(addr.ip().is_loopback(), &addr.to_string())?;
     let limits = config.limits.clone();
-    let app = router_with(config, header_trusted, shutdown.clone())?;
+    let (app, admin_state) = router_with(config, header_trusted, shutdown.clone())?;
     tracing::info!(%addr, header_trusted, "gateway listening");
-    server::serve(app, listener, &limits, shutdown)
+    // Both end with the API server, whatever ends it.
+    let stop = shutdown.child_token();
+    let monitor = tokio::spawn(admin_state.health.clone().monitor(stop.clone()));
+    let admin_task = admin.map(|l| tokio::spawn(admin::serve(admin_state, l, stop.clone())));
+    let served = server::serve(app, listener, &limits, shutdown)
         .await
-        .context("gateway server failed")?;
+        .context("gateway server failed");
+    stop.cancel();
+    let _ = monitor.await;
+    if let Some(task) = admin_task {
+        task.await.context("the admin listener panicked")??;
+    }
+    served?;
     tracing::info!("gateway stopped");
     Ok(())
 }
@@ -415,7 +440,7 @@ async fn middleware_error(err: BoxError) -> ApiError {
 fn request_span(req: &Request) -> Span {
     let path = req.uri().path();
     // Probes and scrapes are frequent and say nothing about user traffic.
-    if path == "/healthz" || path == "/readyz" || path == "/metrics" {
+    if path == "/healthz" {
         return Span::none();
     }
     let route = req

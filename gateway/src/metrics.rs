@@ -1,5 +1,5 @@
 //! The gateway's Prometheus series: RED metrics per route and open SSE streams, served on
-//! `GET /metrics`.
+//! `GET /metrics` of the admin listener (`admin.rs`).
 
 use std::{sync::Arc, time::Instant};
 
@@ -116,11 +116,14 @@ mod tests {
 
     #[tokio::test]
     async fn metrics_count_requests_by_route_template_and_status() {
-        let app = crate::router(crate::Config::default()).unwrap();
+        let (app, admin) = crate::routers(crate::Config::default()).unwrap();
 
         get(&app, "/healthz").await;
         get(&app, "/api/v1/made-up/path").await;
-        let (res, text) = get(&app, "/metrics").await;
+        // Not on the API port.
+        let (res, _) = get(&app, "/metrics").await;
+        assert_eq!(res.status(), 404);
+        let (res, text) = get(&admin, "/metrics").await;
 
         assert_eq!(res.status(), 200);
         assert!(
@@ -143,7 +146,7 @@ mod tests {
         };
         assert_eq!(requests("/healthz", "200"), Some(1.0), "{text}");
         // Unknown paths share one series instead of one each.
-        assert_eq!(requests("unmatched", "404"), Some(1.0), "{text}");
+        assert_eq!(requests("unmatched", "404"), Some(2.0), "{text}");
         assert_eq!(
             sample(
                 &text,

@@ -76,8 +76,6 @@ pub(crate) const ADMIN_ROLE: &str = "admin";
         routes::account::notification_stream,
         routes::account::usage,
         routes::health::healthz,
-        routes::health::readyz,
-        metrics,
         serve,
     ),
     components(
@@ -101,7 +99,7 @@ pub(crate) const ADMIN_ROLE: &str = "admin";
     tags(
         (name = "scans", description = "Submit photos and follow their scans."),
         (name = "account", description = "The caller's characters, notifications and usage."),
-        (name = "operations", description = "Probes, metrics, this document and the demo page."),
+        (name = "operations", description = "Liveness, this document and the demo page."),
     ),
 )]
 pub(crate) struct ApiDoc;
@@ -143,24 +141,6 @@ pub(crate) fn render(header_trusted: bool) -> Bytes {
 pub(crate) async fn serve(State(doc): State<Bytes>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], doc)
 }
-
-/// `GET /metrics` (served by `metrics::serve_metrics`; described here).
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "operations",
-    operation_id = "metrics",
-    summary = "Prometheus metrics",
-    description = "The gateway's series in the Prometheus text format: requests by route \
-                   template, method and status, their durations, open SSE streams and shared \
-                   upstream watches. Outside the concurrency limit.",
-    responses(
-        (status = 200, description = "The series.", body = String,
-            content_type = "text/plain"),
-    ),
-)]
-#[allow(dead_code)]
-fn metrics() {}
 
 fn add_security_schemes(components: &mut Components, header_trusted: bool) {
     components.add_security_scheme(

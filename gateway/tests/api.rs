@@ -775,19 +775,61 @@ async fn the_notification_stream_sends_notification_events() {
 }
 
 #[tokio::test]
-async fn readyz_is_200_when_every_backend_serves() {
+async fn readyz_and_metrics_are_on_the_admin_listener_only() {
     let env = start().await;
-    let res = env.http.get(env.url("/readyz")).send().await.unwrap();
+    let res = env.http.get(env.admin_url("/readyz")).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["status"], "ready");
-    assert_eq!(body["services"]["ingest"], "serving");
-    let res = env.http.get(env.url("/healthz")).send().await.unwrap();
+    let res = env
+        .http
+        .get(env.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
+    for path in ["/healthz"] {
+        let res = env.http.get(env.admin_url(path)).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "admin {path}");
+        let res = env.http.get(env.url(path)).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "api {path}");
+    }
+    // The public port answers neither.
+    for path in ["/readyz", "/metrics"] {
+        let res = env.http.get(env.url(path)).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "api {path}");
+    }
+}
+
+/// Scrapes the admin listener until `gateway_backend_up{backend}` is `want` (the checks run in
+/// the background every few seconds).
+async fn backend_up(env: &Env, backend: &str, want: f64) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = env
+            .http
+            .get(env.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let value =
+            ecoscan_common::testing::sample(&text, "gateway_backend_up", &[("backend", backend)]);
+        if value == Some(want) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gateway_backend_up{{backend={backend}}} never became {want}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
-async fn readyz_is_503_naming_the_backends_that_are_down() {
+async fn readyz_stays_200_while_a_backend_is_down_and_the_metric_says_which() {
     // A port that was free a moment ago: nothing listens there.
     let closed = {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -798,13 +840,26 @@ async fn readyz_is_503_naming_the_backends_that_are_down() {
         ..c
     })
     .await;
-    let res = env.http.get(env.url("/readyz")).send().await.unwrap();
-    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    let text = backend_up(&env, "reward", 0.0).await;
+    assert_eq!(
+        ecoscan_common::testing::sample(&text, "gateway_backend_up", &[("backend", "ingest")]),
+        Some(1.0),
+        "{text}"
+    );
+    let res = env.http.get(env.admin_url("/readyz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
     let body: Value = res.json().await.unwrap();
-    assert_eq!(body["not_ready"], json!(["reward"]));
-    assert_eq!(body["services"]["ingest"], "serving");
-    // Liveness does not depend on backends.
-    let res = env.http.get(env.url("/healthz")).send().await.unwrap();
+    assert_eq!(body["status"], "ready");
+    assert_eq!(body["backends"]["reward"], "unreachable");
+    assert_eq!(body["backends"]["ingest"], "serving");
+    // The routes that do not need reward keep working.
+    let res = env
+        .http
+        .get(env.url("/api/v1/notifications"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
 }
 
@@ -825,13 +880,11 @@ async fn upstream_unavailable_maps_to_503_without_internal_details() {
         .send()
         .await
         .unwrap();
+    assert_eq!(res.headers()["retry-after"], "5");
     let (status, body) = error_body(res).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["code"], "UNAVAILABLE");
-    assert_eq!(
-        body["message"],
-        "the reward service is unavailable; try again shortly"
-    );
+    assert_eq!(body["message"], "reward is unavailable, try again in 5 s");
 }
 
 #[tokio::test]

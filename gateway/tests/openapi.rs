@@ -15,13 +15,7 @@ const METHODS: [&str; 8] = [
 ];
 
 /// The routes anyone may call, without credentials.
-const PUBLIC: [&str; 5] = [
-    "/",
-    "/healthz",
-    "/readyz",
-    "/metrics",
-    "/api/v1/openapi.json",
-];
+const PUBLIC: [&str; 3] = ["/", "/healthz", "/api/v1/openapi.json"];
 
 /// The SSE routes, which also take the token in `?access_token=` or a cookie.
 const SSE: [&str; 2] = ["/api/v1/scan/{id}/events", "/api/v1/notifications/stream"];

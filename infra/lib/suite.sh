@@ -2,7 +2,8 @@
 # `ecoscan` binary, start `ecoscan up` on loopback with every port 0 in a temporary directory,
 # wait until its gateway is ready, and stop it (and remove the directory) on exit.
 # The caller defines `say` and `die` and sources this file from the repository's root.
-# After `suite_start`: $ecoscan (the binary), $work (the directory), $gateway (host:port).
+# After `suite_start`: $ecoscan (the binary), $work (the directory), $gateway (host:port) and
+# $gateway_admin (host:port of its admin listener: /metrics, /readyz).
 
 SUITE_READY_TIMEOUT=${SUITE_READY_TIMEOUT:-60}
 
@@ -16,6 +17,7 @@ suite_build() {
 work=$(mktemp -d)
 suite_pid=
 gateway=
+gateway_admin=
 
 stop_suite() {
     if [[ -n "$suite_pid" ]] && kill -0 "$suite_pid" 2>/dev/null; then
@@ -39,7 +41,7 @@ trap suite_cleanup EXIT
 # suite_start [VAR=value …]: `ecoscan up` with these variables (and the mock model provider).
 suite_start() {
     local ports=() service deadline
-    for service in gateway ingest vision rule answer reward analytics notification; do
+    for service in gateway gateway-admin ingest vision rule answer reward analytics notification; do
         ports+=("--$service-port" 0)
     done
     say "starting ecoscan up on 127.0.0.1 (logs: $work/suite.log while it runs)"
@@ -52,22 +54,24 @@ suite_start() {
         >"$work/suite.out" 2>"$work/suite.log" &
     suite_pid=$!
 
-    # `ecoscan up` prints the gateway's address once every port is bound.
+    # `ecoscan up` prints the gateway's addresses once every port is bound.
     gateway=
+    gateway_admin=
     deadline=$((SECONDS + SUITE_READY_TIMEOUT))
-    while [[ -z "$gateway" ]]; do
+    while [[ -z "$gateway" || -z "$gateway_admin" ]]; do
         kill -0 "$suite_pid" 2>/dev/null ||
             { tail -n 30 "$work/suite.log" >&2; die "ecoscan up exited before listening"; }
         ((SECONDS < deadline)) ||
             die "ecoscan up printed no gateway address in ${SUITE_READY_TIMEOUT}s"
         gateway=$(sed -n 's|^gateway *http://\(127\.0\.0\.1:[0-9]*\).*|\1|p' "$work/suite.out")
-        [[ -n "$gateway" ]] || sleep 0.2
+        gateway_admin=$(sed -n 's|^gateway admin *http://\(127\.0\.0\.1:[0-9]*\).*|\1|p' "$work/suite.out")
+        [[ -n "$gateway" && -n "$gateway_admin" ]] || sleep 0.2
     done
-    until curl -fsS -o /dev/null "http://$gateway/readyz" 2>/dev/null; do
+    until curl -fsS -o /dev/null "http://$gateway_admin/readyz" 2>/dev/null; do
         kill -0 "$suite_pid" 2>/dev/null ||
             { tail -n 30 "$work/suite.log" >&2; die "ecoscan up exited before it was ready"; }
         ((SECONDS < deadline)) ||
-            die "http://$gateway/readyz did not answer 200 in ${SUITE_READY_TIMEOUT}s"
+            die "http://$gateway_admin/readyz did not answer 200 in ${SUITE_READY_TIMEOUT}s"
         sleep 0.2
     done
     say "gateway ready at http://$gateway"

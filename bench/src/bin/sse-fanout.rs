@@ -271,7 +271,7 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
                         Some((c, ours)) => Some(ingest_redis_connections(c.clone(), ours).await?),
                         None => None,
                     };
-                    let sse_open = scrape(&http, &format!("http://{gateway}/metrics"), "gateway_sse_connections").await;
+                    let sse_open = scrape(&http, &format!("http://{}/metrics", running.addrs.gateway_admin), "gateway_sse_connections").await;
                     let watchers = scrape(&http, &format!("http://{}/metrics", running.addrs.ingest), "ingest_hub_watchers").await;
                     eprintln!("sse-fanout: clients connected ({rest}); server RSS {} MiB", rss / 1024);
                     cpu_at_connected = system::cpu_time();

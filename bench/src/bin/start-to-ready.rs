@@ -109,7 +109,15 @@ async fn main() -> anyhow::Result<()> {
                 let mut cmd = command(&binary, work.path(), keep_stores);
                 cmd.env(addr_var, format!("127.0.0.1:{port}"))
                     .envs(deps.iter().cloned());
-                times.push(time_to_ready(cmd, port, args.timeout).await);
+                // The gateway's /readyz is on its admin listener.
+                let probe = if *service == "gateway" {
+                    let admin = free_port()?;
+                    cmd.env("GATEWAY_ADMIN_ADDR", format!("127.0.0.1:{admin}"));
+                    admin
+                } else {
+                    port
+                };
+                times.push(time_to_ready(cmd, probe, args.timeout).await);
             }
             report.measure(figure(&format!("ecoscan-{service}, {kind} stores"), &times));
         }
@@ -121,6 +129,7 @@ async fn main() -> anyhow::Result<()> {
                 .env("ECOSCAN_DATA_DIR", work.path().join("data"));
             let mut gateway = 0;
             for var in [
+                "ECOSCAN_GATEWAY_ADMIN_PORT",
                 "ECOSCAN_GATEWAY_PORT",
                 "ECOSCAN_INGEST_PORT",
                 "ECOSCAN_VISION_PORT",
@@ -136,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
                 }
                 cmd.env(var, port.to_string());
             }
+            // The first port is the gateway's admin listener, where /readyz is.
             times.push(time_to_ready(cmd, gateway, args.timeout).await);
         }
         report.measure(figure(

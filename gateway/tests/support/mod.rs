@@ -557,6 +557,8 @@ impl AnalyticsService for FakeAnalytics {
 pub struct Env {
     /// `http://127.0.0.1:PORT` of the gateway.
     pub base: String,
+    /// `http://127.0.0.1:PORT` of the gateway's admin listener (`/metrics`, `/readyz`).
+    pub admin: String,
     pub calls: Arc<Calls>,
     /// Releases a `GetResult` of [`SLOW_JOB`].
     pub gate: Arc<Notify>,
@@ -568,6 +570,11 @@ pub struct Env {
 impl Env {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// A URL on the admin listener.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("{}{path}", self.admin)
     }
 }
 
@@ -614,9 +621,12 @@ pub async fn start_with(tweak: impl FnOnce(Config) -> Config) -> Env {
         notification_url: uri,
         ..Config::default()
     });
-    let gateway = spawn(|l, s| ecoscan_gateway::serve(config, l, s)).await;
+    let admin = ecoscan_common::server::listen(([127, 0, 0, 1], 0).into()).expect("bind admin");
+    let admin_base = format!("http://{}", admin.local_addr().unwrap());
+    let gateway = spawn(|l, s| ecoscan_gateway::serve_with_admin(config, l, Some(admin), s)).await;
     Env {
         base: gateway.uri(),
+        admin: admin_base,
         calls,
         gate,
         http: reqwest::Client::new(),

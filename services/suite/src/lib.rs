@@ -19,6 +19,8 @@ use tokio::{net::TcpListener, task::JoinSet};
 #[derive(Clone, Copy, Debug)]
 pub struct Ports {
     pub gateway: u16,
+    /// The gateway's admin listener (`/metrics`, `/readyz`), always on loopback.
+    pub gateway_admin: u16,
     pub ingest: u16,
     pub vision: u16,
     pub rule: u16,
@@ -32,6 +34,7 @@ impl Ports {
     /// The documented default ports.
     pub const DEFAULT: Self = Self {
         gateway: 8080,
+        gateway_admin: 8081,
         ingest: 50051,
         vision: 50052,
         rule: 50053,
@@ -44,6 +47,7 @@ impl Ports {
     /// Every service on a free port (tests).
     pub const EPHEMERAL: Self = Self {
         gateway: 0,
+        gateway_admin: 0,
         ingest: 0,
         vision: 0,
         rule: 0,
@@ -111,6 +115,8 @@ impl SuiteConfig {
 #[derive(Clone, Copy, Debug)]
 pub struct Addrs {
     pub gateway: SocketAddr,
+    /// `/metrics` and `/readyz` of the gateway.
+    pub gateway_admin: SocketAddr,
     pub ingest: SocketAddr,
     pub vision: SocketAddr,
     pub rule: SocketAddr,
@@ -227,6 +233,13 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     };
 
     let gateway = bind(host, ports.gateway, "gateway").await?;
+    // Loopback whatever `host` is: the series and probes are the operator's, not the network's.
+    let gateway_admin = bind(
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ports.gateway_admin,
+        "gateway-admin",
+    )
+    .await?;
     let ingest = bind(host, ports.ingest, "ingest").await?;
     let vision = bind(host, ports.vision, "vision").await?;
     let rule = bind(host, ports.rule, "rule").await?;
@@ -236,6 +249,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     let notification = bind(host, ports.notification, "notification").await?;
     let addrs = Addrs {
         gateway: gateway.local_addr()?,
+        gateway_admin: gateway_admin.local_addr()?,
         ingest: ingest.local_addr()?,
         vision: vision.local_addr()?,
         rule: rule.local_addr()?,
@@ -366,7 +380,8 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     tasks.spawn(async move {
         (
             "gateway",
-            ecoscan_gateway::serve(gateway_config, gateway, sd).await,
+            ecoscan_gateway::serve_with_admin(gateway_config, gateway, Some(gateway_admin), sd)
+                .await,
         )
     });
 
@@ -500,20 +515,60 @@ pub fn telemetry_routes() -> ecoscan_common::telemetry::ServiceRoutes {
 /// are tracked in a table of its own, so services may share one database, and running it again
 /// changes nothing. Returns the services migrated, in order.
 pub async fn migrate_all() -> anyhow::Result<Vec<&'static str>> {
-    ecoscan_ingest::migrate(&ecoscan_ingest::Config::from_env()?).await?;
-    tracing::info!(service = "ingest", "migrated");
-    ecoscan_reward::migrate(&ecoscan_reward::Config::from_env()?).await?;
-    tracing::info!(service = "reward", "migrated");
-    ecoscan_analytics::migrate(&ecoscan_analytics::Config::from_env()?).await?;
-    tracing::info!(service = "analytics", "migrated");
-    ecoscan_notification::migrate(&ecoscan_notification::Config::from_env()?).await?;
-    tracing::info!(service = "notification", "migrated");
-    Ok(vec!["ingest", "reward", "analytics", "notification"])
+    migrate(&[]).await
+}
+
+/// The services with a database, in the order [`migrate`] takes them.
+pub const WITH_DATABASE: [Service; 4] = [
+    Service::Ingest,
+    Service::Reward,
+    Service::Analytics,
+    Service::Notification,
+];
+
+/// `ecoscan migrate SERVICE…`: [`migrate_all`] for `services` only (all of them when empty).
+/// Each runs under its migrator's PostgreSQL advisory lock (pods starting together wait, one
+/// applies, the others find it done) and fails on a schema newer than this binary knows, so
+/// an older release never serves against a newer schema.
+pub async fn migrate(services: &[Service]) -> anyhow::Result<Vec<&'static str>> {
+    if let Some(s) = services.iter().find(|s| !WITH_DATABASE.contains(s)) {
+        anyhow::bail!(
+            "{} has no database to migrate (services with one: ingest, reward, analytics, \
+             notification)",
+            s.name()
+        );
+    }
+    let mut done = Vec::new();
+    for service in WITH_DATABASE {
+        if !services.is_empty() && !services.contains(&service) {
+            continue;
+        }
+        match service {
+            Service::Ingest => {
+                ecoscan_ingest::migrate(&ecoscan_ingest::Config::from_env()?).await?
+            }
+            Service::Reward => {
+                ecoscan_reward::migrate(&ecoscan_reward::Config::from_env()?).await?
+            }
+            Service::Analytics => {
+                ecoscan_analytics::migrate(&ecoscan_analytics::Config::from_env()?).await?
+            }
+            Service::Notification => {
+                ecoscan_notification::migrate(&ecoscan_notification::Config::from_env()?).await?
+            }
+            _ => unreachable!("only services with a database are listed"),
+        }
+        tracing::info!(service = service.name(), "migrated");
+        done.push(service.name());
+    }
+    Ok(done)
 }
 
 /// Variable naming a file to which [`serve_one`] writes the address it bound (`127.0.0.1:PORT`)
 /// once it listens: scripts and tests start services on port 0 and read the port from there.
 pub const ADDR_FILE_VAR: &str = "ECOSCAN_ADDR_FILE";
+/// The same for the gateway's admin listener (`GATEWAY_ADMIN_ADDR`).
+pub const ADMIN_ADDR_FILE_VAR: &str = "ECOSCAN_ADMIN_ADDR_FILE";
 
 /// Runs one service alone, configured from its environment exactly as its own binary
 /// (`ecoscan-<service>`) is: `<SERVICE>_ADDR` to listen on and the service's own variables.
@@ -537,7 +592,21 @@ pub async fn serve_one(service: Service, shutdown: CancellationToken) -> anyhow:
     }
     match service {
         Service::Gateway => {
-            ecoscan_gateway::serve(ecoscan_gateway::Config::from_env()?, listener, shutdown).await
+            let config = ecoscan_gateway::Config::from_env()?;
+            let admin = ecoscan_common::binary::bind(
+                "gateway admin",
+                "GATEWAY_ADMIN_ADDR",
+                ecoscan_gateway::DEFAULT_ADMIN_ADDR,
+            )
+            .await?;
+            if let Some(path) = ecoscan_common::config::env_opt(ADMIN_ADDR_FILE_VAR) {
+                let bound = admin
+                    .local_addr()
+                    .context("bound listener has no address")?;
+                write_addr_file(Path::new(&path), bound)
+                    .with_context(|| format!("failed to write the admin address to {path}"))?;
+            }
+            ecoscan_gateway::serve_with_admin(config, listener, Some(admin), shutdown).await
         }
         Service::Ingest => {
             ecoscan_ingest::serve(ecoscan_ingest::Config::from_env()?, listener, shutdown).await

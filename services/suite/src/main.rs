@@ -39,11 +39,20 @@ enum Command {
     Characters(ListArgs),
     /// Your notifications, newest first; `--follow` prints new ones as they arrive.
     Notifications(NotificationsArgs),
-    /// Bring every service's database schema up to date, then exit (the Kubernetes migration
-    /// Job; safe to run again). Each service reads its database URL as when it serves:
-    /// `INGEST_DATABASE_URL`, `REWARD_DATABASE_URL`, `ANALYTICS_DATABASE_URL`,
-    /// `NOTIFICATION_DATABASE_URL`, else `DATABASE_URL`.
-    Migrate,
+    /// Bring the database schema of the named services (ingest, reward, analytics,
+    /// notification; all four when none is named) up to date, then exit: the init container of
+    /// each Kubernetes Deployment with a database. Safe to run again and at once from many pods
+    /// (PostgreSQL advisory lock); fails on a schema newer than this binary knows. Each service
+    /// reads its database URL as when it serves: `INGEST_DATABASE_URL`, `REWARD_DATABASE_URL`,
+    /// `ANALYTICS_DATABASE_URL`, `NOTIFICATION_DATABASE_URL`, else `DATABASE_URL`.
+    Migrate(MigrateArgs),
+}
+
+#[derive(clap::Args)]
+struct MigrateArgs {
+    /// The services to migrate (default: every one with a database).
+    #[arg(value_enum)]
+    services: Vec<Service>,
 }
 
 /// Where the gateway is and who the client acts for.
@@ -190,6 +199,9 @@ struct UpArgs {
     host: IpAddr,
     #[arg(long, env = "ECOSCAN_GATEWAY_PORT", default_value_t = Ports::DEFAULT.gateway)]
     gateway_port: u16,
+    /// The gateway's admin listener (`/metrics`, `/readyz`), always on 127.0.0.1.
+    #[arg(long, env = "ECOSCAN_GATEWAY_ADMIN_PORT", default_value_t = Ports::DEFAULT.gateway_admin)]
+    gateway_admin_port: u16,
     #[arg(long, env = "ECOSCAN_INGEST_PORT", default_value_t = Ports::DEFAULT.ingest)]
     ingest_port: u16,
     #[arg(long, env = "ECOSCAN_VISION_PORT", default_value_t = Ports::DEFAULT.vision)]
@@ -224,9 +236,9 @@ async fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Command::Notifications(args) => return notifications(args).await,
-        Command::Migrate => {
+        Command::Migrate(args) => {
             let _telemetry = ecoscan_common::telemetry::init("migrate")?;
-            let done = ecoscan::migrate_all().await?;
+            let done = ecoscan::migrate(&args.services).await?;
             println!("migrated: {}", done.join(", "));
             return Ok(());
         }
@@ -236,6 +248,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = ecoscan_common::telemetry::init_routed("suite", ecoscan::telemetry_routes())?;
     let ports = Ports {
         gateway: args.gateway_port,
+        gateway_admin: args.gateway_admin_port,
         ingest: args.ingest_port,
         vision: args.vision_port,
         rule: args.rule_port,
@@ -260,6 +273,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "\necoscan is up (model provider: {provider}; data in {data})\n\n\
          gateway        http://{gw}   (demo page: http://{gw}/)\n\
+         gateway admin  http://{admin}   (/metrics, /readyz)\n\
          ingest         {ingest}\n\
          vision         {vision}\n\
          rule           {rule}\n\
@@ -274,6 +288,7 @@ async fn main() -> anyhow::Result<()> {
          grpcurl {grpcurl} -d '{{}}' {rule} ecoscan.v1.RuleService/ListCategories\n",
         data = args.data_dir.display(),
         gw = a.gateway,
+        admin = a.gateway_admin,
         ingest = a.ingest,
         vision = a.vision,
         rule = a.rule,

@@ -201,7 +201,7 @@ async fn redis_connections_stay_constant_with_a_thousand_watchers() {
     };
     let (watchers, text, gateway_text) = loop {
         let text = scrape(metrics.clone()).await;
-        let gateway_text = scrape(cluster.gateway_url("/metrics")).await;
+        let gateway_text = scrape(cluster.gateway_admin_url("/metrics")).await;
         let watchers = gauge(&text, "ingest_hub_watchers").unwrap_or_default();
         let sse_open = gauge(&gateway_text, "gateway_sse_connections").unwrap_or_default();
         if (watchers >= expected_watchers as f64 && sse_open >= SSE_CLIENTS as f64)

@@ -445,7 +445,16 @@ async fn every_service_answers_health_and_reflection() {
     }
     let res = suite.http.get(suite.url("/healthz")).send().await.unwrap();
     assert_eq!(res.status(), 200);
+    // Readiness and metrics are on the gateway's admin listener, not the API port.
+    let admin = suite.running.addrs.gateway_admin;
     let res = suite.http.get(suite.url("/readyz")).send().await.unwrap();
+    assert_eq!(res.status(), 404);
+    let res = suite
+        .http
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(
         res.status(),
         200,

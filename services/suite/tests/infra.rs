@@ -155,7 +155,8 @@ fn compose_runs_prometheus_scraping_every_service_and_grafana_provisioned_with_i
         );
     }
 
-    // Every service is scraped where it listens in compose (its /metrics is on that port).
+    // Every service is scraped where it listens in compose (its /metrics is on that port; the
+    // gateway's on its admin port).
     let prometheus = infra("prometheus/prometheus.yml");
     let targets: Vec<&str> = prometheus["scrape_configs"][0]["static_configs"][0]["targets"]
         .as_sequence()
@@ -165,7 +166,12 @@ fn compose_runs_prometheus_scraping_every_service_and_grafana_provisioned_with_i
         .collect();
     for service in Service::ALL {
         let name = service.name();
-        let addr = str_of(&services[name]["environment"], &[service.addr_var()]);
+        // The gateway's /metrics is on its admin listener, apart from the public API.
+        let var = match service {
+            Service::Gateway => "GATEWAY_ADMIN_ADDR",
+            _ => service.addr_var(),
+        };
+        let addr = str_of(&services[name]["environment"], &[var]);
         let port = addr.rsplit(':').next().expect("port");
         assert!(
             targets.contains(&format!("{name}:{port}").as_str()),

@@ -156,7 +156,7 @@ async fn every_service_and_the_gateway_expose_the_documented_series_after_a_scan
     let events = read_sse(res).await;
     assert_eq!(events.last().map(|e| e.event.as_str()), Some("ready"));
 
-    let gateway = scrape_until(&suite, "gateway", a.gateway, |s| {
+    let gateway = scrape_until(&suite, "gateway", a.gateway_admin, |s| {
         s.sum("gateway_sse_connections", &[]) == Some(0.0)
     })
     .await;
@@ -429,7 +429,7 @@ async fn every_metric_a_dashboard_or_alert_names_is_one_the_services_export() {
     // What every service exports, once the reports reached analytics.
     let mut exported = std::collections::BTreeSet::new();
     for (service, addr) in [
-        ("gateway", a.gateway),
+        ("gateway", a.gateway_admin),
         ("ingest", a.ingest),
         ("vision", a.vision),
         ("rule", a.rule),

@@ -1,6 +1,8 @@
-//! `ecoscan migrate` (the Kubernetes migration Job's command) against a real PostgreSQL: every
-//! service's schema in one run, tracked per service, and a second run changes nothing. The test
-//! works in a schema of its own (`search_path`), dropped at the end.
+//! `ecoscan migrate [SERVICE…]` (the init container of every Kubernetes Deployment with a
+//! database) against a real PostgreSQL: every service's schema in one run, tracked per service,
+//! a second run changes nothing, one service alone touches nothing else, and a schema newer
+//! than the binary is refused. Each test works in a schema of its own (`search_path`), dropped
+//! at the end.
 
 use std::process::Output;
 
@@ -9,8 +11,14 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 fn migrate(database_url: &str) -> Output {
+    migrate_only(database_url, &[])
+}
+
+/// `ecoscan migrate SERVICE…` (all services when `services` is empty).
+fn migrate_only(database_url: &str, services: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_ecoscan"))
         .arg("migrate")
+        .args(services)
         .env("DATABASE_URL", database_url)
         // Each service would prefer its own variable: make sure none leaks in from outside.
         .env_remove("INGEST_DATABASE_URL")
@@ -114,4 +122,77 @@ async fn migrate_fails_with_the_service_it_could_not_migrate() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("failed to migrate"), "{err}");
+}
+
+/// A schema of its own for one test: `(connection, schema, database URL inside it)`.
+async fn own_schema() -> (PgConnection, String, String) {
+    let base = std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+    let schema = format!("m_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = PgConnection::connect(&base).await.unwrap_or_else(|e| {
+        panic!("PostgreSQL is not reachable at {base} ({e}); start it with infra/services.sh")
+    });
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options[search_path]={schema}");
+    (conn, schema, url)
+}
+
+#[tokio::test]
+async fn migrate_one_service_touches_no_other_and_refuses_a_schema_newer_than_it_knows() {
+    let (mut conn, schema, url) = own_schema().await;
+    let run = |services: &'static [&'static str]| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || migrate_only(&url, services))
+    };
+
+    let out = run(&["reward"]).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "migrated: reward\n");
+    let tables: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT table_name::text FROM information_schema.tables \
+         WHERE table_schema = '{schema}' AND table_name LIKE '\\_%migrations' ORDER BY 1"
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(tables, ["_reward_migrations"], "only reward's schema");
+
+    // A later release applied a migration this binary does not have (a rollback to it, or an
+    // old pod restarting mid-rollout): the binary refuses rather than serve a schema it does
+    // not know.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {schema}._reward_migrations \
+         (version, description, success, checksum, execution_time) \
+         VALUES (99999999999999, 'from a later release', true, '\\x00', 0)"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let out = run(&["reward"]).await.unwrap();
+    assert!(!out.status.success(), "a newer schema must be refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("failed to migrate the reward database"),
+        "{err}"
+    );
+    assert!(err.contains("99999999999999"), "{err}");
+
+    // A service without a database is a usage error.
+    let out = run(&["rule"]).await.unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rule has no database to migrate"), "{err}");
+
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.ok();
 }

@@ -139,6 +139,18 @@ impl Cluster {
         format!("{}{path}", self.uri(Service::Gateway))
     }
 
+    /// A URL on the gateway's admin listener (`/metrics`, `/readyz`).
+    pub fn gateway_admin_url(&self, path: &str) -> String {
+        let addr = read_addr(&self.admin_addr_file(Service::Gateway.name()))
+            .expect("the gateway wrote its admin address");
+        format!("http://{addr}{path}")
+    }
+
+    /// Where the process labelled `label` writes its admin listener's address (the gateway).
+    fn admin_addr_file(&self, label: &str) -> PathBuf {
+        self.dir.path().join(format!("{label}.admin-addr"))
+    }
+
     /// The directory holding every service's data and logs.
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
@@ -318,6 +330,8 @@ impl Cluster {
         let name = service.name();
         let addr_file = self.dir.path().join(format!("{label}.addr"));
         let _ = std::fs::remove_file(&addr_file);
+        let admin_file = self.admin_addr_file(label);
+        let _ = std::fs::remove_file(&admin_file);
         let log_path = self.label_log_path(label);
         let log = File::options()
             .create(true)
@@ -352,6 +366,9 @@ impl Cluster {
             .envs(overrides.iter().map(|(k, v)| (k, v)))
             .env(service.addr_var(), listen)
             .env(ecoscan::ADDR_FILE_VAR, &addr_file)
+            // The gateway's admin listener on a free port too, named in a file of its own.
+            .env("GATEWAY_ADMIN_ADDR", "127.0.0.1:0")
+            .env(ecoscan::ADMIN_ADDR_FILE_VAR, &admin_file)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log file"))
@@ -362,9 +379,7 @@ impl Cluster {
 
         let deadline = Instant::now() + START_TIMEOUT;
         let addr = loop {
-            if let Ok(text) = std::fs::read_to_string(&addr_file)
-                && let Ok(addr) = text.trim().parse::<SocketAddr>()
-            {
+            if let Some(addr) = read_addr(&addr_file) {
                 break addr;
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -383,17 +398,23 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         // Listening is not serving: a service binds first, then opens its stores (a database
-        // migration, a Redis connection) and only then answers. Every service and the gateway
-        // serve `GET /metrics` on their port once they do.
+        // migration, a Redis connection) and only then answers. Every service serves `GET
+        // /metrics` on its port once it does, the gateway on its admin listener.
         let http = reqwest::Client::new();
-        let metrics = format!("http://{addr}/metrics");
         loop {
-            let answered = http
-                .get(&metrics)
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
+            let metrics = match service {
+                Service::Gateway => read_addr(&admin_file).map(|a| format!("http://{a}/metrics")),
+                _ => Some(format!("http://{addr}/metrics")),
+            };
+            let answered = match metrics {
+                Some(url) => http
+                    .get(&url)
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success()),
+                None => false,
+            };
             if answered {
                 break;
             }
@@ -414,6 +435,11 @@ impl Cluster {
         }
         (child, addr)
     }
+}
+
+/// The address in `path`, once the process has written it.
+fn read_addr(path: &Path) -> Option<SocketAddr> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 impl Drop for Cluster {

@@ -40,6 +40,7 @@ impl Up {
         }
         for port in [
             "GATEWAY",
+            "GATEWAY_ADMIN",
             "INGEST",
             "VISION",
             "RULE",
