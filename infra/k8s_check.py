@@ -52,6 +52,7 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -1281,6 +1282,10 @@ def load_render(spec: str) -> Render:
 
 def render_here() -> list[Render]:
     """Without files: render base, dev and prod with kubectl kustomize."""
+    # The dev overlay's gateway secret is made by whoever deploys (git-ignored): one to render.
+    secret = REPO / "k8s/overlays/dev/token-secret"
+    if not secret.exists():
+        secret.write_text(base64.b64encode(os.urandom(32)).decode())
     out = []
     for name, d in (("base", "k8s/base"), ("dev", "k8s/overlays/dev"), ("prod", "k8s/overlays/prod")):
         text = subprocess.run(["kubectl", "kustomize", str(REPO / d)], check=True,

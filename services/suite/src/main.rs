@@ -56,12 +56,17 @@ struct ClientArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     gateway: String,
-    /// A bearer token (`ecoscan token` mints one for the local suite).
+    /// A bearer token (`ecoscan token` mints one for the local suite). Without one, the token
+    /// `ecoscan up` left in the data directory, or one minted there for `--user`.
     #[arg(long, env = "ECOSCAN_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Without a token: the user to act for, sent as `X-User-Id` (a local gateway believes it).
-    #[arg(long, default_value = "local")]
-    user: String,
+    /// Without a token: act as this user, with a token minted from the local suite's secret in
+    /// the data directory.
+    #[arg(long)]
+    user: Option<String>,
+    /// The data directory of the local `ecoscan up` (its token and secret live there).
+    #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
     /// One JSON object per line instead of the human view.
     #[arg(long)]
     json: bool,
@@ -69,11 +74,18 @@ struct ClientArgs {
 
 impl ClientArgs {
     fn client(&self) -> anyhow::Result<ecoscan::cli::Client> {
-        let auth = match &self.token {
-            Some(t) => ecoscan::cli::Auth::Bearer(t.clone()),
-            None => ecoscan::cli::Auth::User(self.user.clone()),
+        let token = match (&self.token, &self.user) {
+            (Some(t), _) => t.clone(),
+            // Long enough for a `--follow` session; it never leaves this process.
+            (None, Some(user)) => ecoscan::local_token(
+                &self.data_dir,
+                user,
+                false,
+                std::time::Duration::from_secs(24 * 3600),
+            )?,
+            (None, None) => ecoscan::read_local_token(&self.data_dir)?,
         };
-        ecoscan::cli::Client::new(&self.gateway, auth)
+        ecoscan::cli::Client::new(&self.gateway, ecoscan::cli::Auth::Bearer(token))
     }
 }
 
@@ -185,7 +197,7 @@ struct UpArgs {
     /// Where SQLite files, images and LLM bodies are kept.
     #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
     data_dir: PathBuf,
-    /// Address every service binds.
+    /// Address the gateway binds; the services always listen on loopback.
     #[arg(long, env = "ECOSCAN_HOST", default_value = "127.0.0.1")]
     host: IpAddr,
     #[arg(long, env = "ECOSCAN_GATEWAY_PORT", default_value_t = Ports::DEFAULT.gateway)]
@@ -248,6 +260,14 @@ async fn main() -> anyhow::Result<()> {
     let provider = config.llm.provider;
     let running = ecoscan::start(config, ecoscan_common::binary::shutdown_on_signal()).await?;
     let a = running.addrs;
+    // The page and the CLI need a token: one for the local user, printed in the page's URL
+    // (a fragment never reaches a server or a log) and left in the data directory for the CLI.
+    let token = ecoscan::write_local_token(&args.data_dir)?;
+    let page_host = if a.gateway.ip().is_unspecified() {
+        std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), a.gateway.port())
+    } else {
+        a.gateway
+    };
     // Internal TLS (GRPC_TLS_*) changes how grpcurl must call; the certificate must name the
     // address dialled (127.0.0.1 here) for the server to be verified.
     let grpcurl = match ecoscan_common::tls::TlsConfig::global()? {
@@ -259,7 +279,9 @@ async fn main() -> anyhow::Result<()> {
     };
     println!(
         "\necoscan is up (model provider: {provider}; data in {data})\n\n\
-         gateway        http://{gw}   (demo page: http://{gw}/)\n\
+         gateway        http://{gw}\n\
+         demo page      http://{page}/#access_token={token}\n\
+         \x20              (acting as `{user}`; `ecoscan token --user NAME` mints others)\n\
          ingest         {ingest}\n\
          vision         {vision}\n\
          rule           {rule}\n\
@@ -267,13 +289,16 @@ async fn main() -> anyhow::Result<()> {
          reward         {reward}\n\
          analytics      {analytics}\n\
          notification   {notification}\n\n\
-         Run a scan and stream its events:\n  \
-         curl -N -F image=@photo.jpg -F hint='plastic bottle' http://{gw}/api/v1/scan/completion\n\n\
+         Run a scan and stream its events (the token is in {data}/token):\n  \
+         curl -N -H \"Authorization: Bearer $(cat {data}/token)\" \\\n    \
+         -F image=@photo.jpg -F hint='plastic bottle' http://{page}/api/v1/scan/completion\n\n\
          Explore over gRPC:\n  \
          grpcurl {grpcurl} {ingest} list\n  \
          grpcurl {grpcurl} -d '{{}}' {rule} ecoscan.v1.RuleService/ListCategories\n",
         data = args.data_dir.display(),
         gw = a.gateway,
+        page = page_host,
+        user = ecoscan::LOCAL_USER,
         ingest = a.ingest,
         vision = a.vision,
         rule = a.rule,

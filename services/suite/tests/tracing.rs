@@ -418,6 +418,7 @@ async fn in_ecoscan_up_each_service_exports_under_its_own_resource() {
     let receiver = Receiver::start().await;
     let endpoint = receiver.endpoint();
     let up = Up::start(&[
+        ("GATEWAY_TRUST_USER_HEADER", "loopback"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ])

@@ -27,6 +27,9 @@ impl TestSuite {
         let mut config = SuiteConfig::ephemeral(data_dir.path());
         // Fast enough for tests, slow enough that a scan is observably "running" for a moment.
         config.llm.mock_latency = Duration::from_millis(150);
+        // Most tests name their users in X-User-Id: header mode, explicitly (the default is
+        // off; tokens work too).
+        config.gateway_trust_header = ecoscan_gateway::TrustHeader::Loopback;
         tweak(&mut config);
         let shutdown = CancellationToken::new();
         let running = ecoscan::start(config, shutdown.clone())
@@ -35,7 +38,18 @@ impl TestSuite {
         Self {
             running,
             shutdown,
-            http: reqwest::Client::new(),
+            // A request that names no user acts as `local` (what `ecoscan up`'s token is for).
+            http: reqwest::Client::builder()
+                .default_headers(
+                    [(
+                        reqwest::header::HeaderName::from_static("x-user-id"),
+                        reqwest::header::HeaderValue::from_static("local"),
+                    )]
+                    .into_iter()
+                    .collect(),
+                )
+                .build()
+                .unwrap(),
             data_dir,
         }
     }

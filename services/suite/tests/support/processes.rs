@@ -290,6 +290,10 @@ impl Cluster {
                 ("NOTIFICATION_URL", url(Service::Notification)),
             ],
             Service::Gateway => vec![
+                // These tests name their users in X-User-Id: header mode, explicitly.
+                ("GATEWAY_TRUST_USER_HEADER", "loopback".to_owned()),
+                // Every client of these tests is 127.0.0.1: hundreds of streams at once.
+                ("GATEWAY_MAX_CONNECTIONS_PER_IP", "4096".to_owned()),
                 ("INGEST_URL", url(Service::Ingest)),
                 ("REWARD_URL", url(Service::Reward)),
                 ("ANALYTICS_URL", url(Service::Analytics)),
