@@ -115,7 +115,11 @@ impl Authenticator {
         let mut v = Validation::new(alg);
         v.leeway = LEEWAY_SECS;
         v.validate_nbf = true;
-        v.set_required_spec_claims(&["exp", "sub"]);
+        // A configured `iss` or `aud` must be present, not only right when present.
+        let mut required = vec!["exp", "sub"];
+        required.extend(self.config.issuer.as_ref().map(|_| "iss"));
+        required.extend(self.config.audience.as_ref().map(|_| "aud"));
+        v.set_required_spec_claims(&required);
         match &self.config.issuer {
             Some(iss) => v.set_issuer(&[iss]),
             None => v.iss = None,
@@ -491,6 +495,24 @@ mod tests {
         assert!(a.verify(&t).await.unwrap().admin);
         let t = mint(SECRET, "alice", false, "other", "aud", ttl).unwrap();
         assert!(matches!(a.verify(&t).await, Err(AuthError::Invalid(_))));
+        // Without the `iss` and `aud` this gateway requires: refused, not waved through.
+        let bare = |claims: serde_json::Value| {
+            jsonwebtoken::encode(
+                &jsonwebtoken::Header::new(Algorithm::HS256),
+                &claims,
+                &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+            )
+            .unwrap()
+        };
+        let exp = u64::MAX / 4;
+        for claims in [
+            serde_json::json!({"sub": "alice", "exp": exp, "aud": "aud"}),
+            serde_json::json!({"sub": "alice", "exp": exp, "iss": "iss"}),
+        ] {
+            assert!(a.verify(&bare(claims.clone())).await.is_err(), "{claims}");
+        }
+        let whole = serde_json::json!({"sub": "alice", "exp": exp, "iss": "iss", "aud": "aud"});
+        assert!(a.verify(&bare(whole)).await.is_ok());
         assert!(mint(SECRET, "not a user", false, "iss", "aud", ttl).is_err());
     }
 
