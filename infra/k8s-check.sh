@@ -74,9 +74,10 @@ EOF
 
 # The dev overlay's gateway secret is made by whoever deploys and never committed: a fresh one
 # to render with when there is none.
-if [[ ! -f k8s/overlays/dev/token-secret ]]; then
-    head -c 32 /dev/urandom | base64 | tr -d '\n' >k8s/overlays/dev/token-secret
-fi
+for secret in token-secret identity-key; do
+    [[ -f "k8s/overlays/dev/$secret" ]] ||
+        head -c 32 /dev/urandom | base64 | tr -d '\n' >"k8s/overlays/dev/$secret"
+done
 render base k8s/base
 render dev k8s/overlays/dev
 render prod k8s/overlays/prod

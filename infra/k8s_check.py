@@ -1194,7 +1194,8 @@ MUTATIONS = [
      lambda d: _find(d, "Service", "rule")["spec"].pop("clusterIP"),
      ["Service/rule", "headless"]),
     ("prod", "no listen address",
-     lambda d: _container(d, "answer")["env"].pop(0),
+     lambda d: _container(d, "answer").__setitem__(
+         "env", [e for e in _container(d, "answer")["env"] if e["name"] != "ANSWER_ADDR"]),
      ["Deployment/answer", "ANSWER_ADDR", "unreachable"]),
     ("prod", "a missing liveness probe",
      lambda d: _container(d, "gateway").pop("livenessProbe"),
@@ -1283,9 +1284,10 @@ def load_render(spec: str) -> Render:
 def render_here() -> list[Render]:
     """Without files: render base, dev and prod with kubectl kustomize."""
     # The dev overlay's gateway secret is made by whoever deploys (git-ignored): one to render.
-    secret = REPO / "k8s/overlays/dev/token-secret"
-    if not secret.exists():
-        secret.write_text(base64.b64encode(os.urandom(32)).decode())
+    for name in ("token-secret", "identity-key"):
+        secret = REPO / "k8s/overlays/dev" / name
+        if not secret.exists():
+            secret.write_text(base64.b64encode(os.urandom(32)).decode())
     out = []
     for name, d in (("base", "k8s/base"), ("dev", "k8s/overlays/dev"), ("prod", "k8s/overlays/prod")):
         text = subprocess.run(["kubectl", "kustomize", str(REPO / d)], check=True,

@@ -13,8 +13,8 @@ pub mod tokens;
 
 pub use ecoscan_gateway::TrustHeader;
 pub use tokens::{
-    LOCAL_AUDIENCE, LOCAL_ISSUER, LOCAL_TOKEN_TTL, LOCAL_USER, local_token, local_token_secret,
-    read_local_token, write_local_token,
+    LOCAL_AUDIENCE, LOCAL_ISSUER, LOCAL_TOKEN_TTL, LOCAL_USER, local_identity_key, local_token,
+    local_token_secret, read_local_token, use_local_identity_key, write_local_token,
 };
 
 use anyhow::Context;

@@ -184,6 +184,12 @@ struct TokenArgs {
     /// there).
     #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
     data_dir: PathBuf,
+    /// Instead of a bearer token for the gateway: the signed identity assertion a direct gRPC
+    /// caller attaches to calls of this service (`ecoscan.v1.ScanService`, …), printed as the
+    /// `-H` argument of grpcurl: `grpcurl -H "$(ecoscan token --user alice --grpc
+    /// ecoscan.v1.ScanService)" …`.
+    #[arg(long, value_name = "SERVICE")]
+    grpc: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -256,6 +262,9 @@ async fn main() -> anyhow::Result<()> {
         analytics: args.analytics_port,
         notification: args.notification_port,
     };
+    // Every service of this process signs and verifies identity with the data directory's key,
+    // which `ecoscan token --grpc` signs with too.
+    ecoscan::use_local_identity_key(&args.data_dir)?;
     let config = SuiteConfig::from_env(&args.data_dir, args.host, ports)?;
     let provider = config.llm.provider;
     let running = ecoscan::start(config, ecoscan_common::binary::shutdown_on_signal()).await?;
@@ -317,8 +326,23 @@ async fn serve(service: Service) -> anyhow::Result<()> {
     ecoscan::serve_one(service, ecoscan_common::binary::shutdown_on_signal()).await
 }
 
-/// `ecoscan token`: a token signed with the local suite's secret.
+/// `ecoscan token`: a token signed with the local suite's secret, or with `--grpc` an identity
+/// assertion signed with its services' key.
 fn token(args: TokenArgs) -> anyhow::Result<()> {
+    if let Some(service) = &args.grpc {
+        anyhow::ensure!(
+            ecoscan_common::identity::valid_user_id(&args.user),
+            "user must be 1-128 characters of letters, digits and _.@|:+-"
+        );
+        ecoscan::use_local_identity_key(&args.data_dir)?;
+        let assertion =
+            ecoscan_common::assertion::sign_for(Some(&args.user), args.admin, service, args.ttl);
+        println!(
+            "{}: {assertion}",
+            ecoscan_common::assertion::ASSERTION_HEADER
+        );
+        return Ok(());
+    }
     let secret = ecoscan::local_token_secret(&args.data_dir)?;
     let token = ecoscan_gateway::mint_token(
         &secret,

@@ -11,6 +11,8 @@ pub const LOCAL_ISSUER: &str = "ecoscan-local";
 pub const LOCAL_AUDIENCE: &str = "ecoscan";
 /// The file under the data directory that holds `ecoscan up`'s token secret.
 const TOKEN_SECRET_FILE: &str = "token-secret";
+/// The file under the data directory that holds the services' identity key.
+const IDENTITY_KEY_FILE: &str = "identity-key";
 /// The file under the data directory that holds the token `ecoscan up` printed last, which the
 /// CLI uses when given none.
 const TOKEN_FILE: &str = "token";
@@ -66,10 +68,30 @@ pub fn read_local_token(data_dir: &Path) -> anyhow::Result<String> {
 /// The HS256 secret of `ecoscan up`'s gateway, kept in `data_dir` (created on first use, readable
 /// by its owner only), so that `ecoscan token` can mint tokens it accepts.
 pub fn local_token_secret(data_dir: &Path) -> anyhow::Result<String> {
-    let path = data_dir.join(TOKEN_SECRET_FILE);
+    local_secret(data_dir, TOKEN_SECRET_FILE)
+}
+
+/// The key `ecoscan up`'s services sign and verify identity assertions with
+/// (`ecoscan_common::assertion`), kept in `data_dir` like the token secret, so that
+/// `ecoscan token --grpc` can sign what a grpcurl caller attaches.
+pub fn local_identity_key(data_dir: &Path) -> anyhow::Result<String> {
+    local_secret(data_dir, IDENTITY_KEY_FILE)
+}
+
+/// The key every service of the local suite uses: `ECOSCAN_IDENTITY_KEY` when set, else the data
+/// directory's.
+pub fn use_local_identity_key(data_dir: &Path) -> anyhow::Result<()> {
+    if ecoscan_common::config::env_opt(ecoscan_common::assertion::KEY_VAR).is_some() {
+        return ecoscan_common::assertion::check_env();
+    }
+    ecoscan_common::assertion::set_key(&local_identity_key(data_dir)?)
+}
+
+fn local_secret(data_dir: &Path, file: &str) -> anyhow::Result<String> {
+    let path = data_dir.join(file);
     match std::fs::read_to_string(&path) {
         Ok(secret) if secret.trim().len() >= 32 => return Ok(secret.trim().to_owned()),
-        Ok(_) => anyhow::bail!("{} is too short to be a token secret", path.display()),
+        Ok(_) => anyhow::bail!("{} is too short to be a secret", path.display()),
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             return Err(anyhow::Error::from(e).context(format!("cannot read {}", path.display())));
         }
@@ -93,7 +115,7 @@ pub fn local_token_secret(data_dir: &Path) -> anyhow::Result<String> {
             Ok(secret)
         }
         // Another process created it first: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => local_token_secret(data_dir),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => local_secret(data_dir, file),
         Err(e) => Err(anyhow::Error::from(e).context(format!("cannot create {}", path.display()))),
     }
 }

@@ -342,6 +342,11 @@ impl Cluster {
             }
         }
         cmd.env("RUST_LOG", "info")
+            // The key every process of the cluster signs and verifies identity with.
+            .env(
+                ecoscan_common::assertion::KEY_VAR,
+                "process-tests-identity-key-0123456789-abcdefghij",
+            )
             .env("LLM_PROVIDER", "mock")
             .env("LLM_MOCK_LATENCY", "150ms")
             .envs(self.service_vars(service))
