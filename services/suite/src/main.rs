@@ -139,6 +139,15 @@ struct JobsArgs {
         global = true
     )]
     ingest: String,
+    /// The data directory of the local `ecoscan up`: its services' identity key signs the admin
+    /// role these calls need (`ECOSCAN_IDENTITY_KEY` instead, when set).
+    #[arg(
+        long,
+        env = "ECOSCAN_DATA_DIR",
+        default_value = "./data",
+        global = true
+    )]
+    data_dir: PathBuf,
     #[command(subcommand)]
     command: JobsCommand,
 }
@@ -358,6 +367,7 @@ fn token(args: TokenArgs) -> anyhow::Result<()> {
 
 /// `ecoscan jobs …`: prints what ingest answered; a refusal is an error (exit status 1).
 async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
+    ecoscan::use_local_identity_key(&args.data_dir)?;
     let out = match args.command {
         JobsCommand::DeadLetter(DeadLetterCommand::List { limit, before }) => {
             ecoscan::jobs::list(&args.ingest, limit, before.as_deref()).await?
