@@ -154,6 +154,8 @@ def gateway_env(addrs, extra):
         "REWARD_URL": f"http://{addrs['reward']}",
         "ANALYTICS_URL": f"http://{addrs['analytics']}",
         "NOTIFICATION_URL": f"http://{addrs['notification']}",
+        # ecoscan up's services believe identity signed with its data directory's key only.
+        "ECOSCAN_IDENTITY_KEY": open(os.path.join(WORK, "data", "identity-key")).read().strip(),
     }
     env.update(extra)
     return env
