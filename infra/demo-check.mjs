@@ -1,6 +1,7 @@
 // The demo page in headless Chromium, against a running `ecoscan up`. Run by infra/demo-check.sh,
 // which starts the suite and passes, in the environment:
 //   DEMO_GATEWAY     http://127.0.0.1:PORT
+//   DEMO_TOKEN       the token `ecoscan up` printed (the page takes it from its URL's fragment)
 //   DEMO_CHROMIUM    the browser (Debian's /usr/bin/chromium)
 //   DEMO_PLAYWRIGHT  the playwright-core package directory
 //   DEMO_JAEGER_URL  what GATEWAY_JAEGER_URL was set to
@@ -13,6 +14,7 @@ import assert from "node:assert/strict";
 
 const env = (name) => process.env[name] || (() => { throw new Error(`${name} is not set`); })();
 const GATEWAY = env("DEMO_GATEWAY");
+const TOKEN = env("DEMO_TOKEN");
 const JAEGER = env("DEMO_JAEGER_URL");
 const { chromium } = createRequire(import.meta.url)(env("DEMO_PLAYWRIGHT"));
 
@@ -80,7 +82,7 @@ try {
   page.setDefaultTimeout(20_000);
   page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
 
-  await page.goto(`${GATEWAY}/?lang=ko`);
+  await page.goto(`${GATEWAY}/?lang=ko#access_token=${TOKEN}`);
   assert.equal(await page.getAttribute("html", "lang"), "ko");
   assert.equal(await page.textContent("#submit"), "스캔하기");
   await page.waitForSelector("#notifications-state[data-state=live]");
@@ -168,7 +170,10 @@ try {
   assert.ok(second.reconnects >= 2, "the page reconnected");
   assert.deepEqual(second.stages.map((s) => s.state), ["done", "done", "done", "done", "done"]);
   assert.match(second.answer, /\[mock answer\]/, "English mock answer");
-  const result = await page.evaluate(async (url) => (await fetch(url)).json(), second.resultUrl);
+  const result = await page.evaluate(
+    async ([url, token]) => (await fetch(url, { headers: { Authorization: `Bearer ${token}` } })).json(),
+    [second.resultUrl, TOKEN],
+  );
   assert.equal(second.answer, result.answer.text, "the answer is the job's answer");
   assert.equal(second.rewardNew, "false", "the character is already owned");
   assert.match(await page.textContent("#reward .badge"), /Already in your collection/);

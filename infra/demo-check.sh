@@ -85,7 +85,7 @@ suite_start GATEWAY_JAEGER_URL="$JAEGER_URL" LLM_MOCK_LATENCY=2s
 
 started=$SECONDS
 status=0
-DEMO_GATEWAY="http://$gateway" DEMO_CHROMIUM="$CHROMIUM" DEMO_JAEGER_URL="$JAEGER_URL" \
+DEMO_GATEWAY="http://$gateway" DEMO_TOKEN="$(cat "$work/data/token")" DEMO_CHROMIUM="$CHROMIUM" DEMO_JAEGER_URL="$JAEGER_URL" \
     DEMO_PLAYWRIGHT="$PLAYWRIGHT_DIR/node_modules/playwright-core" DEMO_WORK="$work" \
     DEMO_SCREENSHOT="${screenshot:-$work/demo.png}" \
     timeout 120 node infra/demo-check.mjs || status=$?

@@ -76,12 +76,11 @@ render() { # name kustomization-dir
 render_with_servicemonitor() { # overlay
     local dir="$out/$1+servicemonitor"
     mkdir -p "$dir"
+    # Kustomize wants relative paths: from $dir to the rendered copy of k8s/ (with its secrets).
     local k8s
     k8s=$("$PYTHON" -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' \
-        "$PWD/k8s" "$dir")
+        "$out/k8s" "$dir")
     local overlay="$k8s/overlays/$1"
-    [[ "$1" == prod ]] && overlay=$("$PYTHON" -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' \
-        "$out/k8s/overlays/prod" "$dir")
     cat >"$dir/kustomization.yaml" <<EOF
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -93,14 +92,19 @@ EOF
     render "$1+servicemonitor" "$dir"
 }
 
-# prod generates its Secret from secrets.env, which is never committed: render a copy of k8s/
-# with the example's placeholder values in it (or the operator's own secrets.env when present).
+# prod generates its Secret from secrets.env, and dev its gateway secrets from token-secret and
+# identity-key, none of them ever committed: render a copy of k8s/ with the example's placeholder
+# values in prod (or the operator's own secrets.env when present) and fresh dev secrets.
 cp -r k8s "$out/k8s"
 [[ -f "$out/k8s/overlays/prod/secrets.env" ]] ||
     cp k8s/overlays/prod/secrets.env.example "$out/k8s/overlays/prod/secrets.env"
+for secret in token-secret identity-key; do
+    [[ -f "$out/k8s/overlays/dev/$secret" ]] ||
+        head -c 32 /dev/urandom | base64 | tr -d '\n' >"$out/k8s/overlays/dev/$secret"
+done
 
 render base k8s/base
-render dev k8s/overlays/dev
+render dev "$out/k8s/overlays/dev"
 render prod "$out/k8s/overlays/prod"
 render_with_servicemonitor dev
 render_with_servicemonitor prod

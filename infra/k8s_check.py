@@ -52,6 +52,7 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -1413,7 +1414,8 @@ MUTATIONS = [
      lambda d: _find(d, "Service", "rule")["spec"].pop("clusterIP"),
      ["Service/rule", "headless"]),
     ("prod", "no listen address",
-     lambda d: _container(d, "answer")["env"].pop(0),
+     lambda d: _container(d, "answer").__setitem__(
+         "env", [e for e in _container(d, "answer")["env"] if e["name"] != "ANSWER_ADDR"]),
      ["Deployment/answer", "ANSWER_ADDR", "unreachable"]),
     ("prod", "a missing liveness probe",
      lambda d: _container(d, "gateway").pop("livenessProbe"),
@@ -1551,8 +1553,9 @@ def load_render(spec: str) -> Render:
 
 
 def render_here() -> list[Render]:
-    """Without files: render base, dev and prod with kubectl kustomize (prod from a copy of k8s/
-    with secrets.env.example as its secrets.env when there is no secrets.env)."""
+    """Without files: render base, dev and prod with kubectl kustomize, from a copy of k8s/ with
+    secrets.env.example as prod's secrets.env when there is none, and fresh dev gateway secrets
+    (whoever deploys makes them; git-ignored) when there are none."""
     import shutil
     import tempfile
     out = []
@@ -1562,6 +1565,10 @@ def render_here() -> list[Render]:
         env = k8s / "overlays/prod/secrets.env"
         if not env.exists():
             shutil.copy(k8s / "overlays/prod/secrets.env.example", env)
+        for name in ("token-secret", "identity-key"):
+            secret = k8s / "overlays/dev" / name
+            if not secret.exists():
+                secret.write_text(base64.b64encode(os.urandom(32)).decode())
         for name, d in (("base", "base"), ("dev", "overlays/dev"), ("prod", "overlays/prod")):
             text = subprocess.run(["kubectl", "kustomize", str(k8s / d)], check=True,
                                   capture_output=True, text=True).stdout

@@ -62,5 +62,8 @@ rm -rf "$bench_out"
 echo "==> REST/SSE API (schemathesis against ecoscan up, held to its OpenAPI document)"
 infra/api-check.sh
 
+echo "==> hostile edge (nginx, PyJWT + cryptography and raw sockets against ecoscan up)"
+infra/edge-check.sh
+
 echo "==> demo page (headless Chromium against ecoscan up)"
 infra/demo-check.sh

@@ -20,19 +20,26 @@ const MIB: usize = 1024 * 1024;
 /// | `GATEWAY_MAX_IMAGE_BYTES` | `10485760` (10 MiB) | largest image accepted (decoded bytes) |
 /// | `GATEWAY_MAX_BODY_BYTES` | 4/3 of the image limit + 64 KiB | largest request body (room for base64 and multipart framing) |
 /// | `GATEWAY_CONCURRENCY_LIMIT` | `1024` | requests handled at once before new ones are shed with 503 |
-/// | `GATEWAY_DEFAULT_USER` | `local` | user id when a request carries no `X-User-Id` |
 /// | `GATEWAY_PUBLIC_BASE_URL` | unset | prefix for the URLs the gateway hands out (`https://scan.example.com`); relative URLs when unset |
 /// | `GATEWAY_SSE_MAX_LIFETIME` | `30m` | longest life of one SSE response; clients reconnect with `Last-Event-ID` |
 /// | `GATEWAY_JWT_SECRET` | unset | accept HS256 bearer tokens signed with this secret |
 /// | `GATEWAY_JWKS_URL` | unset | accept RS256/ES256 bearer tokens signed by a key of this JWKS (an OIDC provider's) |
-/// | `GATEWAY_JWT_ISSUER` / `GATEWAY_JWT_AUDIENCE` | unset | required `iss` / `aud` of tokens |
+/// | `GATEWAY_JWT_ISSUER` / `GATEWAY_JWT_AUDIENCE` | unset | required `iss` / `aud` of tokens (both must be set with a JWKS) |
+/// | `GATEWAY_JWKS_MAX_AGE` / `GATEWAY_JWKS_MIN_REFRESH` | `10m` / `30s` | a key set is fetched again after this long / never more often than this |
+/// | `GATEWAY_SSE_TICKET_SECRET` | unset (a key per process) | signs SSE tickets; set the same on every replica |
 /// | `GATEWAY_JWT_ADMIN_CLAIM` / `GATEWAY_JWT_ADMIN_VALUE` | `roles` / `admin` | the claim (and value) that grants the admin role |
-/// | `GATEWAY_TRUST_USER_HEADER` | `auto` | believe `X-User-Id`: `auto` (only on a loopback listener), `true` (same, refused elsewhere), `false`, `force` (anywhere) |
+/// | `GATEWAY_TRUST_USER_HEADER` | `off` | believe `X-User-Id`: `off`, `loopback` (direct loopback peers naming the listener, no roles), `force` (anyone, with `X-User-Roles`) |
 /// | `GATEWAY_SCANS_PER_MINUTE` | `60` | scans one user may submit per minute (burst: as many at once) |
 /// | `GATEWAY_SCHEDULES_PER_MINUTE` | `30` | notifications one user may schedule per minute |
 /// | `GATEWAY_MAX_SSE_PER_USER` / `GATEWAY_MAX_SSE` | `64` / `16384` | SSE streams open at once per user / in all |
 /// | `GATEWAY_MAX_CONNECTIONS` | `16384` | connections open at once; past it new ones wait in the listen backlog |
 /// | `GATEWAY_HEADER_TIMEOUT` | `10s` | a request's headers must arrive within this (also how long an idle keep-alive connection stays) |
+/// | `GATEWAY_FIRST_BYTE_TIMEOUT` | `5s` | a new connection's first byte must arrive within this |
+/// | `GATEWAY_IDLE_TIMEOUT` | `60s` | a connection with no request in flight (HTTP/2 included) is closed after this |
+/// | `GATEWAY_H2_KEEPALIVE_INTERVAL` / `GATEWAY_H2_KEEPALIVE_TIMEOUT` | `30s` / `10s` | HTTP/2 pings, and how long an answer may take before the connection is closed |
+/// | `GATEWAY_MAX_CONNECTIONS_PER_IP` | `512` | connections open at once from one address (IPv6: one /64); past it new ones are closed |
+/// | `GATEWAY_UNAUTHENTICATED_PER_MINUTE` | `300` | requests that prove no user (public routes, refused authentication) one address may make per minute |
+/// | `GATEWAY_BODIES_PER_CALLER` | `4` | full-size bodies one caller may have in flight at once (its share of the body budget) |
 /// | `GATEWAY_BODY_TIMEOUT` / `GATEWAY_BODY_MIN_RATE` | `60s` / `16384` | a body must arrive within this, and at least this many bytes per second (checked every 5 s) |
 /// | `GATEWAY_CORS_ORIGINS` | unset (no CORS) | comma-separated origins allowed to call the API from a browser |
 /// | `GATEWAY_JAEGER_URL` | unset | Jaeger UI base URL; the demo page links each scan's trace to `<url>/trace/<trace_id>` |
@@ -48,8 +55,6 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Requests in flight at once; past it the gateway sheds load instead of queueing.
     pub concurrency_limit: usize,
-    /// Acting user when a request names none (until JWT auth arrives).
-    pub default_user: String,
     /// When set, `Location`, `events_url`, `result_url` are absolute URLs under it.
     pub public_base_url: Option<String>,
     /// Every SSE response ends after this long (an `EventSource` reconnects by itself), so no
@@ -75,6 +80,16 @@ pub struct Limits {
     pub body_timeout: std::time::Duration,
     /// Bytes per second a body must keep up, measured over windows of 5 s.
     pub body_min_rate: u64,
+    /// A new connection's first byte must come within this.
+    pub first_byte_timeout: std::time::Duration,
+    /// A connection with no request in flight is closed after this.
+    pub idle_timeout: std::time::Duration,
+    pub h2_keepalive_interval: std::time::Duration,
+    pub h2_keepalive_timeout: std::time::Duration,
+    pub max_connections_per_ip: usize,
+    pub unauthenticated_per_minute: u32,
+    /// Full-size bodies one caller may have in flight at once.
+    pub bodies_per_caller: usize,
 }
 
 impl Limits {
@@ -90,6 +105,25 @@ impl Limits {
             header_timeout: env_duration("GATEWAY_HEADER_TIMEOUT", d.header_timeout)?,
             body_timeout: env_duration("GATEWAY_BODY_TIMEOUT", d.body_timeout)?,
             body_min_rate: env_or("GATEWAY_BODY_MIN_RATE", d.body_min_rate)?,
+            first_byte_timeout: env_duration("GATEWAY_FIRST_BYTE_TIMEOUT", d.first_byte_timeout)?,
+            idle_timeout: env_duration("GATEWAY_IDLE_TIMEOUT", d.idle_timeout)?,
+            h2_keepalive_interval: env_duration(
+                "GATEWAY_H2_KEEPALIVE_INTERVAL",
+                d.h2_keepalive_interval,
+            )?,
+            h2_keepalive_timeout: env_duration(
+                "GATEWAY_H2_KEEPALIVE_TIMEOUT",
+                d.h2_keepalive_timeout,
+            )?,
+            max_connections_per_ip: env_or(
+                "GATEWAY_MAX_CONNECTIONS_PER_IP",
+                d.max_connections_per_ip,
+            )?,
+            unauthenticated_per_minute: env_or(
+                "GATEWAY_UNAUTHENTICATED_PER_MINUTE",
+                d.unauthenticated_per_minute,
+            )?,
+            bodies_per_caller: env_or("GATEWAY_BODIES_PER_CALLER", d.bodies_per_caller)?,
         })
     }
 }
@@ -105,6 +139,13 @@ impl Default for Limits {
             header_timeout: std::time::Duration::from_secs(10),
             body_timeout: std::time::Duration::from_secs(60),
             body_min_rate: 16 * 1024,
+            first_byte_timeout: std::time::Duration::from_secs(5),
+            idle_timeout: std::time::Duration::from_secs(60),
+            h2_keepalive_interval: std::time::Duration::from_secs(30),
+            h2_keepalive_timeout: std::time::Duration::from_secs(10),
+            max_connections_per_ip: 512,
+            unauthenticated_per_minute: 300,
+            bodies_per_caller: 4,
         }
     }
 }
@@ -120,7 +161,6 @@ impl Default for Config {
             max_image_bytes,
             max_body_bytes: default_body_limit(max_image_bytes),
             concurrency_limit: 1024,
-            default_user: "local".to_owned(),
             public_base_url: None,
             sse_max_lifetime: std::time::Duration::from_secs(30 * 60),
             auth: crate::auth::AuthConfig::default(),
@@ -152,7 +192,6 @@ impl Config {
                 default_body_limit(max_image_bytes),
             )?,
             concurrency_limit: env_or("GATEWAY_CONCURRENCY_LIMIT", d.concurrency_limit)?,
-            default_user: env_or("GATEWAY_DEFAULT_USER", d.default_user)?,
             public_base_url: env_opt("GATEWAY_PUBLIC_BASE_URL"),
             sse_max_lifetime: env_duration("GATEWAY_SSE_MAX_LIFETIME", d.sse_max_lifetime)?,
             auth: crate::auth::AuthConfig {
@@ -163,6 +202,12 @@ impl Config {
                 admin_claim: env_or("GATEWAY_JWT_ADMIN_CLAIM", d.auth.admin_claim)?,
                 admin_value: env_or("GATEWAY_JWT_ADMIN_VALUE", d.auth.admin_value)?,
                 trust_header: env_or("GATEWAY_TRUST_USER_HEADER", d.auth.trust_header)?,
+                jwks_max_age: env_duration("GATEWAY_JWKS_MAX_AGE", d.auth.jwks_max_age)?,
+                jwks_min_refresh: env_duration(
+                    "GATEWAY_JWKS_MIN_REFRESH",
+                    d.auth.jwks_min_refresh,
+                )?,
+                ticket_secret: env_opt("GATEWAY_SSE_TICKET_SECRET"),
             },
             limits: Limits::from_env()?,
             cors_origins: env_opt("GATEWAY_CORS_ORIGINS")
@@ -199,10 +244,6 @@ impl Config {
             self.concurrency_limit > 0,
             "GATEWAY_CONCURRENCY_LIMIT must be positive"
         );
-        ensure!(
-            ecoscan_common::identity::valid_user_id(&self.default_user),
-            "GATEWAY_DEFAULT_USER must be 1-128 characters of letters, digits and _.@|:+-"
-        );
         let l = &self.limits;
         ensure!(
             l.scans_per_minute > 0 && l.schedules_per_minute > 0,
@@ -216,18 +257,26 @@ impl Config {
             !l.header_timeout.is_zero() && !l.body_timeout.is_zero(),
             "GATEWAY_HEADER_TIMEOUT and GATEWAY_BODY_TIMEOUT must be positive"
         );
-        if let Some(secret) = &self.auth.hs256_secret {
-            ensure!(
-                secret.len() >= 32,
-                "GATEWAY_JWT_SECRET must be at least 32 bytes (e.g. `openssl rand -base64 32`)"
-            );
-        }
-        if let Some(url) = &self.auth.jwks_url {
-            ensure!(
-                url.starts_with("https://") || url.starts_with("http://"),
-                "GATEWAY_JWKS_URL must be an http(s) URL"
-            );
-        }
+        ensure!(
+            [
+                l.first_byte_timeout,
+                l.idle_timeout,
+                l.h2_keepalive_interval,
+                l.h2_keepalive_timeout
+            ]
+            .iter()
+            .all(|d| !d.is_zero()),
+            "GATEWAY_FIRST_BYTE_TIMEOUT, GATEWAY_IDLE_TIMEOUT and GATEWAY_H2_KEEPALIVE_* must be \
+             positive"
+        );
+        ensure!(
+            l.max_connections_per_ip > 0
+                && l.unauthenticated_per_minute > 0
+                && l.bodies_per_caller > 0,
+            "GATEWAY_MAX_CONNECTIONS_PER_IP, GATEWAY_UNAUTHENTICATED_PER_MINUTE and \
+             GATEWAY_BODIES_PER_CALLER must be positive"
+        );
+        self.auth.validate()?;
         for origin in &self.cors_origins {
             ensure!(
                 origin.starts_with("https://") || origin.starts_with("http://"),
@@ -249,6 +298,18 @@ impl Config {
         Ok(())
     }
 
+    /// The defaults with header mode on loopback (valid settings for router-level tests).
+    #[cfg(test)]
+    pub(crate) fn local_for_tests() -> Self {
+        Self {
+            auth: crate::auth::AuthConfig {
+                trust_header: crate::auth::TrustHeader::Loopback,
+                ..Default::default()
+            },
+            ..Self::default()
+        }
+    }
+
     /// `path` as the caller should see it: under `public_base_url` when one is set.
     pub(crate) fn public_url(&self, path: &str) -> String {
         match &self.public_base_url {
@@ -262,13 +323,21 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// Valid settings: header mode on loopback.
+    fn local() -> Config {
+        let c = Config::local_for_tests();
+        c.validate().unwrap();
+        c
+    }
+
     #[test]
     fn defaults_are_valid_and_leave_room_for_base64() {
         let c = Config::default();
-        c.validate().unwrap();
+        // Nothing can authenticate until a secret, a key set or header mode is chosen.
+        assert!(c.validate().is_err());
+        Config::local_for_tests().validate().unwrap();
         assert_eq!(c.max_image_bytes, 10 * MIB);
         assert!(c.max_body_bytes > c.max_image_bytes * 4 / 3);
-        assert_eq!(c.default_user, "local");
     }
 
     #[test]
@@ -286,7 +355,7 @@ mod tests {
     fn validate_rejects_a_jaeger_url_that_is_not_http() {
         let c = Config {
             jaeger_url: Some("javascript:alert(1)".to_owned()),
-            ..Config::default()
+            ..local()
         };
         assert!(c.validate().is_err());
     }
@@ -295,7 +364,7 @@ mod tests {
     fn validate_rejects_a_body_limit_below_the_image_limit() {
         let c = Config {
             max_body_bytes: 10,
-            ..Config::default()
+            ..local()
         };
         assert!(c.validate().is_err());
     }

@@ -15,6 +15,7 @@
 //! | `GET /api/v1/notifications/stream` | `NotificationService.Subscribe` → SSE |
 //! | `POST /api/v1/notifications` | `NotificationService.Schedule` → 201 |
 //! | `GET /api/v1/analytics/usage?since=&until=` | `AnalyticsService.Usage` |
+//! | `POST /api/v1/sse-tickets` | none (a single-use ticket for one event stream) |
 //! | `GET /healthz` | none |
 //! | `GET /api/v1/openapi.json` | none (the OpenAPI 3.1 document of all of these) |
 //! | `GET /` | the demo page |
@@ -25,8 +26,10 @@
 
 mod admin;
 mod auth;
+mod body;
 mod config;
 mod error;
+mod headers;
 mod input;
 mod limits;
 mod metrics;
@@ -61,10 +64,10 @@ use tower_http::trace::TraceLayer;
 use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::limits::{RateLimits, SseSlots};
+use crate::limits::{IpLimits, RateLimits, SseSlots};
 
 pub use admin::DEFAULT_ADMIN_ADDR;
-pub use auth::{AuthConfig, TrustHeader, mint as mint_token};
+pub use auth::{AuthConfig, Peer, TrustHeader, mint as mint_token};
 pub use config::{Config, DEFAULT_ADDR, Limits};
 pub use error::ApiError;
 
@@ -108,17 +111,9 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    fn new(
-        config: Config,
-        header_trusted: bool,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<Self> {
+    fn new(config: Config, shutdown: CancellationToken) -> anyhow::Result<Self> {
         config.validate()?;
-        let auth = Arc::new(auth::Authenticator::new(
-            config.auth.clone(),
-            header_trusted,
-            config.default_user.clone(),
-        )?);
+        let auth = Arc::new(auth::Authenticator::new(config.auth.clone())?);
         let ch = |url: &str, name: &str| {
             channel(url).with_context(|| format!("invalid {name} url {url:?}"))
         };
@@ -203,6 +198,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/notifications"),
     ("GET", "/api/v1/notifications/stream"),
     ("GET", "/api/v1/analytics/usage"),
+    ("POST", "/api/v1/sse-tickets"),
     ("GET", "/healthz"),
     ("GET", "/api/v1/openapi.json"),
 ];
@@ -222,26 +218,24 @@ fn mount<S: Clone + Send + Sync + 'static>(
 }
 
 /// The gateway's routes and middleware, for [`serve`] and for router-level tests. Clients
-/// connect lazily, so no backend needs to be up to build it.
+/// connect lazily, so no backend needs to be up to build it. Requests that reach it without
+/// [`serve`] carry no [`Peer`]: header mode `loopback` believes none of them.
 pub fn router(config: Config) -> anyhow::Result<Router> {
     routers(config).map(|(api, _)| api)
 }
 
 /// [`router`] and the admin listener's router beside it (`/metrics`, `/readyz`, `/healthz`).
 pub fn routers(config: Config) -> anyhow::Result<(Router, Router)> {
-    // Router-level use is local: the header is trusted as on a loopback listener.
-    let trusted = config.auth.header_trusted(true, "127.0.0.1")?;
-    let (api, admin) = router_with(config, trusted, CancellationToken::new())?;
+    let (api, admin) = router_with(config, CancellationToken::new())?;
     Ok((api, admin.router()))
 }
 
 /// The API router, and what the admin listener serves about it.
 fn router_with(
     config: Config,
-    header_trusted: bool,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(Router, admin::Admin)> {
-    let state = AppState::new(config, header_trusted, shutdown.clone())?;
+    let state = AppState::new(config, shutdown.clone())?;
     let config = state.config.clone();
     let mut registry = ecoscan_common::metrics::Metrics::new("gateway");
     let http_metrics =
@@ -288,6 +282,11 @@ fn router_with(
             "/api/v1/analytics/usage",
             get(routes::account::usage),
         ),
+        (
+            "POST",
+            "/api/v1/sse-tickets",
+            post(auth::tickets::sse_ticket),
+        ),
     ]
     .into_iter()
     .fold(Router::new(), |r, (method, path, handler)| {
@@ -308,13 +307,18 @@ fn router_with(
             .layer(DefaultBodyLimit::max(config.max_body_bytes)),
     )
     // Outside the concurrency limit: a body is read (at a minimum rate, within a deadline)
-    // before its request takes a slot, so slow senders cannot hold the slots.
+    // before its request takes a slot, so slow senders cannot hold the slots; and after
+    // `authenticate`, so only a known caller's body is read, from that caller's share.
     .layer(axum::middleware::from_fn_with_state(
-        server::BodyBudget::new(config.limits.clone(), config.max_body_bytes),
-        server::read_body,
+        body::BodyBudget::new(config.limits.clone(), config.max_body_bytes),
+        body::read_body,
     ));
 
-    let openapi = openapi::render(header_trusted);
+    let gate = auth::Gate {
+        auth: state.auth.clone(),
+        per_ip: IpLimits::new(config.limits.unauthenticated_per_minute),
+    };
+    let openapi = openapi::render(state.auth.header_mode());
     let app = [
         // Liveness stays outside the concurrency limit: a saturated gateway is still alive, and
         // a failing liveness probe would restart it and drop every open stream. (Readiness and
@@ -333,6 +337,11 @@ fn router_with(
     })
     .merge(api)
     .with_state(state)
+    // Who calls, from the headers alone, before any body is read.
+    .layer(axum::middleware::from_fn_with_state(
+        gate,
+        auth::authenticate,
+    ))
     // RED metrics per route template, inside the span so a slow scrape shows in traces.
     .layer(axum::middleware::from_fn_with_state(
         http_metrics,
@@ -341,6 +350,8 @@ fn router_with(
     // Browsers on the configured origins may call the API (preflights answered here, before
     // authentication); with no origins configured no CORS header is ever sent.
     .layer(tower::util::option_layer(cors(&config.cors_origins)?))
+    // Outermost but for the span: every answer, refusals and preflights included.
+    .layer(axum::middleware::from_fn(headers::security_headers))
     .layer(
         ServiceBuilder::new()
             // One span per request, child of the caller's `traceparent`; it is current while
@@ -406,12 +417,10 @@ pub async fn serve_with_admin(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().context("listener has no address")?;
-    let header_trusted = config
-        .auth
-        .header_trusted(addr.ip().is_loopback(), &addr.to_string())?;
     let limits = config.limits.clone();
-    let (app, admin_state) = router_with(config, header_trusted, shutdown.clone())?;
-    tracing::info!(%addr, header_trusted, "gateway listening");
+    let header_mode = config.auth.trust_header;
+    let (app, admin_state) = router_with(config, shutdown.clone())?;
+    tracing::info!(%addr, header_mode = ?header_mode, "gateway listening");
     // Both end with the API server, whatever ends it.
     let stop = shutdown.child_token();
     let monitor = tokio::spawn(admin_state.health.clone().monitor(stop.clone()));

@@ -1,9 +1,12 @@
 //! What one caller, and everyone together, may send and hold: per-user rate limits on
-//! submitting scans and scheduling notifications (token buckets, `governor`), and per-user and
-//! global caps on open SSE streams. Past a limit the caller gets 429 with `Retry-After`.
+//! submitting scans and scheduling notifications (token buckets, `governor`), per-user and
+//! global caps on open SSE streams, and — for what no user can be held to — per-address limits
+//! on requests that prove nobody and on open connections. Past a limit the caller gets 429 with
+//! `Retry-After` (a connection past its address's cap is closed at once).
 
 use std::{
     collections::HashMap,
+    net::IpAddr,
     num::NonZeroU32,
     sync::{
         Arc, Mutex,
@@ -31,12 +34,12 @@ fn per_minute(n: u32) -> Quota {
     Quota::per_minute(n).allow_burst(n)
 }
 
-fn check(
-    limiter: &DefaultKeyedRateLimiter<String>,
-    user: &str,
+fn check<K: Clone + std::hash::Hash + Eq>(
+    limiter: &DefaultKeyedRateLimiter<K>,
+    key: &K,
     what: &str,
 ) -> Result<(), ApiError> {
-    match limiter.check_key(&user.to_owned()) {
+    match limiter.check_key(key) {
         Ok(()) => Ok(()),
         Err(not_until) => {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
@@ -73,12 +76,110 @@ impl RateLimits {
 
     /// Takes a token for one scan of `user`.
     pub(crate) fn scan(&self, user: &str) -> Result<(), ApiError> {
-        check(&self.scans, user, "scans")
+        check(&self.scans, &user.to_owned(), "scans")
     }
 
     /// Takes a token for one scheduled notification of `user`.
     pub(crate) fn schedule(&self, user: &str) -> Result<(), ApiError> {
-        check(&self.schedules, user, "scheduled notifications")
+        check(&self.schedules, &user.to_owned(), "scheduled notifications")
+    }
+}
+
+/// The address a limit holds: the IPv4 address, or the /64 of an IPv6 address (one host
+/// usually has a whole /64 to pick addresses from).
+pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut s = v6.segments();
+                s[4..].fill(0);
+                IpAddr::V6(s.into())
+            }
+        },
+    }
+}
+
+/// Requests that prove no user (the public routes, and refused authentication), per address.
+pub(crate) struct IpLimits {
+    requests: DefaultKeyedRateLimiter<IpAddr>,
+}
+
+impl IpLimits {
+    pub(crate) fn new(per_minute_each: u32) -> Arc<Self> {
+        let this = Arc::new(Self {
+            requests: RateLimiter::keyed(per_minute(per_minute_each)),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let weak = Arc::downgrade(&this);
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    let Some(this) = weak.upgrade() else { return };
+                    this.requests.retain_recent();
+                }
+            });
+        }
+        this
+    }
+
+    /// Takes a token for one unauthenticated request from `ip`.
+    pub(crate) fn check(&self, ip: IpAddr) -> Result<(), ApiError> {
+        check(
+            &self.requests,
+            &address_key(ip),
+            "requests without authentication from this address",
+        )
+    }
+}
+
+/// Open connections per address, within a cap.
+#[derive(Clone)]
+pub(crate) struct ConnectionsPerIp {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    max: usize,
+}
+
+impl ConnectionsPerIp {
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            open: Arc::default(),
+            max,
+        }
+    }
+
+    /// A slot for one more connection from `ip`, or `None` when it holds the most allowed.
+    pub(crate) fn take(&self, ip: IpAddr) -> Option<IpSlot> {
+        let key = address_key(ip);
+        let mut open = self.open.lock().expect("connection slots lock poisoned");
+        let n = open.entry(key).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot {
+            open: self.open.clone(),
+            key,
+        })
+    }
+}
+
+/// One connection's slot; released when dropped.
+pub(crate) struct IpSlot {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    key: IpAddr,
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().expect("connection slots lock poisoned");
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -183,6 +284,27 @@ mod tests {
         }
         rl.scan("bo").unwrap();
         rl.schedule("ann").unwrap();
+    }
+
+    #[test]
+    fn addresses_are_limited_by_v4_address_or_v6_slash_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        assert_eq!(address_key(a), address_key(b));
+        let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
+        assert_eq!(address_key(mapped), "192.0.2.1".parse::<IpAddr>().unwrap());
+        let conns = ConnectionsPerIp::new(2);
+        let one = conns.take(a).unwrap();
+        let _two = conns.take(b).unwrap();
+        assert!(conns.take(a).is_none(), "a /64 holds two already");
+        assert!(conns.take("192.0.2.1".parse().unwrap()).is_some());
+        drop(one);
+        assert!(conns.take(a).is_some());
+        let limits = IpLimits::new(2);
+        limits.check(a).unwrap();
+        limits.check(b).unwrap();
+        assert!(matches!(limits.check(a), Err(ApiError::TooMany { .. })));
+        limits.check("192.0.2.1".parse().unwrap()).unwrap();
     }
 
     #[test]

@@ -116,7 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn metrics_count_requests_by_route_template_and_status() {
-        let (app, admin) = crate::routers(crate::Config::default()).unwrap();
+        let (app, admin) = crate::routers(crate::Config::local_for_tests()).unwrap();
 
         get(&app, "/healthz").await;
         get(&app, "/api/v1/made-up/path").await;

@@ -11,9 +11,9 @@
 //!   (its `event` name, `id`, and `data` as a JSON string whose `contentSchema` is the payload's
 //!   schema), as OpenAPI 3.2 says of `itemSchema` and as OpenAPI 3.1 tools that validate streams
 //!   (Schemathesis) read `schema`. The response's description lists the events.
-//! - **Credentials** depend on the gateway: the bearer token always (and, on the SSE routes, the
-//!   same token in `?access_token=` or the `ecoscan_token` cookie); where the `X-User-Id` header
-//!   is trusted (a loopback listener), the header and anonymous calls as the default user too.
+//! - **Credentials** depend on the gateway: the bearer token always (and, on the SSE routes, a
+//!   single-use ticket in `?ticket=` or the token in the `ecoscan_token` cookie); in header mode
+//!   the `X-User-Id` header too (and `X-User-Roles` with `force`).
 
 use std::collections::BTreeMap;
 
@@ -35,6 +35,7 @@ use utoipa::{
 };
 
 use crate::{
+    auth::TrustHeader,
     error::{ErrorBody, ErrorJson},
     routes::{self, scan::job_status_name},
     sse::{self, EventData, Kind, StreamErrorData, resync::ResyncData},
@@ -42,8 +43,8 @@ use crate::{
 
 /// Security scheme: `Authorization: Bearer <JWT>`.
 pub(crate) const BEARER: &str = "bearerAuth";
-/// Security scheme: the token in `?access_token=` (SSE routes only).
-pub(crate) const QUERY_TOKEN: &str = "accessTokenQuery";
+/// Security scheme: a single-use ticket in `?ticket=` (SSE routes only).
+pub(crate) const QUERY_TICKET: &str = "sseTicket";
 /// Security scheme: the token in the `ecoscan_token` cookie (SSE routes only).
 pub(crate) const COOKIE_TOKEN: &str = "tokenCookie";
 /// Security scheme: the trusted `X-User-Id` header (only where the gateway trusts it).
@@ -75,6 +76,7 @@ pub(crate) const ADMIN_ROLE: &str = "admin";
         routes::account::schedule,
         routes::account::notification_stream,
         routes::account::usage,
+        crate::auth::tickets::sse_ticket,
         routes::health::healthz,
         serve,
     ),
@@ -104,23 +106,23 @@ pub(crate) const ADMIN_ROLE: &str = "admin";
 )]
 pub(crate) struct ApiDoc;
 
-/// The document a gateway serves; `header_trusted` says whether it believes `X-User-Id`.
-pub(crate) fn document(header_trusted: bool) -> openapi::OpenApi {
+/// The document a gateway serves; `header` says whether (and how) it believes `X-User-Id`.
+pub(crate) fn document(header: TrustHeader) -> openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
     let components = doc.components.get_or_insert_with(Components::new);
     for (name, schema) in proto_components() {
         components.schemas.entry(name).or_insert(schema);
     }
-    add_security_schemes(components, header_trusted);
-    if header_trusted {
-        offer_trusted_header(&mut doc);
+    add_security_schemes(components, header);
+    if header != TrustHeader::Off {
+        offer_trusted_header(&mut doc, header);
     }
     doc
 }
 
 /// [`document`] as the JSON `GET /api/v1/openapi.json` answers with.
-pub(crate) fn render(header_trusted: bool) -> Bytes {
-    let doc = document(header_trusted);
+pub(crate) fn render(header: TrustHeader) -> Bytes {
+    let doc = document(header);
     Bytes::from(serde_json::to_vec(&doc).expect("an OpenAPI document serializes"))
 }
 
@@ -142,7 +144,7 @@ pub(crate) async fn serve(State(doc): State<Bytes>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], doc)
 }
 
-fn add_security_schemes(components: &mut Components, header_trusted: bool) {
+fn add_security_schemes(components: &mut Components, header: TrustHeader) {
     components.add_security_scheme(
         BEARER,
         SecurityScheme::Http(
@@ -160,11 +162,11 @@ fn add_security_schemes(components: &mut Components, header_trusted: bool) {
         ),
     );
     components.add_security_scheme(
-        QUERY_TOKEN,
+        QUERY_TICKET,
         SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
-            "access_token",
-            "The bearer token in the query, for the SSE routes only (an `EventSource` cannot \
-             set headers). Never logged.",
+            "ticket",
+            "A single-use ticket from `POST /api/v1/sse-tickets`, good for 60 s, for the SSE \
+             routes only (an `EventSource` cannot set headers; a token never goes in a URL).",
         ))),
     );
     components.add_security_scheme(
@@ -175,17 +177,20 @@ fn add_security_schemes(components: &mut Components, header_trusted: bool) {
              `withCredentials`).",
         ))),
     );
-    if header_trusted {
+    if header != TrustHeader::Off {
         components.add_security_scheme(
             USER_HEADER,
             SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
                 "X-User-Id",
-                "The acting user, believed without proof: this gateway listens on loopback \
-                 (or runs with GATEWAY_TRUST_USER_HEADER=force behind a proxy that sets it). \
-                 1-128 characters of letters, digits and `_.@|:+-` (400 otherwise). Without \
-                 it and without a token, the default user (GATEWAY_DEFAULT_USER) acts.",
+                "The acting user, believed without proof in header mode \
+                 (GATEWAY_TRUST_USER_HEADER): `loopback` believes it from a direct loopback \
+                 peer whose request names this gateway in `Host` and carries no forwarding \
+                 header; `force` from anyone. 1-128 characters of letters, digits and \
+                 `_.@|:+-` (400 otherwise).",
             ))),
         );
+    }
+    if header == TrustHeader::Force {
         components.add_security_scheme(
             ROLES_HEADER,
             SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
@@ -197,9 +202,9 @@ fn add_security_schemes(components: &mut Components, header_trusted: bool) {
     }
 }
 
-/// Where `X-User-Id` is trusted: every authenticated operation also takes the header or, for
-/// the default user, nothing; the admin operation takes `X-User-Roles: admin`.
-fn offer_trusted_header(doc: &mut openapi::OpenApi) {
+/// In header mode every authenticated operation also takes the header; with `force` the admin
+/// operation takes `X-User-Roles: admin` too.
+fn offer_trusted_header(doc: &mut openapi::OpenApi, header: TrustHeader) {
     for item in doc.paths.paths.values_mut() {
         for op in [&mut item.get, &mut item.post].into_iter().flatten() {
             let Some(security) = op.security.as_mut() else {
@@ -215,11 +220,10 @@ fn offer_trusted_header(doc: &mut openapi::OpenApi) {
             let admin = required
                 .iter()
                 .any(|r| r[BEARER].as_array().is_some_and(|s| !s.is_empty()));
-            if admin {
-                security.push(SecurityRequirement::new(ROLES_HEADER, [ADMIN_ROLE]));
-            } else {
+            if !admin {
                 security.push(SecurityRequirement::new(USER_HEADER, Vec::<String>::new()));
-                security.push(SecurityRequirement::default());
+            } else if header == TrustHeader::Force {
+                security.push(SecurityRequirement::new(ROLES_HEADER, [ADMIN_ROLE]));
             }
         }
     }

@@ -1,42 +1,46 @@
-//! The gateway's connections: a cap on how many are open, a deadline on each request's headers
-//! (which is also how long an idle keep-alive connection may stay), and graceful shutdown; and
-//! request bodies read before a request takes a concurrency slot, at a minimum rate, so slow
-//! senders cannot hold the slots the others need.
+//! The gateway's connections: a cap on how many are open, in all and per address; a deadline on
+//! a new connection's first byte (before hyper even looks at whether it speaks HTTP/1 or
+//! HTTP/2), on each request's headers, and on a connection with no request in flight (HTTP/2
+//! included, with keep-alive pings that must be answered); and graceful shutdown. Every request
+//! carries the connection's two addresses ([`Peer`]) for the edge's per-request decisions.
 
 use std::{
+    convert::Infallible,
+    pin::Pin,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    task::{Context, Poll},
+    time::{Duration, Instant},
 };
 
 use axum::{
     Router,
     body::{Body, Bytes},
-    extract::{Request, State},
-    http::header,
-    middleware::Next,
-    response::{IntoResponse, Response},
+    extract::Request,
+    response::Response,
 };
 use ecoscan_common::CancellationToken;
-use futures::FutureExt as _;
-use http_body_util::BodyExt as _;
+use futures::future::BoxFuture;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto::Builder, graceful::GracefulShutdown},
+    server::conn::auto::Builder,
     service::TowerToHyperService,
 };
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::Semaphore,
+};
+use tower::ServiceExt as _;
 
-use crate::{config::Limits, error::ApiError};
+use crate::{auth::Peer, config::Limits, limits::ConnectionsPerIp};
 
 /// How long open connections may take to finish after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(30);
 /// The largest request line and headers accepted (hyper's minimum buffer size).
 pub(crate) const MAX_REQUEST_HEAD: usize = 8 * 1024;
-/// Windows over which a body's minimum rate is checked.
-const RATE_WINDOW: Duration = Duration::from_secs(5);
 
 /// Serves `app` on `listener` until `shutdown`, with the connection limits of `limits`.
 pub(crate) async fn serve(
@@ -45,8 +49,9 @@ pub(crate) async fn serve(
     limits: &Limits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
+    let max = limits.max_connections;
+    let slots = Arc::new(Semaphore::new(max));
+    let per_ip = ConnectionsPerIp::new(limits.max_connections_per_ip);
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -63,10 +68,15 @@ pub(crate) async fn serve(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .keep_alive_timeout(Duration::from_secs(10))
+        // A peer that stops answering pings is gone (or pretends to be there): closed.
+        .keep_alive_interval(Some(limits.h2_keepalive_interval))
+        .keep_alive_timeout(limits.h2_keepalive_timeout)
         .max_concurrent_streams(256);
-    let service = TowerToHyperService::new(app);
+    let conn = Arc::new(ConnLimits {
+        builder,
+        first_byte: limits.first_byte_timeout,
+        idle: limits.idle_timeout,
+    });
     loop {
         // At the cap, stop accepting: new connections wait in the listen backlog until one
         // closes, and open connections keep their service.
@@ -74,7 +84,7 @@ pub(crate) async fn serve(
             () = shutdown.cancelled() => break,
             p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
         };
-        let (stream, _) = tokio::select! {
+        let (stream, remote) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -86,24 +96,33 @@ pub(crate) async fn serve(
                 }
             },
         };
+        // One address may not hold the connections everyone needs: past its cap, closed at
+        // once (the peer sees a reset or an immediate end).
+        let Some(ip_slot) = per_ip.take(remote.ip()) else {
+            tracing::debug!(%remote, "closing a connection past its address's cap");
+            continue;
+        };
+        let Ok(local) = stream.local_addr() else {
+            continue;
+        };
         // Without TCP_NODELAY small responses wait for delayed ACKs (~40 ms each).
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "failed to set TCP_NODELAY");
         }
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
-            .into_owned();
-        // A combinator rather than an `async` block, which would hold a second copy of the
-        // connection's future (~1.7 KiB) in the task of every connection.
-        tokio::spawn(graceful.watch(connection).map(move |ended| {
-            if let Err(e) = ended {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-            drop(permit);
-        }));
+        let peer = Peer { remote, local };
+        tokio::spawn(serve_connection(
+            conn.clone(),
+            stream,
+            peer,
+            app.clone(),
+            shutdown.clone(),
+            (permit, ip_slot),
+        ));
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
+    // Every open connection holds a permit: all of them back means all have ended.
+    let all = u32::try_from(max).unwrap_or(u32::MAX);
+    if tokio::time::timeout(DRAIN, slots.acquire_many(all))
         .await
         .is_err()
     {
@@ -112,132 +131,177 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// Bytes of request bodies buffered at once, shared by all requests.
-#[derive(Clone)]
-pub(crate) struct BodyBudget {
-    limits: Arc<Limits>,
-    max_body_bytes: usize,
-    in_flight: Arc<AtomicUsize>,
-    max_in_flight: usize,
+/// What every connection is served with.
+struct ConnLimits {
+    builder: Builder<TokioExecutor>,
+    first_byte: Duration,
+    idle: Duration,
 }
 
-impl BodyBudget {
-    pub(crate) fn new(limits: Limits, max_body_bytes: usize) -> Self {
-        Self {
-            limits: Arc::new(limits),
-            max_body_bytes,
-            in_flight: Arc::default(),
-            // Room for a few dozen full-size uploads at once.
-            max_in_flight: max_body_bytes.saturating_mul(32),
+/// One connection, from its first byte to its end; `_held` (its slots) is released with it.
+async fn serve_connection<H: Send>(
+    limits: Arc<ConnLimits>,
+    stream: TcpStream,
+    peer: Peer,
+    app: Router,
+    shutdown: CancellationToken,
+    _held: H,
+) {
+    // Nothing is allocated for a connection that never speaks: hyper's version detection and
+    // header timeout start only with bytes to read.
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(limits.first_byte, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => {}
+        Ok(_) => return,
+        Err(_) => {
+            tracing::debug!(remote = %peer.remote, "closing a connection that sent nothing");
+            return;
         }
     }
-}
-
-/// Reserved bytes of the budget, given back when dropped.
-struct Reserved<'a> {
-    budget: &'a BodyBudget,
-    bytes: usize,
-}
-
-impl Reserved<'_> {
-    fn add(&mut self, n: usize) -> Result<(), ApiError> {
-        let before = self.budget.in_flight.fetch_add(n, Ordering::Relaxed);
-        self.bytes += n;
-        if before + n > self.budget.max_in_flight {
-            return Err(ApiError::Overloaded);
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Reserved<'_> {
-    fn drop(&mut self) {
-        self.budget
-            .in_flight
-            .fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
-
-/// Middleware: reads a request's whole body (up to the body limit, within `body_timeout`, at
-/// least `body_min_rate` bytes a second over each window) before the request goes on, so a
-/// request that trickles its body never holds a concurrency slot and is cut within a window or
-/// two. 413 past the size limit, 408 when too slow.
-pub(crate) async fn read_body(
-    State(budget): State<BodyBudget>,
-    req: Request,
-    next: Next,
-) -> Response {
-    match buffer(&budget, req).await {
-        Ok(req) => next.run(req).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn buffer(budget: &BodyBudget, req: Request) -> Result<Request, ApiError> {
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    let has_body =
-        declared.is_some_and(|n| n > 0) || req.headers().contains_key(header::TRANSFER_ENCODING);
-    if !has_body {
-        return Ok(req);
-    }
-    if declared.is_some_and(|n| n > budget.max_body_bytes) {
-        return Err(too_large(budget.max_body_bytes));
-    }
-    let (parts, mut body) = req.into_parts();
-    let mut reserved = Reserved { budget, bytes: 0 };
-    let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(budget.max_body_bytes));
-    let deadline = tokio::time::Instant::now() + budget.limits.body_timeout;
-    let min_per_window = (budget.limits.body_min_rate as f64 * RATE_WINDOW.as_secs_f64()) as usize;
-    let mut window_end = tokio::time::Instant::now() + RATE_WINDOW;
-    let mut window_bytes = 0usize;
+    let activity = Arc::new(Activity::default());
+    let service = TowerToHyperService::new(ConnService {
+        app,
+        peer,
+        activity: activity.clone(),
+    });
+    let connection = limits
+        .builder
+        .serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let mut closing = false;
     loop {
-        let until = window_end.min(deadline);
-        match tokio::time::timeout_at(until, body.frame()).await {
-            Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    if buf.len() + data.len() > budget.max_body_bytes {
-                        return Err(too_large(budget.max_body_bytes));
-                    }
-                    reserved.add(data.len())?;
-                    window_bytes += data.len();
-                    buf.extend_from_slice(&data);
+        tokio::select! {
+            ended = connection.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "connection ended with an error");
                 }
+                return;
             }
-            Ok(Some(Err(e))) => {
-                return Err(ApiError::InvalidArgument(format!(
-                    "the request body could not be read: {e}"
-                )));
+            () = shutdown.cancelled(), if !closing => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
             }
-            Ok(None) => break,
-            Err(_) => {
-                let now = tokio::time::Instant::now();
-                if now >= deadline {
-                    return Err(ApiError::Timeout(format!(
-                        "the request body did not arrive within {} s",
-                        budget.limits.body_timeout.as_secs()
-                    )));
-                }
+            () = activity.idle_for(limits.idle), if !closing => {
+                // HTTP/1 idles are cut by the header timeout already; this is what ends an
+                // HTTP/2 connection that opened and then holds no stream.
+                tracing::debug!(remote = %peer.remote, "closing an idle connection");
+                connection.as_mut().graceful_shutdown();
+                closing = true;
             }
-        }
-        let now = tokio::time::Instant::now();
-        if now >= window_end {
-            if window_bytes < min_per_window {
-                return Err(ApiError::Timeout(format!(
-                    "the request body arrived slower than {} bytes per second",
-                    budget.limits.body_min_rate
-                )));
-            }
-            window_bytes = 0;
-            window_end = now + RATE_WINDOW;
         }
     }
-    Ok(Request::from_parts(parts, Body::from(Bytes::from(buf))))
 }
 
-fn too_large(limit: usize) -> ApiError {
-    ApiError::PayloadTooLarge(format!("the request body is larger than {limit} bytes"))
+/// Requests in flight on one connection, and when the last one ended.
+struct Activity {
+    in_flight: AtomicUsize,
+    last_end: Mutex<Instant>,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            last_end: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl Activity {
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    /// Resolves once the connection has had no request in flight for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let wait = if self.in_flight.load(Ordering::Relaxed) == 0 {
+                let since = self
+                    .last_end
+                    .lock()
+                    .expect("activity lock poisoned")
+                    .elapsed();
+                match idle.checked_sub(since) {
+                    None | Some(Duration::ZERO) => return,
+                    Some(left) => left,
+                }
+            } else {
+                idle
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// A request (until its response body ends).
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self.0.last_end.lock().expect("activity lock poisoned") = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The app as one connection serves it: every request carries the connection's [`Peer`], and
+/// counts as in flight until its response body is done.
+#[derive(Clone)]
+struct ConnService {
+    app: Router,
+    peer: Peer,
+    activity: Arc<Activity>,
+}
+
+impl tower::Service<hyper::Request<Incoming>> for ConnService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // A router is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: hyper::Request<Incoming>) -> Self::Future {
+        let mut req: Request = req.map(Body::new);
+        req.extensions_mut().insert(self.peer);
+        let in_flight = self.activity.begin();
+        let app = self.app.clone();
+        Box::pin(async move {
+            let res = app.oneshot(req).await?;
+            Ok(res.map(|body| {
+                Body::new(Tracked {
+                    body,
+                    _in_flight: in_flight,
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that keeps its request in flight until it ends.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

@@ -725,7 +725,7 @@ async fn characters_notifications_and_usage_act_for_the_caller() {
     let res = env
         .http
         .get(&usage_url)
-        .header("x-user-roles", "admin")
+        .bearer_auth(token("root", true))
         .send()
         .await
         .unwrap();
@@ -737,7 +737,7 @@ async fn characters_notifications_and_usage_act_for_the_caller() {
     let res = env
         .http
         .get(env.url("/api/v1/analytics/usage?since=yesterday"))
-        .header("x-user-roles", "admin")
+        .bearer_auth(token("root", true))
         .send()
         .await
         .unwrap();
@@ -953,7 +953,7 @@ async fn shutdown_ends_open_streams_and_the_server() {
 // Router-level tests: no sockets needed.
 
 async fn oneshot(req: http::Request<Body>) -> (http::StatusCode, http::HeaderMap, String) {
-    let app = ecoscan_gateway::router(Config::default()).unwrap();
+    let app = ecoscan_gateway::router(test_config(Config::default())).unwrap();
     let res = app.oneshot(req).await.unwrap();
     let (parts, body) = res.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
@@ -994,10 +994,10 @@ async fn the_demo_page_is_served_at_the_root() {
 
 #[tokio::test]
 async fn the_demo_page_links_traces_to_the_configured_jaeger() {
-    let app = ecoscan_gateway::router(Config {
+    let app = ecoscan_gateway::router(test_config(Config {
         jaeger_url: Some("http://jaeger.example:16686".to_owned()),
         ..Config::default()
-    })
+    }))
     .unwrap();
     let res = app
         .oneshot(http::Request::get("/").body(Body::empty()).unwrap())
@@ -1022,16 +1022,20 @@ async fn healthz_answers_without_any_backend() {
 
 #[tokio::test]
 async fn a_bad_user_id_is_rejected_on_every_route() {
+    let env = start().await;
     for path in [
         "/api/v1/characters/me",
         "/api/v1/notifications",
         "/api/v1/analytics/usage",
     ] {
-        let req = http::Request::get(path)
+        let res = env
+            .http
+            .get(env.url(path))
             .header("x-user-id", "a".repeat(129))
-            .body(Body::empty())
+            .send()
+            .await
             .unwrap();
-        let (status, _, body) = oneshot(req).await;
+        let (status, body) = error_body(res).await;
         assert_eq!(status, 400, "{path}: {body}");
     }
 }

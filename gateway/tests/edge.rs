@@ -231,19 +231,46 @@ async fn usage_needs_the_admin_claim() {
 }
 
 #[tokio::test]
-async fn sse_routes_take_the_token_from_the_query_or_a_cookie_and_other_routes_do_not() {
+async fn sse_routes_take_a_single_use_ticket_or_the_cookie_and_never_a_token_in_the_url() {
     let env = start_with(token_auth).await;
     let dave = hs256(&claims("dave", json!({})), SECRET);
 
+    // A ticket, asked for with the token in the header, opens one stream as its caller.
     let res = env
         .http
-        .get(env.url(&format!("/api/v1/notifications/stream?access_token={dave}")))
+        .post(env.url("/api/v1/sse-tickets"))
+        .bearer_auth(&dave)
         .send()
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
+    let body = json_of(res).await;
+    assert_eq!(body["expires_in"], 60);
+    let ticket = body["ticket"].as_str().unwrap().to_owned();
+    let stream_url = env.url(&format!("/api/v1/notifications/stream?ticket={ticket}"));
+    let res = env.http.get(&stream_url).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
     drop(res);
     assert_eq!(env.calls.user_of("subscribe").as_deref(), Some("dave"));
+    // Spent: the same URL again (a replayed log line) is refused.
+    let res = env.http.get(&stream_url).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        json_of(res).await["message"]
+            .as_str()
+            .unwrap()
+            .contains("used already")
+    );
+    // A ticket is not a bearer token, and no ticket comes without one.
+    let res = get(&env, "/api/v1/characters/me", Some(&ticket)).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let res = env
+        .http
+        .post(env.url("/api/v1/sse-tickets"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
 
     let erin = hs256(&claims("erin", json!({})), SECRET);
     let res = env
@@ -257,14 +284,17 @@ async fn sse_routes_take_the_token_from_the_query_or_a_cookie_and_other_routes_d
     drop(res);
     assert_eq!(env.calls.user_of("subscribe").as_deref(), Some("erin"));
 
-    // Outside the SSE routes a token in the URL is refused: URLs end up in logs and histories.
-    let res = get(
-        &env,
-        &format!("/api/v1/characters/me?access_token={dave}"),
-        None,
-    )
-    .await;
-    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    // A token in the URL is refused everywhere, the SSE routes included: URLs end up in proxy
+    // logs and browser histories.
+    for path in [
+        format!("/api/v1/characters/me?access_token={dave}"),
+        format!("/api/v1/notifications/stream?access_token={dave}"),
+    ] {
+        let res = get(&env, &path, None).await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{path}");
+        let message = json_of(res).await["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("sse-tickets"), "{message}");
+    }
 }
 
 /// A JWKS endpoint on loopback that counts its fetches.
@@ -460,6 +490,8 @@ async fn slow_clients_are_cut_and_cannot_starve_the_others() {
     let env = start_with(|c| Config {
         limits: Limits {
             header_timeout: Duration::from_secs(5),
+            // All of them come from 127.0.0.1; the per-address cap has a test of its own.
+            max_connections_per_ip: 4096,
             ..Limits::default()
         },
         ..c

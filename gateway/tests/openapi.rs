@@ -17,7 +17,7 @@ const METHODS: [&str; 8] = [
 /// The routes anyone may call, without credentials.
 const PUBLIC: [&str; 3] = ["/", "/healthz", "/api/v1/openapi.json"];
 
-/// The SSE routes, which also take the token in `?access_token=` or a cookie.
+/// The SSE routes, which also take a ticket in `?ticket=` or the token in a cookie.
 const SSE: [&str; 2] = ["/api/v1/scan/{id}/events", "/api/v1/notifications/stream"];
 
 async fn document(env: &Env) -> Value {
@@ -197,7 +197,7 @@ async fn the_bearer_scheme_is_documented_and_every_non_public_operation_takes_it
         }
         let alone = BTreeSet::from(["bearerAuth".to_owned()]);
         assert!(security.contains(&alone), "{method} {path}: {security:?}");
-        let in_query = BTreeSet::from(["accessTokenQuery".to_owned()]);
+        let in_query = BTreeSet::from(["sseTicket".to_owned()]);
         let in_cookie = BTreeSet::from(["tokenCookie".to_owned()]);
         let sse = SSE.contains(&path.as_str());
         assert_eq!(security.contains(&in_query), sse, "{method} {path}");
@@ -249,9 +249,14 @@ async fn the_trusted_header_is_documented_only_where_the_gateway_believes_it() {
     assert!(schemes(&trusting).contains("userHeader"));
     assert!(!schemes(&strict).contains("userHeader"));
     assert!(!schemes(&strict).contains("rolesHeader"));
+    // Header mode `loopback` never takes roles from a header.
+    assert!(!schemes(&trusting).contains("rolesHeader"));
     let characters = |doc: &Value| security(&doc["paths"]["/api/v1/characters/me"]["get"]);
-    // Trusted: no credentials at all is the default user.
-    assert!(characters(&trusting).contains(&BTreeSet::new()));
+    let header = BTreeSet::from(["userHeader".to_owned()]);
+    assert!(characters(&trusting).contains(&header));
+    assert!(!characters(&strict).contains(&header));
+    // There is no anonymous caller anywhere.
+    assert!(!characters(&trusting).contains(&BTreeSet::new()));
     assert!(!characters(&strict).contains(&BTreeSet::new()));
 }
 

@@ -151,8 +151,8 @@ pub(crate) async fn notifications(
     summary = "The caller's notifications, live",
     description = "The caller's notifications as Server-Sent Events as they are delivered. The \
                    headers go out at once; a quiet inbox sends only keepalive comments. For an \
-                   `EventSource`, the token may come in `?access_token=` or the \
-                   `ecoscan_token` cookie. Counts against the caller's open streams.",
+                   `EventSource`, a single-use ticket (`POST /api/v1/sse-tickets`) may come \
+                   in `?ticket=`, or the token in the `ecoscan_token` cookie. Counts against the caller's open streams.",
     responses(
         (status = 200, response = NotificationEvents),
         (status = 400, response = BadRequest),
@@ -162,7 +162,7 @@ pub(crate) async fn notifications(
         (status = 503, response = Unavailable),
         (status = 504, response = GatewayTimeout),
     ),
-    security(("bearerAuth" = []), ("accessTokenQuery" = []), ("tokenCookie" = [])),
+    security(("bearerAuth" = []), ("sseTicket" = []), ("tokenCookie" = [])),
 )]
 pub(crate) async fn notification_stream(
     State(state): State<AppState>,

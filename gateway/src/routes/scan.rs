@@ -370,8 +370,9 @@ pub(crate) struct LastEventId {
     summary = "A scan's events",
     description = "The job's events as Server-Sent Events, from the start or after \
                    `Last-Event-ID`, until `ready` or `error`; a finished job replays and ends. \
-                   Every client of a job shares one upstream watch. For an `EventSource`, the \
-                   token may come in `?access_token=` or the `ecoscan_token` cookie. An \
+                   Every client of a job shares one upstream watch. For an `EventSource`, a \
+                   single-use ticket (`POST /api/v1/sse-tickets`) may come in `?ticket=`, or \
+                   the token in the `ecoscan_token` cookie. An \
                    unknown job is a 404, not an event. Counts against the caller's open \
                    streams.",
     params(
@@ -389,7 +390,7 @@ pub(crate) struct LastEventId {
         (status = 503, response = Unavailable),
         (status = 504, response = GatewayTimeout),
     ),
-    security(("bearerAuth" = []), ("accessTokenQuery" = []), ("tokenCookie" = [])),
+    security(("bearerAuth" = []), ("sseTicket" = []), ("tokenCookie" = [])),
 )]
 pub(crate) async fn events(
     State(state): State<AppState>,

@@ -582,6 +582,40 @@ pub async fn start() -> Env {
     start_with(|c| c).await
 }
 
+/// The HS256 secret of the gateways [`start_with`] runs.
+pub const SECRET: &str = "kq3Zx9LrT0vYp2WmB7nHc4JdF8sG1aE6-test-only";
+
+/// The user the test client names in `X-User-Id` when a request names none (what the gateway's
+/// default user used to be).
+pub const DEFAULT_USER: &str = "local";
+
+/// A token the gateways of [`start_with`] accept, for `user` (with the admin role if `admin`).
+pub fn token(user: &str, admin: bool) -> String {
+    ecoscan_gateway::mint_token(
+        SECRET,
+        user,
+        admin,
+        "",
+        "",
+        std::time::Duration::from_secs(600),
+    )
+    .unwrap()
+}
+
+/// Settings for a gateway the tests reach over loopback: tokens signed with [`SECRET`], and
+/// header mode (`loopback`), which most tests use to name their users: they are about
+/// something else than authentication (`tests/edge.rs` is about that, and turns it off).
+pub fn test_config(c: Config) -> Config {
+    Config {
+        auth: ecoscan_gateway::AuthConfig {
+            hs256_secret: Some(SECRET.into()),
+            trust_header: ecoscan_gateway::TrustHeader::Loopback,
+            ..Default::default()
+        },
+        ..c
+    }
+}
+
 /// Starts the fakes and a gateway whose config `tweak` may change (its URLs point at the fakes).
 pub async fn start_with(tweak: impl FnOnce(Config) -> Config) -> Env {
     let calls = Arc::new(Calls::default());
@@ -614,13 +648,13 @@ pub async fn start_with(tweak: impl FnOnce(Config) -> Config) -> Env {
     })
     .await;
     let uri = backend.uri();
-    let config = tweak(Config {
+    let config = tweak(test_config(Config {
         ingest_url: uri.clone(),
         reward_url: uri.clone(),
         analytics_url: uri.clone(),
         notification_url: uri,
         ..Config::default()
-    });
+    }));
     let admin = ecoscan_common::server::listen(([127, 0, 0, 1], 0).into()).expect("bind admin");
     let admin_base = format!("http://{}", admin.local_addr().unwrap());
     let gateway = spawn(|l, s| ecoscan_gateway::serve_with_admin(config, l, Some(admin), s)).await;
@@ -629,7 +663,17 @@ pub async fn start_with(tweak: impl FnOnce(Config) -> Config) -> Env {
         admin: admin_base,
         calls,
         gate,
-        http: reqwest::Client::new(),
+        http: reqwest::Client::builder()
+            .default_headers(
+                [(
+                    reqwest::header::HeaderName::from_static("x-user-id"),
+                    reqwest::header::HeaderValue::from_static(DEFAULT_USER),
+                )]
+                .into_iter()
+                .collect(),
+            )
+            .build()
+            .unwrap(),
         backend,
         gateway,
     }

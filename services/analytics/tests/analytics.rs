@@ -13,11 +13,11 @@ use ecoscan_proto::{
     },
 };
 use tempfile::TempDir;
-use tonic::{Code, transport::Channel};
+use tonic::Code;
 
 struct Harness {
     server: Spawned,
-    client: AnalyticsServiceClient<Channel>,
+    client: AnalyticsServiceClient<ecoscan_common::client::TracedChannel>,
     dir: TempDir,
 }
 
@@ -33,7 +33,8 @@ async fn start() -> Harness {
         ..Config::default()
     };
     let server = spawn(|l, s| serve(config, l, s)).await;
-    let client = AnalyticsServiceClient::connect(server.uri()).await.unwrap();
+    let client =
+        AnalyticsServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     Harness {
         server,
         client,

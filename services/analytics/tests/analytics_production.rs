@@ -90,7 +90,8 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
         ..Config::default()
     };
     let server = spawn(|l, s| serve(config, l, s)).await;
-    let client = AnalyticsServiceClient::connect(server.uri()).await.unwrap();
+    let client =
+        AnalyticsServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     let calls: Vec<_> = (0..50).map(call).collect();
 
     let recorded = futures::future::join_all(calls.iter().cloned().map(|c| {
@@ -176,7 +177,8 @@ async fn calls_recorded_while_s3_is_unreachable_land_exactly_once_after_it_retur
         ..Config::default()
     };
     let server = spawn(|l, s| serve(config, l, s)).await;
-    let client = AnalyticsServiceClient::connect(server.uri()).await.unwrap();
+    let client =
+        AnalyticsServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     let record = |c: LlmCall| {
         let mut client = client.clone();
         async move {

@@ -26,7 +26,7 @@ use ecoscan_proto::v1::{
     analytics_service_client::AnalyticsServiceClient,
 };
 use tempfile::TempDir;
-use tonic::{Code, transport::Channel};
+use tonic::Code;
 
 // ---------------------------------------------------------------------------------------------
 // Stores that fail on demand.
@@ -180,7 +180,7 @@ impl CallStore for FlakyRows {
 // ---------------------------------------------------------------------------------------------
 // The service.
 
-type Client = AnalyticsServiceClient<Channel>;
+type Client = AnalyticsServiceClient<ecoscan_common::client::TracedChannel>;
 
 /// Everything a test's services share: the database file, the body directory, the spool.
 struct Dirs {
@@ -244,7 +244,8 @@ struct Service {
 
 async fn start(config: Config, rows: Arc<FlakyRows>, objects: Arc<FlakyObjects>) -> Service {
     let server = spawn(move |l, s| serve_with_stores(config, rows, objects, l, s)).await;
-    let client = AnalyticsServiceClient::connect(server.uri()).await.unwrap();
+    let client =
+        AnalyticsServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     Service { server, client }
 }
 

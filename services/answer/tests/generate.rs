@@ -10,15 +10,20 @@ use ecoscan_proto::v1::{
     answer_service_client::AnswerServiceClient, generate_response,
 };
 use tokio_stream::StreamExt;
-use tonic::{Code, Status, transport::Channel};
+use tonic::{Code, Status};
 
-async fn start(llm: LlmConfig) -> (Spawned, AnswerServiceClient<Channel>) {
+async fn start(
+    llm: LlmConfig,
+) -> (
+    Spawned,
+    AnswerServiceClient<ecoscan_common::client::TracedChannel>,
+) {
     let config = Config {
         analytics_url: None,
         llm,
     };
     let server = spawn(|l, s| serve(config, l, s)).await;
-    let client = AnswerServiceClient::connect(server.uri()).await.unwrap();
+    let client = AnswerServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     (server, client)
 }
 
@@ -86,7 +91,7 @@ fn request(locale: &str) -> GenerateRequest {
 
 /// Every event of one call, and the error that ended it (if any).
 async fn generate(
-    client: &mut AnswerServiceClient<Channel>,
+    client: &mut AnswerServiceClient<ecoscan_common::client::TracedChannel>,
     req: GenerateRequest,
 ) -> (Vec<GenerateResponse>, Option<Status>) {
     let mut stream = match client.generate(req).await {

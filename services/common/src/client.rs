@@ -21,7 +21,9 @@ use crate::{
 /// A channel that carries the caller's trace context on every call.
 pub type TracedChannel = InterceptedService<Channel, TraceContext>;
 
-/// Injects the current span's W3C trace context (and baggage) into outgoing metadata.
+/// Injects the current span's W3C trace context (and baggage) into outgoing metadata, and turns
+/// the acting user (`x-user-id`, `x-user-roles`) into a signed assertion for the service called
+/// ([`crate::assertion`]): no service believes them plain.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TraceContext;
 
@@ -31,6 +33,13 @@ impl Interceptor for TraceContext {
         opentelemetry::global::get_text_map_propagator(|p| {
             p.inject_context(&cx, &mut MetadataInjector(req.metadata_mut()));
         });
+        // Generated clients name the method they call; the assertion is for that service only.
+        let service = req
+            .extensions()
+            .get::<tonic::GrpcMethod>()
+            .map(|m| m.service().to_owned())
+            .unwrap_or_default();
+        crate::assertion::attach(req.metadata_mut(), &service);
         Ok(req)
     }
 }

@@ -3,6 +3,7 @@
 //! shutdown), shared client channels, internal TLS/mTLS for both, and the one table that maps
 //! gRPC codes to HTTP statuses.
 
+pub mod assertion;
 pub mod balance;
 pub mod binary;
 pub mod client;

@@ -88,6 +88,7 @@ pub async fn serve_with_tls(
     tls: Option<TlsConfig>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    refuse_open_plaintext(&listener, tls.is_some())?;
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", ServingStatus::Serving)
@@ -195,6 +196,8 @@ pub async fn serve_with_tls(
         .layer(ClientCertLayer {
             required: require_client_cert,
         })
+        // The acting user comes from a verified assertion or nowhere (and the span records it).
+        .layer(crate::assertion::IdentityLayer)
         .add_routes(routes)
         .add_service(health)
         .add_service(reflection_v1)
@@ -212,6 +215,30 @@ pub async fn serve_with_tls(
                 .await?
         }
     }
+    Ok(())
+}
+
+/// The variable that lets a plaintext service listen beyond loopback.
+pub const ALLOW_PLAINTEXT_VAR: &str = "GRPC_ALLOW_PLAINTEXT_BIND";
+
+/// A plaintext service listens on loopback only, unless `GRPC_ALLOW_PLAINTEXT_BIND=true` says
+/// the network it listens on is closed to everyone else (Kubernetes NetworkPolicies, a private
+/// compose network): on an open network its calls, signed identity assertions included, could
+/// be read and replayed within their minute.
+fn refuse_open_plaintext(listener: &TcpListener, tls: bool) -> anyhow::Result<()> {
+    let addr = listener.local_addr()?;
+    if tls || addr.ip().is_loopback() {
+        return Ok(());
+    }
+    let allowed = crate::config::env_opt("GRPC_ALLOW_PLAINTEXT_BIND")
+        .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
+    anyhow::ensure!(
+        allowed,
+        "refusing to serve plaintext gRPC on {addr}, beyond loopback: set GRPC_TLS_CERT and \
+         GRPC_TLS_KEY (and GRPC_TLS_CA for mutual TLS), listen on 127.0.0.1, or set \
+         {ALLOW_PLAINTEXT_VAR}=true if only trusted peers can reach this network"
+    );
+    tracing::warn!(%addr, "serving plaintext gRPC beyond loopback ({ALLOW_PLAINTEXT_VAR}=true)");
     Ok(())
 }
 
@@ -274,13 +301,8 @@ fn rpc_span<B>(req: &http::Request<B>) -> Span {
         otel.status_message = Empty,
         user.id = Empty,
     );
-    if let Some(user) = req
-        .headers()
-        .get(crate::USER_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-    {
-        span.record("user.id", user);
-    }
+    // `user.id` is recorded by `assertion::IdentityLayer` once the caller's assertion is
+    // verified: what a caller sends in `x-user-id` is never believed.
     let _ = span.set_parent(crate::telemetry::context_from_headers(req.headers()));
     span
 }

@@ -21,7 +21,7 @@ use tonic::{Code, Request, Streaming, transport::Channel};
 /// Generous bound for anything that should happen promptly; never a synchronisation sleep.
 const PATIENCE: Duration = Duration::from_secs(10);
 
-type Client = NotificationServiceClient<Channel>;
+type Client = NotificationServiceClient<ecoscan_common::client::TracedChannel>;
 
 fn config(dir: &TempDir) -> Config {
     Config {
@@ -36,9 +36,8 @@ fn config(dir: &TempDir) -> Config {
 async fn start_on(dir: &TempDir) -> (Spawned, Client) {
     let config = config(dir);
     let server = spawn(|l, s| serve(config, l, s)).await;
-    let client = NotificationServiceClient::connect(server.uri())
-        .await
-        .unwrap();
+    let client =
+        NotificationServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     (server, client)
 }
 

@@ -25,7 +25,7 @@ use tonic::{Request, Streaming, transport::Channel};
 /// Generous bound for anything that should happen promptly; never a synchronisation sleep.
 const PATIENCE: Duration = Duration::from_secs(10);
 
-type Client = NotificationServiceClient<Channel>;
+type Client = NotificationServiceClient<ecoscan_common::client::TracedChannel>;
 
 struct Backends {
     pg: PgSchema,
@@ -67,9 +67,8 @@ impl Backends {
     async fn replica(&self) -> (Spawned, Client) {
         let config = self.config();
         let server = spawn(|l, s| serve(config, l, s)).await;
-        let client = NotificationServiceClient::connect(server.uri())
-            .await
-            .unwrap();
+        let client =
+            NotificationServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
         (server, client)
     }
 }

@@ -36,7 +36,7 @@ const NO_PERIODIC_SWEEP: Duration = Duration::from_secs(3_600);
 /// The due set of the empty key prefix.
 const DUE_KEY: &str = "{notif}:due";
 
-type Client = NotificationServiceClient<Channel>;
+type Client = NotificationServiceClient<ecoscan_common::client::TracedChannel>;
 
 struct Backends {
     pg: PgSchema,
@@ -66,9 +66,8 @@ impl Backends {
             ..Config::default()
         };
         let server = spawn(|l, s| serve(config, l, s)).await;
-        let mut client = NotificationServiceClient::connect(server.uri())
-            .await
-            .unwrap();
+        let mut client =
+            NotificationServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
         // Answered once the server has started (Redis connected, the schedule reloaded): a
         // test may stop Redis after this.
         client

@@ -10,11 +10,11 @@ use ecoscan_proto::v1::{
 };
 use ecoscan_reward::{Config, serve};
 use tempfile::TempDir;
-use tonic::{Code, Request, transport::Channel};
+use tonic::{Code, Request};
 
 struct Harness {
     server: Spawned,
-    client: RewardServiceClient<Channel>,
+    client: RewardServiceClient<ecoscan_common::client::TracedChannel>,
     _dir: TempDir,
 }
 
@@ -27,7 +27,7 @@ async fn start() -> Harness {
         ),
     };
     let server = spawn(|l, s| serve(config, l, s)).await;
-    let client = RewardServiceClient::connect(server.uri()).await.unwrap();
+    let client = RewardServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     Harness {
         server,
         client,

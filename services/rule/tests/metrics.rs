@@ -20,7 +20,8 @@ fn request(major: &str, middle: &str, minor: &str) -> LookupRequest {
 #[tokio::test]
 async fn metrics_count_lookups_by_outcome_and_rpcs_by_status_code() {
     let server = spawn(|l, s| serve(Config::default(), l, s)).await;
-    let mut client = RuleServiceClient::connect(server.uri()).await.unwrap();
+    let mut client =
+        RuleServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
 
     let mut stream = client
         .lookup(request("재활용폐기물", "무색페트병", "먹는샘물PET병"))

@@ -7,13 +7,16 @@ use ecoscan_proto::v1::{
 };
 use ecoscan_rule::{Config, serve};
 use tokio_stream::StreamExt;
-use tonic::{Code, transport::Channel};
+use tonic::Code;
 
-async fn start(config: Config) -> (Spawned, RuleServiceClient<Channel>) {
+async fn start(
+    config: Config,
+) -> (
+    Spawned,
+    RuleServiceClient<ecoscan_common::client::TracedChannel>,
+) {
     let server = spawn(|l, s| serve(config, l, s)).await;
-    let client = RuleServiceClient::connect(server.uri())
-        .await
-        .expect("server accepts connections");
+    let client = RuleServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     (server, client)
 }
 
@@ -39,7 +42,7 @@ fn request(c: Classification, locale: &str) -> LookupRequest {
 
 /// Every event of a lookup, or the status the call failed with.
 async fn lookup(
-    client: &mut RuleServiceClient<Channel>,
+    client: &mut RuleServiceClient<ecoscan_common::client::TracedChannel>,
     req: LookupRequest,
 ) -> Result<Vec<LookupResponse>, tonic::Status> {
     let mut stream = client.lookup(req).await?.into_inner();

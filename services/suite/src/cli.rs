@@ -26,9 +26,9 @@ pub struct Client {
 
 #[derive(Clone, Debug)]
 pub enum Auth {
-    /// `Authorization: Bearer …` (any gateway).
+    /// `Authorization: Bearer …`.
     Bearer(String),
-    /// `X-User-Id` (a local gateway that trusts the header).
+    /// `X-User-Id`, for a gateway in header mode (`GATEWAY_TRUST_USER_HEADER`).
     User(String),
 }
 

@@ -9,6 +9,13 @@ use std::{
 
 pub mod cli;
 pub mod jobs;
+pub mod tokens;
+
+pub use ecoscan_gateway::TrustHeader;
+pub use tokens::{
+    LOCAL_AUDIENCE, LOCAL_ISSUER, LOCAL_TOKEN_TTL, LOCAL_USER, local_identity_key, local_token,
+    local_token_secret, read_local_token, use_local_identity_key, write_local_token,
+};
 
 use anyhow::Context;
 use ecoscan_common::CancellationToken;
@@ -61,7 +68,7 @@ impl Ports {
 /// What `ecoscan up` runs.
 #[derive(Clone)]
 pub struct SuiteConfig {
-    /// Address every service binds (loopback by default).
+    /// Address the gateway binds (loopback by default); the services always bind loopback.
     pub host: IpAddr,
     pub ports: Ports,
     /// SQLite files, images and LLM bodies live here.
@@ -75,6 +82,8 @@ pub struct SuiteConfig {
     pub gateway_limits: ecoscan_gateway::Limits,
     /// The Jaeger UI the demo page links traces to (`GATEWAY_JAEGER_URL`).
     pub gateway_jaeger_url: Option<String>,
+    /// Header mode (`GATEWAY_TRUST_USER_HEADER`): off unless asked for.
+    pub gateway_trust_header: ecoscan_gateway::TrustHeader,
 }
 
 impl SuiteConfig {
@@ -94,6 +103,10 @@ impl SuiteConfig {
                 .transpose()?,
             gateway_limits: ecoscan_gateway::Limits::from_env()?,
             gateway_jaeger_url: ecoscan_common::config::env_opt("GATEWAY_JAEGER_URL"),
+            gateway_trust_header: ecoscan_common::config::env_or(
+                "GATEWAY_TRUST_USER_HEADER",
+                ecoscan_gateway::TrustHeader::Off,
+            )?,
         })
     }
 
@@ -107,6 +120,7 @@ impl SuiteConfig {
             ingest_max_in_flight: None,
             gateway_limits: ecoscan_gateway::Limits::default(),
             gateway_jaeger_url: None,
+            gateway_trust_header: ecoscan_gateway::TrustHeader::Off,
         }
     }
 }
@@ -166,47 +180,6 @@ fn url(addr: SocketAddr) -> String {
     format!("http://{addr}")
 }
 
-/// `iss` and `aud` of the tokens `ecoscan token` mints for `ecoscan up`.
-pub const LOCAL_ISSUER: &str = "ecoscan-local";
-pub const LOCAL_AUDIENCE: &str = "ecoscan";
-/// The file under the data directory that holds `ecoscan up`'s token secret.
-const TOKEN_SECRET_FILE: &str = "token-secret";
-
-/// The HS256 secret of `ecoscan up`'s gateway, kept in `data_dir` (created on first use, readable
-/// by its owner only), so that `ecoscan token` can mint tokens it accepts.
-pub fn local_token_secret(data_dir: &Path) -> anyhow::Result<String> {
-    let path = data_dir.join(TOKEN_SECRET_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(secret) if secret.trim().len() >= 32 => return Ok(secret.trim().to_owned()),
-        Ok(_) => anyhow::bail!("{} is too short to be a token secret", path.display()),
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(anyhow::Error::from(e).context(format!("cannot read {}", path.display())));
-        }
-        Err(_) => {}
-    }
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("failed to create {}", data_dir.display()))?;
-    let secret = format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    );
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    match options.open(&path) {
-        Ok(mut file) => {
-            std::io::Write::write_all(&mut file, secret.as_bytes())
-                .with_context(|| format!("failed to write {}", path.display()))?;
-            Ok(secret)
-        }
-        // Another process created it first: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => local_token_secret(data_dir),
-        Err(e) => Err(anyhow::Error::from(e).context(format!("cannot create {}", path.display()))),
-    }
-}
-
 /// Binds every port first (so every address is known before anything runs), then starts each
 /// service on its own listener. Everything stops when `shutdown` is cancelled.
 pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
@@ -218,6 +191,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         ingest_max_in_flight,
         gateway_limits,
         gateway_jaeger_url,
+        gateway_trust_header,
     } = config;
     // Every service serves and calls over TLS when GRPC_TLS_* is set: a bad file stops the
     // start here, once, rather than in each service.
@@ -232,21 +206,23 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         )
     };
 
+    // Only the gateway is exposed on `host`: the services' gRPC ports act for whoever their
+    // metadata names, so they stay on this machine's loopback whatever `host` is.
+    let inside = if host.is_ipv6() {
+        IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+    } else {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    };
     let gateway = bind(host, ports.gateway, "gateway").await?;
     // Loopback whatever `host` is: the series and probes are the operator's, not the network's.
-    let gateway_admin = bind(
-        IpAddr::V4(Ipv4Addr::LOCALHOST),
-        ports.gateway_admin,
-        "gateway-admin",
-    )
-    .await?;
-    let ingest = bind(host, ports.ingest, "ingest").await?;
-    let vision = bind(host, ports.vision, "vision").await?;
-    let rule = bind(host, ports.rule, "rule").await?;
-    let answer = bind(host, ports.answer, "answer").await?;
-    let reward = bind(host, ports.reward, "reward").await?;
-    let analytics = bind(host, ports.analytics, "analytics").await?;
-    let notification = bind(host, ports.notification, "notification").await?;
+    let gateway_admin = bind(inside, ports.gateway_admin, "gateway-admin").await?;
+    let ingest = bind(inside, ports.ingest, "ingest").await?;
+    let vision = bind(inside, ports.vision, "vision").await?;
+    let rule = bind(inside, ports.rule, "rule").await?;
+    let answer = bind(inside, ports.answer, "answer").await?;
+    let reward = bind(inside, ports.reward, "reward").await?;
+    let analytics = bind(inside, ports.analytics, "analytics").await?;
+    let notification = bind(inside, ports.notification, "notification").await?;
     let addrs = Addrs {
         gateway: gateway.local_addr()?,
         gateway_admin: gateway_admin.local_addr()?,
@@ -365,11 +341,13 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         reward_url: url(addrs.reward),
         analytics_url: url(addrs.analytics),
         notification_url: url(addrs.notification),
-        // Tokens minted by `ecoscan token` work at once; on loopback the trusted header does too.
+        // Tokens minted by `ecoscan token` (and the one `ecoscan up` prints) work at once; the
+        // header only when asked for.
         auth: ecoscan_gateway::AuthConfig {
             hs256_secret: Some(local_token_secret(&data_dir)?),
             issuer: Some(LOCAL_ISSUER.to_owned()),
             audience: Some(LOCAL_AUDIENCE.to_owned()),
+            trust_header: gateway_trust_header,
             ..Default::default()
         },
         limits: gateway_limits,

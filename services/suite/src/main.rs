@@ -65,12 +65,17 @@ struct ClientArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     gateway: String,
-    /// A bearer token (`ecoscan token` mints one for the local suite).
+    /// A bearer token (`ecoscan token` mints one for the local suite). Without one, the token
+    /// `ecoscan up` left in the data directory, or one minted there for `--user`.
     #[arg(long, env = "ECOSCAN_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Without a token: the user to act for, sent as `X-User-Id` (a local gateway believes it).
-    #[arg(long, default_value = "local")]
-    user: String,
+    /// Without a token: act as this user, with a token minted from the local suite's secret in
+    /// the data directory.
+    #[arg(long)]
+    user: Option<String>,
+    /// The data directory of the local `ecoscan up` (its token and secret live there).
+    #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
     /// One JSON object per line instead of the human view.
     #[arg(long)]
     json: bool,
@@ -78,11 +83,18 @@ struct ClientArgs {
 
 impl ClientArgs {
     fn client(&self) -> anyhow::Result<ecoscan::cli::Client> {
-        let auth = match &self.token {
-            Some(t) => ecoscan::cli::Auth::Bearer(t.clone()),
-            None => ecoscan::cli::Auth::User(self.user.clone()),
+        let token = match (&self.token, &self.user) {
+            (Some(t), _) => t.clone(),
+            // Long enough for a `--follow` session; it never leaves this process.
+            (None, Some(user)) => ecoscan::local_token(
+                &self.data_dir,
+                user,
+                false,
+                std::time::Duration::from_secs(24 * 3600),
+            )?,
+            (None, None) => ecoscan::read_local_token(&self.data_dir)?,
         };
-        ecoscan::cli::Client::new(&self.gateway, auth)
+        ecoscan::cli::Client::new(&self.gateway, ecoscan::cli::Auth::Bearer(token))
     }
 }
 
@@ -136,6 +148,15 @@ struct JobsArgs {
         global = true
     )]
     ingest: String,
+    /// The data directory of the local `ecoscan up`: its services' identity key signs the admin
+    /// role these calls need (`ECOSCAN_IDENTITY_KEY` instead, when set).
+    #[arg(
+        long,
+        env = "ECOSCAN_DATA_DIR",
+        default_value = "./data",
+        global = true
+    )]
+    data_dir: PathBuf,
     #[command(subcommand)]
     command: JobsCommand,
 }
@@ -181,6 +202,12 @@ struct TokenArgs {
     /// there).
     #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
     data_dir: PathBuf,
+    /// Instead of a bearer token for the gateway: the signed identity assertion a direct gRPC
+    /// caller attaches to calls of this service (`ecoscan.v1.ScanService`, …), printed as the
+    /// `-H` argument of grpcurl: `grpcurl -H "$(ecoscan token --user alice --grpc
+    /// ecoscan.v1.ScanService)" …`.
+    #[arg(long, value_name = "SERVICE")]
+    grpc: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -194,7 +221,7 @@ struct UpArgs {
     /// Where SQLite files, images and LLM bodies are kept.
     #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
     data_dir: PathBuf,
-    /// Address every service binds.
+    /// Address the gateway binds; the services always listen on loopback.
     #[arg(long, env = "ECOSCAN_HOST", default_value = "127.0.0.1")]
     host: IpAddr,
     #[arg(long, env = "ECOSCAN_GATEWAY_PORT", default_value_t = Ports::DEFAULT.gateway)]
@@ -257,10 +284,21 @@ async fn main() -> anyhow::Result<()> {
         analytics: args.analytics_port,
         notification: args.notification_port,
     };
+    // Every service of this process signs and verifies identity with the data directory's key,
+    // which `ecoscan token --grpc` signs with too.
+    ecoscan::use_local_identity_key(&args.data_dir)?;
     let config = SuiteConfig::from_env(&args.data_dir, args.host, ports)?;
     let provider = config.llm.provider;
     let running = ecoscan::start(config, ecoscan_common::binary::shutdown_on_signal()).await?;
     let a = running.addrs;
+    // The page and the CLI need a token: one for the local user, printed in the page's URL
+    // (a fragment never reaches a server or a log) and left in the data directory for the CLI.
+    let token = ecoscan::write_local_token(&args.data_dir)?;
+    let page_host = if a.gateway.ip().is_unspecified() {
+        std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), a.gateway.port())
+    } else {
+        a.gateway
+    };
     // Internal TLS (GRPC_TLS_*) changes how grpcurl must call; the certificate must name the
     // address dialled (127.0.0.1 here) for the server to be verified.
     let grpcurl = match ecoscan_common::tls::TlsConfig::global()? {
@@ -272,8 +310,10 @@ async fn main() -> anyhow::Result<()> {
     };
     println!(
         "\necoscan is up (model provider: {provider}; data in {data})\n\n\
-         gateway        http://{gw}   (demo page: http://{gw}/)\n\
+         gateway        http://{gw}\n\
          gateway admin  http://{admin}   (/metrics, /readyz)\n\
+         demo page      http://{page}/#access_token={token}\n\
+         \x20              (acting as `{user}`; `ecoscan token --user NAME` mints others)\n\
          ingest         {ingest}\n\
          vision         {vision}\n\
          rule           {rule}\n\
@@ -281,14 +321,17 @@ async fn main() -> anyhow::Result<()> {
          reward         {reward}\n\
          analytics      {analytics}\n\
          notification   {notification}\n\n\
-         Run a scan and stream its events:\n  \
-         curl -N -F image=@photo.jpg -F hint='plastic bottle' http://{gw}/api/v1/scan/completion\n\n\
+         Run a scan and stream its events (the token is in {data}/token):\n  \
+         curl -N -H \"Authorization: Bearer $(cat {data}/token)\" \\\n    \
+         -F image=@photo.jpg -F hint='plastic bottle' http://{page}/api/v1/scan/completion\n\n\
          Explore over gRPC:\n  \
          grpcurl {grpcurl} {ingest} list\n  \
          grpcurl {grpcurl} -d '{{}}' {rule} ecoscan.v1.RuleService/ListCategories\n",
         data = args.data_dir.display(),
         gw = a.gateway,
         admin = a.gateway_admin,
+        page = page_host,
+        user = ecoscan::LOCAL_USER,
         ingest = a.ingest,
         vision = a.vision,
         rule = a.rule,
@@ -307,8 +350,23 @@ async fn serve(service: Service) -> anyhow::Result<()> {
     ecoscan::serve_one(service, ecoscan_common::binary::shutdown_on_signal()).await
 }
 
-/// `ecoscan token`: a token signed with the local suite's secret.
+/// `ecoscan token`: a token signed with the local suite's secret, or with `--grpc` an identity
+/// assertion signed with its services' key.
 fn token(args: TokenArgs) -> anyhow::Result<()> {
+    if let Some(service) = &args.grpc {
+        anyhow::ensure!(
+            ecoscan_common::identity::valid_user_id(&args.user),
+            "user must be 1-128 characters of letters, digits and _.@|:+-"
+        );
+        ecoscan::use_local_identity_key(&args.data_dir)?;
+        let assertion =
+            ecoscan_common::assertion::sign_for(Some(&args.user), args.admin, service, args.ttl);
+        println!(
+            "{}: {assertion}",
+            ecoscan_common::assertion::ASSERTION_HEADER
+        );
+        return Ok(());
+    }
     let secret = ecoscan::local_token_secret(&args.data_dir)?;
     let token = ecoscan_gateway::mint_token(
         &secret,
@@ -324,6 +382,7 @@ fn token(args: TokenArgs) -> anyhow::Result<()> {
 
 /// `ecoscan jobs …`: prints what ingest answered; a refusal is an error (exit status 1).
 async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
+    ecoscan::use_local_identity_key(&args.data_dir)?;
     let out = match args.command {
         JobsCommand::DeadLetter(DeadLetterCommand::List { limit, before }) => {
             ecoscan::jobs::list(&args.ingest, limit, before.as_deref()).await?

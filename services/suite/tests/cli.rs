@@ -11,7 +11,14 @@ use serde_json::Value;
 async fn ecoscan(suite: &TestSuite, args: &[&str]) -> Output {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ecoscan"));
     cmd.args(args)
-        .args(["--gateway", &suite.url(""), "--user", "cli-user"])
+        .args([
+            "--gateway",
+            &suite.url(""),
+            "--user",
+            "cli-user",
+            "--data-dir",
+        ])
+        .arg(suite.data_dir.path())
         .env_remove("ECOSCAN_TOKEN")
         .env("RUST_LOG", "warn");
     tokio::task::spawn_blocking(move || cmd.output().expect("ecoscan runs"))

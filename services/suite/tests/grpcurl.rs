@@ -234,7 +234,7 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     let scan = messages(
         &grpcurl(&[
             "-H",
-            "x-user-id: curler",
+            &suite.grpc_identity("curler", false, "ecoscan.v1.ScanService"),
             "-d",
             &format!(r#"{{"image": "{png}", "hint": "plastic bottle", "locale": "en"}}"#),
             &a.ingest.to_string(),
@@ -254,7 +254,7 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     let result = messages(
         &grpcurl(&[
             "-H",
-            "x-user-id: curler",
+            &suite.grpc_identity("curler", false, "ecoscan.v1.ScanService"),
             "-d",
             &format!(r#"{{"job_id": "{job_id}"}}"#),
             &a.ingest.to_string(),
@@ -344,7 +344,7 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     let owned = messages(
         &grpcurl(&[
             "-H",
-            "x-user-id: curler",
+            &suite.grpc_identity("curler", false, "ecoscan.v1.RewardService"),
             "-d",
             "{}",
             &a.reward.to_string(),
@@ -363,7 +363,7 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     let usage = messages(
         &grpcurl(&[
             "-H",
-            "x-user-roles: admin",
+            &suite.grpc_identity("ops", true, "ecoscan.v1.AnalyticsService"),
             "-d",
             "{}",
             &a.analytics.to_string(),
@@ -377,7 +377,7 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     let inbox = messages(
         &grpcurl(&[
             "-H",
-            "x-user-id: curler",
+            &suite.grpc_identity("curler", false, "ecoscan.v1.NotificationService"),
             "-d",
             "{}",
             &a.notification.to_string(),

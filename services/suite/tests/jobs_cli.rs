@@ -8,9 +8,11 @@ use std::process::Output;
 
 use common::TestSuite;
 
-fn jobs(ingest: &str, args: &[&str]) -> Output {
+fn jobs(ingest: &str, data_dir: &std::path::Path, args: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_ecoscan"))
-        .args(["jobs", "--ingest", ingest, "dead-letter"])
+        .args(["jobs", "--ingest", ingest, "--data-dir"])
+        .arg(data_dir)
+        .arg("dead-letter")
         .args(args)
         .output()
         .expect("ecoscan jobs runs")
@@ -26,8 +28,8 @@ async fn the_dead_letter_commands_talk_to_ingest_and_explain_refusals() {
     let ingest = format!("http://{}", suite.running.addrs.ingest);
 
     let listed = tokio::task::spawn_blocking({
-        let ingest = ingest.clone();
-        move || jobs(&ingest, &["list", "--limit", "10"])
+        let (ingest, dir) = (ingest.clone(), suite.data_dir.path().to_owned());
+        move || jobs(&ingest, &dir, &["list", "--limit", "10"])
     })
     .await
     .unwrap();
@@ -46,8 +48,8 @@ async fn the_dead_letter_commands_talk_to_ingest_and_explain_refusals() {
         ),
     ];
     for (args, expected) in cases {
-        let ingest = ingest.clone();
-        let out = tokio::task::spawn_blocking(move || jobs(&ingest, &args))
+        let (ingest, dir) = (ingest.clone(), suite.data_dir.path().to_owned());
+        let out = tokio::task::spawn_blocking(move || jobs(&ingest, &dir, &args))
             .await
             .unwrap();
         assert!(!out.status.success());
@@ -68,9 +70,10 @@ async fn an_unreachable_ingest_is_named_in_the_error() {
         .unwrap()
         .port();
     let ingest = format!("http://127.0.0.1:{port}");
+    let tmp = tempfile::tempdir().unwrap();
     let out = tokio::task::spawn_blocking({
-        let ingest = ingest.clone();
-        move || jobs(&ingest, &["list"])
+        let (ingest, dir) = (ingest.clone(), tmp.path().to_owned());
+        move || jobs(&ingest, &dir, &["list"])
     })
     .await
     .unwrap();

@@ -418,6 +418,7 @@ async fn in_ecoscan_up_each_service_exports_under_its_own_resource() {
     let receiver = Receiver::start().await;
     let endpoint = receiver.endpoint();
     let up = Up::start(&[
+        ("GATEWAY_TRUST_USER_HEADER", "loopback"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ])
@@ -520,9 +521,9 @@ async fn spans_export_over_http_protobuf_when_asked() {
         .start()
         .await;
 
-    let mut rule = RuleServiceClient::connect(cluster.uri(Service::Rule))
-        .await
-        .expect("connect to rule");
+    let mut rule = RuleServiceClient::new(
+        ecoscan_common::client::channel(&cluster.uri(Service::Rule)).unwrap(),
+    );
     rule.list_categories(ListCategoriesRequest {})
         .await
         .expect("list categories");
@@ -657,9 +658,9 @@ async fn spans_still_queued_are_flushed_when_a_service_stops() {
         .env("OTEL_BSP_SCHEDULE_DELAY", "600000")
         .start()
         .await;
-    let mut rule = RuleServiceClient::connect(cluster.uri(Service::Rule))
-        .await
-        .expect("connect to rule");
+    let mut rule = RuleServiceClient::new(
+        ecoscan_common::client::channel(&cluster.uri(Service::Rule)).unwrap(),
+    );
     rule.list_categories(ListCategoriesRequest {})
         .await
         .expect("list categories");

@@ -21,7 +21,7 @@ use ecoscan_proto::v1::{
 use ecoscan_vision::{Config, serve};
 use serde_json::{Value, json};
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
-use tonic::{Code, Request, Response, Status, service::Routes, transport::Channel};
+use tonic::{Code, Request, Response, Status, service::Routes};
 
 const JPEG: &[u8] = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00 pretend jpeg body";
 
@@ -87,20 +87,26 @@ fn mock_llm() -> LlmConfig {
     }
 }
 
-async fn start_vision(rule_url: String, llm: LlmConfig) -> (Spawned, VisionServiceClient<Channel>) {
+async fn start_vision(
+    rule_url: String,
+    llm: LlmConfig,
+) -> (
+    Spawned,
+    VisionServiceClient<ecoscan_common::client::TracedChannel>,
+) {
     let config = Config {
         rule_url,
         analytics_url: None,
         llm,
     };
     let server = spawn(|l, s| serve(config, l, s)).await;
-    let client = VisionServiceClient::connect(server.uri()).await.unwrap();
+    let client = VisionServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
     (server, client)
 }
 
 /// Every event of one call, and the error that ended it (if any).
 async fn classify(
-    client: &mut VisionServiceClient<Channel>,
+    client: &mut VisionServiceClient<ecoscan_common::client::TracedChannel>,
     req: ClassifyRequest,
 ) -> (Vec<ClassifyResponse>, Option<Status>) {
     let mut stream = match client.classify(req).await {

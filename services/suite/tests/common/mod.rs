@@ -24,9 +24,17 @@ impl TestSuite {
     pub async fn start_with(tweak: impl FnOnce(&mut SuiteConfig)) -> Self {
         ecoscan_common::telemetry::init_for_tests();
         let data_dir = tempfile::tempdir().expect("temp dir");
+        // The services of every suite in this process sign identity with one key, which the
+        // data directory holds too, so that `ecoscan token --grpc` signs as `ecoscan up` would.
+        let _ = ecoscan_common::assertion::set_key(TEST_IDENTITY_KEY);
+        std::fs::write(data_dir.path().join("identity-key"), TEST_IDENTITY_KEY)
+            .expect("write the identity key");
         let mut config = SuiteConfig::ephemeral(data_dir.path());
         // Fast enough for tests, slow enough that a scan is observably "running" for a moment.
         config.llm.mock_latency = Duration::from_millis(150);
+        // Most tests name their users in X-User-Id: header mode, explicitly (the default is
+        // off; tokens work too).
+        config.gateway_trust_header = ecoscan_gateway::TrustHeader::Loopback;
         tweak(&mut config);
         let shutdown = CancellationToken::new();
         let running = ecoscan::start(config, shutdown.clone())
@@ -35,7 +43,18 @@ impl TestSuite {
         Self {
             running,
             shutdown,
-            http: reqwest::Client::new(),
+            // A request that names no user acts as `local` (what `ecoscan up`'s token is for).
+            http: reqwest::Client::builder()
+                .default_headers(
+                    [(
+                        reqwest::header::HeaderName::from_static("x-user-id"),
+                        reqwest::header::HeaderValue::from_static("local"),
+                    )]
+                    .into_iter()
+                    .collect(),
+                )
+                .build()
+                .unwrap(),
             data_dir,
         }
     }
@@ -62,6 +81,31 @@ impl TestSuite {
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     }
 }
+
+impl TestSuite {
+    /// The `-H` argument a grpcurl caller acting for `user` attaches to calls of `service`, from
+    /// the real `ecoscan token --grpc` command.
+    pub fn grpc_identity(&self, user: &str, admin: bool, service: &str) -> String {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ecoscan"));
+        cmd.args(["token", "--user", user, "--ttl", "10m", "--grpc", service])
+            .arg("--data-dir")
+            .arg(self.data_dir.path())
+            .env_remove(ecoscan_common::assertion::KEY_VAR);
+        if admin {
+            cmd.arg("--admin");
+        }
+        let out = cmd.output().expect("ecoscan token runs");
+        assert!(
+            out.status.success(),
+            "ecoscan token --grpc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+}
+
+/// The identity key of the suites tests start in this process.
+const TEST_IDENTITY_KEY: &str = "suite-tests-identity-key-0123456789-abcdefghij";
 
 impl Drop for TestSuite {
     fn drop(&mut self) {

@@ -302,6 +302,10 @@ impl Cluster {
                 ("NOTIFICATION_URL", url(Service::Notification)),
             ],
             Service::Gateway => vec![
+                // These tests name their users in X-User-Id: header mode, explicitly.
+                ("GATEWAY_TRUST_USER_HEADER", "loopback".to_owned()),
+                // Every client of these tests is 127.0.0.1: hundreds of streams at once.
+                ("GATEWAY_MAX_CONNECTIONS_PER_IP", "4096".to_owned()),
                 ("INGEST_URL", url(Service::Ingest)),
                 ("REWARD_URL", url(Service::Reward)),
                 ("ANALYTICS_URL", url(Service::Analytics)),
@@ -352,6 +356,11 @@ impl Cluster {
             }
         }
         cmd.env("RUST_LOG", "info")
+            // The key every process of the cluster signs and verifies identity with.
+            .env(
+                ecoscan_common::assertion::KEY_VAR,
+                "process-tests-identity-key-0123456789-abcdefghij",
+            )
             .env("LLM_PROVIDER", "mock")
             .env("LLM_MOCK_LATENCY", "150ms")
             .envs(self.service_vars(service))
