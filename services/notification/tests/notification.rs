@@ -16,7 +16,7 @@ use ecoscan_proto::{
     },
 };
 use tempfile::TempDir;
-use tonic::{Code, Request, Streaming, transport::Channel};
+use tonic::{Code, Request, Streaming};
 
 /// Generous bound for anything that should happen promptly; never a synchronisation sleep.
 const PATIENCE: Duration = Duration::from_secs(10);

@@ -20,7 +20,7 @@ use ecoscan_proto::{
     },
 };
 use support::{PgSchema, RedisPrefix};
-use tonic::{Request, Streaming, transport::Channel};
+use tonic::{Request, Streaming};
 
 /// Generous bound for anything that should happen promptly; never a synchronisation sleep.
 const PATIENCE: Duration = Duration::from_secs(10);

@@ -25,7 +25,7 @@ use ecoscan_proto::{
 };
 use ecoscan_redis::testing::PrivateRedis;
 use support::PgSchema;
-use tonic::{Request, Streaming, transport::Channel};
+use tonic::{Request, Streaming};
 
 /// Generous bound for anything that should happen promptly (a Redis reconnect included); never
 /// a synchronisation sleep.
