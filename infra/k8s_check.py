@@ -270,12 +270,12 @@ def read_code(repo: Path = REPO) -> CodeFacts:
         reads[svc] = set().union(*(crate_reads.get(c, set()) for c in crates)) | binary \
             | OTEL_SDK_VARS | {addr[variant]}
 
-    redis_rs = (repo / "services/ingest/src/store/redis.rs").read_text()
+    redis_rs = (repo / "services/ingest/src/store/redis/queue.rs").read_text()
     group = re.search(r"const GROUP: &str = \"([^\"]+)\";", redis_rs)
     stream = re.search(r"format!\(\"\{prefix\}([^\"]+dispatch)\"\)", redis_rs)
     if not (group and stream):
         raise SystemExit("k8s_check: cannot find the dispatch stream and consumer group in "
-                         "services/ingest/src/store/redis.rs; update k8s_check.py")
+                         "services/ingest/src/store/redis/queue.rs; update k8s_check.py")
     has_migrate = re.search(r"^\s*Migrate\b", main_rs, re.M) is not None
     anywhere = set().union(*(v for c, v in crate_reads.items() if c != "ecoscan-bench"))
     facts = CodeFacts(
