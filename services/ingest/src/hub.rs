@@ -435,21 +435,50 @@ impl Watcher {
         let Some(row) = row.filter(Job::is_terminal) else {
             return Ok(Sent::More);
         };
-        let last = self
-            .stores()
-            .events
-            .last_id(&self.job.id)
-            .await
-            .map_err(Error::from)?;
+        let end = self.end_position().await?;
         let resumed = self.last;
-        if last.is_none() {
+        if end.is_none() {
             self.announce(ResyncReason::LogExpired, None).await;
         }
         let _ = self
             .tx
-            .send(Ok(Watched::Event(rebuilt_end(&row, last, resumed))))
+            .send(Ok(Watched::Event(rebuilt_end(&row, end, resumed))))
             .await;
         Ok(Sent::Ended)
+    }
+
+    /// Where a finished job's end stands in its log: the final event's position when the log
+    /// holds it, else the position right after the log's last event. The row is finished
+    /// before its final event is appended (by a task of its own, moments later — or by the
+    /// next claim when the process died between the two), and nothing else is appended in
+    /// between, so that next position is the one the final event takes: an end rebuilt there
+    /// names the event the log holds, or will hold, and never an id the log gave another
+    /// event. `None` when the log holds nothing of the job (it expired).
+    async fn end_position(&self) -> Result<Option<EventId>, Status> {
+        let events = &self.stores().events;
+        let Some(last) = events.last_id(&self.job.id).await.map_err(Error::from)? else {
+            return Ok(None);
+        };
+        // The last event itself (and whatever came after it meanwhile).
+        let before_last = EventId {
+            n: last.n.saturating_sub(1),
+            ..last
+        };
+        let tail = events
+            .read_after(&self.job.id, Some(before_last))
+            .await
+            .map_err(Error::from)?;
+        let Some((ev, id)) = tail
+            .last()
+            .and_then(|ev| Some((ev, ev.event_id.parse::<EventId>().ok()?)))
+        else {
+            return Ok(Some(last));
+        };
+        Ok(Some(if is_final(ev) {
+            id
+        } else {
+            EventId { n: id.n + 1, ..id }
+        }))
     }
 
     /// Sends the events after the last one sent, in order; ends after a final event.

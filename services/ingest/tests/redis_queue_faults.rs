@@ -87,16 +87,17 @@ async fn a_fenced_worker_drops_its_own_entry_on_the_redis_queue() {
     a_fenced_worker_drops_its_own_queue_entry(Some(&redis)).await;
 }
 
-/// A watcher that resumes with its last event id whenever its stream ends without the job's
-/// end (as an SSE client does); returns every event it got.
+/// A watcher that resumes with its last position whenever its stream ends without the job's
+/// end (as an SSE client does), and follows a resync's position (a log that lost its data
+/// announces the gap); returns every event it got.
 async fn follow(ingest: Ingest, job_id: String) -> Vec<ScanEvent> {
     let mut got: Vec<ScanEvent> = Vec::new();
+    let mut after = String::new();
     loop {
-        let after = got.last().map(|e| e.event_id.clone()).unwrap_or_default();
         let request = request_as(
             WatchRequest {
                 job_id: job_id.clone(),
-                after_event_id: after,
+                after_event_id: after.clone(),
             },
             Duration::from_secs(120),
             "u1",
@@ -104,8 +105,18 @@ async fn follow(ingest: Ingest, job_id: String) -> Vec<ScanEvent> {
         if let Ok(stream) = ingest.clone().watch(request).await {
             let mut stream = stream.into_inner();
             while let Some(Ok(msg)) = stream.next().await {
-                let ev = msg.event.expect("every message carries an event");
+                let ev = match (msg.event, msg.resync) {
+                    (Some(ev), None) => ev,
+                    (None, Some(gap)) => {
+                        if !gap.event_id.is_empty() {
+                            after = gap.event_id;
+                        }
+                        continue;
+                    }
+                    other => panic!("a message carries an event or a resync: {other:?}"),
+                };
                 let end = ev.stage == Stage::Done as i32;
+                after.clone_from(&ev.event_id);
                 got.push(ev);
                 if end {
                     return got;

@@ -403,3 +403,72 @@ async fn a_retried_answer_stage_announces_itself_and_its_deltas_give_the_stored_
     assert_eq!(stored, "Remove the label, rinse, crush.");
     assert_eq!(answer_from_deltas(&events), stored);
 }
+
+#[tokio::test]
+async fn an_end_rebuilt_before_the_log_takes_its_final_event_stands_where_that_event_will() {
+    // The row finishes a moment before the log takes the final event (a task of its own, or the
+    // next claim after a crash); a watcher in between gets the end from the row. Made here by
+    // hand: a finished row whose log stops at `vision started`.
+    let env = start(None, |_| {}).await;
+    let job = uuid::Uuid::now_v7().to_string();
+    let jobs = &env.stores.jobs;
+    jobs.insert(ecoscan_ingest::store::NewJob {
+        id: job.clone(),
+        user_id: "u1".into(),
+        image_key: "none".into(),
+        content_type: "image/png".into(),
+        hint: String::new(),
+        locale: "en".into(),
+        idempotency_key: None,
+        trace_carrier: Default::default(),
+    })
+    .await
+    .unwrap();
+    let claimed = jobs.claim(&job).await.unwrap().expect("the row");
+    for (stage, status, message) in [
+        (Stage::Queued, EventStatus::Completed, "scan accepted"),
+        (Stage::Vision, EventStatus::Started, "vision started"),
+    ] {
+        env.stores
+            .events
+            .append(ecoscan_ingest::event::event(
+                &job, stage, status, 0.0, message, None,
+            ))
+            .await
+            .unwrap();
+    }
+    jobs.finish(
+        &job,
+        claimed.lease_epoch,
+        ecoscan_proto::v1::JobStatus::Succeeded,
+        None,
+    )
+    .await
+    .unwrap();
+
+    // Resumed at the log's last event, or past it: the end at once, at the position after
+    // the last event, never at the id the log gave `vision started`.
+    for after in [id_of(&job, 2), id_of(&job, 9)] {
+        let (events, error) = watch_from(&env, &job, &after, Duration::from_secs(5)).await;
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(events.len(), 1, "after {after:?}: only the end: {events:?}");
+        assert!(is_done(&events[0]), "after {after:?}: {events:?}");
+        assert_eq!(
+            (events[0].event_id.as_str(), events[0].seq),
+            (id_of(&job, 3).as_str(), 3),
+            "after {after:?}: the end takes the final event's position"
+        );
+    }
+
+    // The final event, once appended, is the one the rebuilt end named.
+    let appended = env
+        .stores
+        .events
+        .append_final(ecoscan_ingest::event::terminal_event_from_row(
+            &jobs.get(&job).await.unwrap().unwrap(),
+        ))
+        .await
+        .unwrap()
+        .expect("the log takes its final event");
+    assert_eq!(appended.event_id, id_of(&job, 3));
+}

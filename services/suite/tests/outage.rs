@@ -19,7 +19,7 @@ use reqwest::StatusCode;
 use support::processes::{Cluster, Service};
 
 /// HS256 secret of the gateway under test (tokens are minted with it below).
-const SECRET: &str = "outage-test-secret-0123456789abcdef-0123456789";
+const SECRET: &str = "outage-test-secret-k3v9q2xw7m4p8r1t6y5u0z";
 const ISSUER: &str = "ecoscan-outage-test";
 const AUDIENCE: &str = "ecoscan";
 

@@ -20,6 +20,8 @@ struct Stack {
     _suite: TestSuite,
     _ingest: Spawned,
     gateway: Spawned,
+    /// The gateway's admin listener (`/metrics`).
+    admin_url: String,
     _dir: tempfile::TempDir,
     http: reqwest::Client,
 }
@@ -51,13 +53,24 @@ impl Stack {
             reward_url: url(a.reward),
             analytics_url: url(a.analytics),
             notification_url: url(a.notification),
+            // These tests are about resuming, not identity: the caller is `X-User-Id` on loopback.
+            auth: ecoscan_gateway::AuthConfig {
+                trust_header: ecoscan_gateway::TrustHeader::Loopback,
+                ..Default::default()
+            },
             ..Default::default()
         };
-        let gateway = spawn(move |l, s| ecoscan_gateway::serve(gateway_config, l, s)).await;
+        // `/metrics` (the gateway's feeds) is on the admin listener only.
+        let admin = ecoscan_common::server::listen(([127, 0, 0, 1], 0).into()).expect("bind admin");
+        let admin_url = format!("http://{}", admin.local_addr().unwrap());
+        let gateway =
+            spawn(move |l, s| ecoscan_gateway::serve_with_admin(gateway_config, l, Some(admin), s))
+                .await;
         Self {
             _suite: suite,
             _ingest: ingest,
             gateway,
+            admin_url,
             _dir: dir,
             http: reqwest::Client::new(),
         }
@@ -112,7 +125,7 @@ impl Stack {
         for _ in 0..400 {
             text = self
                 .http
-                .get(self.url("/metrics"))
+                .get(format!("{}/metrics", self.admin_url))
                 .send()
                 .await
                 .unwrap()

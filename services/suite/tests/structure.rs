@@ -29,23 +29,17 @@ fn is_store_client(name: &str) -> bool {
 }
 
 /// Lines past which a module should be split.
-const MAX_MODULE_LINES: usize = 500;
+const MAX_MODULE_LINES: usize = 600;
 
-/// Modules over the limit, reviewed and left as they are for now (most are named by the
-/// structure issue); a module on this list may shrink below the limit, and then leaves it.
+/// Modules over the limit, reviewed and left as they are for now (each is named by the
+/// structure issue); a module on this list must still be over the limit: once split, it
+/// leaves the list, so the list only shrinks.
 const REVIEWED_LONG_MODULES: &[&str] = &[
     "bench/src/bin/gateway-throughput.rs",
     "bench/src/bin/notification-delivery.rs",
-    "bench/src/bin/scan-load.rs",
     "bench/src/bin/sse-fanout.rs",
-    "gateway/src/auth.rs",
     "gateway/src/openapi.rs",
-    "gateway/src/sse.rs",
     "services/analytics/src/spool.rs",
-    "services/common/src/balance.rs",
-    "services/common/src/telemetry.rs",
-    "services/ingest/src/fetch/addr.rs",
-    "services/ingest/src/store/jobs.rs",
     "services/rule/src/dataset.rs",
     "services/suite/src/lib.rs",
 ];
@@ -186,11 +180,16 @@ fn no_new_module_grows_past_the_limit() {
         "modules over {MAX_MODULE_LINES} lines: split them (one concern per module), or review \
          and list them in REVIEWED_LONG_MODULES: {too_long:#?}"
     );
-    // The list names files that exist: a module that was split or renamed leaves it.
+    // The list names files that exist and are still over the limit: a module that was split
+    // or renamed leaves it.
     for listed in REVIEWED_LONG_MODULES {
+        let lines = std::fs::read_to_string(root().join(listed))
+            .unwrap_or_else(|_| panic!("{listed} is on the reviewed list but does not exist"))
+            .lines()
+            .count();
         assert!(
-            root().join(listed).is_file(),
-            "{listed} is on the reviewed list but does not exist"
+            lines > MAX_MODULE_LINES,
+            "{listed} is on the reviewed list but has {lines} lines: take it off the list"
         );
     }
 }

@@ -50,6 +50,17 @@ pub struct ClusterBuilder {
     only: Option<Vec<Service>>,
 }
 
+/// The key every process of a test cluster signs and verifies identity assertions with; the
+/// test process uses it too, so its direct gRPC calls (`request_as`) are believed. The same key
+/// as `common::TestSuite`'s, so a test binary that starts both works either way.
+pub const IDENTITY_KEY: &str = "suite-tests-identity-key-0123456789-abcdefghij";
+
+/// Makes this test process sign with [`IDENTITY_KEY`] (before its first call). A second cluster
+/// of the same test binary finds the key set already, which is fine: it is the same key.
+pub fn use_identity_key() {
+    let _ = ecoscan_common::assertion::set_key(IDENTITY_KEY);
+}
+
 impl ClusterBuilder {
     /// Sets a variable for every service.
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
@@ -76,6 +87,7 @@ impl ClusterBuilder {
 
     /// Starts every service, dependencies first, and waits until each serves.
     pub async fn start(self) -> Cluster {
+        use_identity_key();
         let dir = tempfile::tempdir().expect("temp dir");
         let mut cluster = Cluster {
             dir,
@@ -357,10 +369,7 @@ impl Cluster {
         }
         cmd.env("RUST_LOG", "info")
             // The key every process of the cluster signs and verifies identity with.
-            .env(
-                ecoscan_common::assertion::KEY_VAR,
-                "process-tests-identity-key-0123456789-abcdefghij",
-            )
+            .env(ecoscan_common::assertion::KEY_VAR, IDENTITY_KEY)
             .env("LLM_PROVIDER", "mock")
             .env("LLM_MOCK_LATENCY", "150ms")
             .envs(self.service_vars(service))
