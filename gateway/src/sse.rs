@@ -357,6 +357,21 @@ fn stream_error_event(job_id: &str, err: &ApiError) -> Event {
     )
 }
 
+/// How long a client waits before it resumes a stream the gateway ended because ingest could
+/// not be reached (the `retry:` hint of [`resume_hint`]).
+const RESUME_AFTER: Duration = Duration::from_secs(1);
+
+/// The last words of a job's stream whose upstream broke for a passing reason (ingest
+/// unreachable or restarting, its stream's lifetime): not the job's end, so no `error` event,
+/// which a client shows as the scan failing, but a `retry` hint and a comment. The client
+/// resumes with its `Last-Event-ID`, as after any dropped connection, and misses nothing.
+fn resume_hint(status: &Status) -> Event {
+    tracing::info!(code = ?status.code(), error = %status.message(), "job stream broke upstream; the client resumes");
+    Event::default()
+        .retry(RESUME_AFTER)
+        .comment("ingest is unavailable for now; reconnect with Last-Event-ID")
+}
+
 /// A stream of one job's events from ingest (shared by the clients of a job: hence `Arc`).
 pub(crate) type ScanEvents = BoxStream<'static, Result<Arc<SharedEvent>, Status>>;
 
@@ -464,6 +479,10 @@ pub(crate) fn scan_events(
                 event
             }
             Ok(None) => return None,
+            Err(status) if crate::watch::retryable(&status) => {
+                st.done = true;
+                resume_hint(&status)
+            }
             Err(status) => {
                 st.done = true;
                 stream_error_event(&st.job_id, &ApiError::upstream("ingest", status))

@@ -199,7 +199,17 @@ impl Watches {
     fn feed(&self, caller: &Caller, job_id: &str, after: Option<&str>) -> Arc<JobFeed> {
         let key = (caller.user.clone(), job_id.to_owned());
         let mut feeds = self.feeds.lock().expect("feeds lock poisoned");
-        if let Some(feed) = feeds.get(&key).and_then(Weak::upgrade) {
+        // A feed that gave up (ingest was unreachable for a while) is not joined: its end is
+        // stale for a client that comes now, which gets a feed of its own.
+        if let Some(feed) = feeds.get(&key).and_then(Weak::upgrade)
+            && feed
+                .shared
+                .ring
+                .lock()
+                .expect("ring lock poisoned")
+                .failed
+                .is_none()
+        {
             return feed;
         }
         // Forget feeds whose clients have all gone, now and then, so the map stays small.
@@ -389,7 +399,7 @@ fn publish(shared: &Shared, ev: SharedEvent) -> bool {
 /// transport or the server's own limits (its lifetime, a replica shutting down or dying: a
 /// broken connection surfaces as `UNKNOWN` or `CANCELLED`), not because of the request or a
 /// failure ingest reported (`INTERNAL` goes to the clients as an error event).
-fn retryable(status: &Status) -> bool {
+pub(crate) fn retryable(status: &Status) -> bool {
     matches!(
         status.code(),
         Code::Unavailable

@@ -84,3 +84,51 @@ fn gauge_counts_open_streams() {
     drop(b);
     assert_eq!(gauge.open(), 0);
 }
+
+/// The body of a job's SSE response over `upstream`, read to its end.
+async fn body_of(upstream: Vec<Result<ScanEvent, Status>>) -> String {
+    let slots = crate::limits::SseSlots::new(10, 10);
+    let upstream: ScanEvents = futures::stream::iter(
+        upstream
+            .into_iter()
+            .map(|item| item.map(|e| Arc::new(SharedEvent::new(e)))),
+    )
+    .boxed();
+    let res = scan_events(
+        upstream,
+        None,
+        "job".into(),
+        Arc::new(|id: &str| format!("/api/v1/scan/{id}")),
+        slots.take("u").unwrap(),
+        CancellationToken::new(),
+        Duration::from_secs(60),
+    );
+    let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_whose_ingest_is_unreachable_ends_with_a_retry_hint_not_an_error() {
+    let started = ev(Stage::Vision, EventStatus::Started, None);
+    for status in [
+        Status::unavailable("ingest is restarting"),
+        Status::deadline_exceeded("no answer"),
+        Status::cancelled("connection reset"),
+    ] {
+        let body = body_of(vec![Ok(started.clone()), Err(status.clone())]).await;
+        assert!(body.contains("event: stage"), "{body}");
+        assert!(
+            !body.contains("event: error"),
+            "{status:?}: the job has not ended, so no error event: {body}"
+        );
+        assert!(
+            body.contains("retry: 1000"),
+            "{status:?}: a retry hint: {body}"
+        );
+    }
+    // A failure ingest reports for the request itself is said as an error.
+    let body = body_of(vec![Ok(started), Err(Status::internal("corrupt record"))]).await;
+    assert!(body.contains("event: error"), "{body}");
+}

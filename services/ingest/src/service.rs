@@ -6,8 +6,9 @@ use bytes::Bytes;
 use ecoscan_common::CancellationToken;
 use ecoscan_common::{identity::caller, server::call_timeout};
 use ecoscan_proto::v1::{
-    EventStatus, GetResultRequest, GetResultResponse, ScanRequest, ScanResponse, ScanResult, Stage,
-    SubmitRequest, SubmitResponse, WatchRequest, WatchResponse, scan_service_server::ScanService,
+    EventStatus, GetResultRequest, GetResultResponse, JobStatus, ScanRequest, ScanResponse,
+    ScanResult, Stage, SubmitRequest, SubmitResponse, WatchRequest, WatchResponse,
+    scan_service_server::ScanService,
 };
 use sha2::{Digest, Sha256};
 use tokio_stream::{Stream, StreamExt};
@@ -124,7 +125,7 @@ impl Inner {
                 .find_by_idempotency_key(&user_id, key)
                 .await?
         {
-            return Ok((job, false));
+            return self.repeat(job).await;
         }
 
         // Shed load before doing any work, so a refused scan leaves nothing behind.
@@ -174,8 +175,16 @@ impl Inner {
             })
             .await?;
         if !inserted {
-            return Ok((job, false));
+            return self.repeat(job).await;
         }
+        self.dispatch(&job).await?;
+        tracing::info!(job.id = %job.id, "scan accepted");
+        Ok((job, true))
+    }
+
+    /// A new job's `queued` event, then its queue entry (in this order: a claim fences the
+    /// log, after which the `queued` event would be refused).
+    async fn dispatch(&self, job: &Job) -> Result<(), Error> {
         self.stores
             .events
             .append(event(
@@ -196,8 +205,22 @@ impl Inner {
                 enqueued_at: std::time::SystemTime::now(),
             })
             .await?;
-        tracing::info!(job.id = %job.id, "scan accepted");
-        Ok((job, true))
+        Ok(())
+    }
+
+    /// A repeat of a submission (its idempotency key was used already): the first job. A job
+    /// whose first submission failed after its row was written (the event log refused its
+    /// `queued` event: Redis out of memory, restarting) was never dispatched; the repeat
+    /// dispatches it now instead of leaving it to the sweeper's grace.
+    async fn repeat(&self, job: Job) -> Result<(Job, bool), Error> {
+        if job.status == JobStatus::Queued
+            && job.attempts == 0
+            && self.stores.events.last_id(&job.id).await?.is_none()
+        {
+            tracing::info!(job.id = %job.id, "dispatching a repeated submission's job that never was");
+            self.dispatch(&job).await?;
+        }
+        Ok((job, false))
     }
 
     async fn job_for(&self, job_id: &str, user_id: &str) -> Result<Job, Error> {

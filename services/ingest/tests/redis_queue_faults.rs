@@ -210,3 +210,60 @@ async fn every_unfinished_job_resumes_at_once_after_redis_lost_its_data() {
         assert!(row.attempts >= 2, "job {id} was claimed again");
     }
 }
+
+/// A submission whose `queued` event Redis refused (out of memory) fails with its row
+/// written and nothing dispatched; the caller's repeat with the same idempotency key
+/// dispatches that job at once, rather than leaving it to wait for the sweeper's grace.
+#[tokio::test]
+async fn a_repeat_of_a_submission_redis_refused_dispatches_its_job() {
+    let redis = PrivateRedis::start().await;
+    let env = start_with(
+        Stages::new(None),
+        |c| {
+            c.redis = Some(redis.settings());
+            c.sweep_grace = Duration::from_secs(3600);
+        },
+        |s| s,
+    )
+    .await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let set_maxmemory = async |conn: &mut redis::aio::MultiplexedConnection, bytes: u64| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(bytes)
+            .query_async::<()>(conn)
+            .await
+            .unwrap();
+    };
+    let submit = || {
+        let mut ingest = env.ingest.clone();
+        async move {
+            ingest
+                .submit(request_as(
+                    ecoscan_proto::v1::SubmitRequest {
+                        image: PNG.to_vec(),
+                        idempotency_key: "the-same-photo".into(),
+                        ..Default::default()
+                    },
+                    Duration::from_secs(10),
+                    "u1",
+                ))
+                .await
+        }
+    };
+
+    set_maxmemory(&mut admin, 1).await;
+    let refused = submit().await.expect_err("Redis refuses the queued event");
+    set_maxmemory(&mut admin, 0).await;
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+
+    let repeat = submit().await.expect("the repeat is accepted").into_inner();
+    assert!(repeat.duplicate, "the same job: {repeat:?}");
+    let events = tokio::time::timeout(Duration::from_secs(30), watch_all(&env, &repeat.job_id))
+        .await
+        .expect("the job runs without waiting for the sweeper");
+    assert_eq!(events.first().map(|e| e.stage), Some(Stage::Queued as i32));
+    assert_eq!(events.last().map(|e| e.stage), Some(Stage::Done as i32));
+}
