@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS scan_jobs (
     updated_at_us   INTEGER NOT NULL,
     finished_at_us  INTEGER,
     lease_epoch     INTEGER NOT NULL DEFAULT 0,  -- fencing token of the latest claim
-    dead_at_us      INTEGER                      -- set aside for an operator (dead letter)
+    dead_at_us      INTEGER,                     -- set aside for an operator (dead letter)
+    end_seq         INTEGER                      -- seq of the final event, once the log took it
 );
 
 CREATE UNIQUE INDEX IF NOT EXISTS scan_jobs_idempotency

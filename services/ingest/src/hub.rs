@@ -392,6 +392,13 @@ impl Watcher {
     /// once with the job's end; past the end of a running job's log, it announces a resync and
     /// goes on from the log's end (ids this log never gave, or the log lost its data).
     async fn resume_at(&mut self, after: EventId) -> Result<Sent, Status> {
+        // A finished job whose row knows where its end stands: answered from the row alone
+        // (read when the watch began), whatever the log's store is doing.
+        if let Some(end) = self.end_from_row(&self.job)
+            && after >= end
+        {
+            return self.end_at(&self.job.clone(), Some(end)).await;
+        }
         let last = self
             .stores()
             .events
@@ -423,8 +430,8 @@ impl Watcher {
     }
 
     /// Ends the watch with the job's final event, rebuilt from its row, if the job has
-    /// finished: at the position of the log's final event ([`rebuilt_end`]); when the log has
-    /// expired, after a resync that says so.
+    /// finished, at the final event's position ([`rebuilt_end`]): from the row when it has
+    /// recorded it, else from the log ([`Self::end_position`]).
     async fn end_if_finished(&mut self) -> Result<Sent, Status> {
         let row = self
             .stores()
@@ -435,14 +442,40 @@ impl Watcher {
         let Some(row) = row.filter(Job::is_terminal) else {
             return Ok(Sent::More);
         };
-        let end = self.end_position().await?;
+        let end = match self.end_from_row(&row) {
+            Some(end) => Some(end),
+            None => self.end_position().await?,
+        };
+        self.end_at(&row, end).await
+    }
+
+    /// The position of a finished job's final event as its row recorded it.
+    fn end_from_row(&self, row: &Job) -> Option<EventId> {
+        row.is_terminal()
+            .then_some(row.end_seq)
+            .flatten()
+            .map(|seq| EventId::of(&self.job.id, seq))
+    }
+
+    /// Sends the end of finished job `row` at `end` (`None`: nothing of the log is left to
+    /// name a position). Events between the watcher's position and the end that the log no
+    /// longer gives (it expired, or its store lost it) are announced first, never skipped.
+    async fn end_at(&mut self, row: &Job, end: Option<EventId>) -> Result<Sent, Status> {
         let resumed = self.last;
-        if end.is_none() {
-            self.announce(ResyncReason::LogExpired, None).await;
+        match end {
+            None => self.announce(ResyncReason::LogExpired, None).await,
+            Some(end) if self.last.map_or(end.n > 1, |l| l.n + 1 < end.n) => {
+                let before = EventId {
+                    n: end.n - 1,
+                    ..end
+                };
+                self.announce(ResyncReason::LogExpired, Some(before)).await;
+            }
+            Some(_) => {}
         }
         let _ = self
             .tx
-            .send(Ok(Watched::Event(rebuilt_end(&row, end, resumed))))
+            .send(Ok(Watched::Event(rebuilt_end(row, end, resumed))))
             .await;
         Ok(Sent::Ended)
     }

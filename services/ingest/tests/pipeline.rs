@@ -386,6 +386,12 @@ async fn a_scan_completes_on_redis_postgres_and_s3() {
         Bytes::from_static(PNG),
         "the image is in the bucket"
     );
+    // The worker acknowledges its entry once the job's log is closed, a moment after the
+    // watcher got the final event.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while env.stores.queue.backlog().await.unwrap() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(env.stores.queue.backlog().await.unwrap(), 0, "acknowledged");
 
     // Resuming from an event id replays exactly what follows it.

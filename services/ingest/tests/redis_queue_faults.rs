@@ -1,6 +1,8 @@
-//! The pipeline on a dispatch queue that misbehaves: a job with two queue entries (a requeue
-//! raced the sweeper), and Redis losing every entry mid-scan (restarted empty). Ingest runs
-//! on in-test stage services; Redis is a private `redis-server` of the test's own.
+//! The pipeline on a Redis that misbehaves: a job with two queue entries (a requeue raced the
+//! sweeper), Redis losing every entry mid-scan (restarted empty), refusing a submission's
+//! first event (out of memory), and not answering at all (stopped) while a watcher resumes at
+//! a finished job's end. Ingest runs on in-test stage services; Redis is a private
+//! `redis-server` of the test's own.
 
 mod support;
 
@@ -266,4 +268,61 @@ async fn a_repeat_of_a_submission_redis_refused_dispatches_its_job() {
         .expect("the job runs without waiting for the sweeper");
     assert_eq!(events.first().map(|e| e.stage), Some(Stage::Queued as i32));
     assert_eq!(events.last().map(|e| e.stage), Some(Stage::Done as i32));
+}
+
+/// Redis stops answering (SIGSTOP: connections stay open, nothing comes back); a watcher that
+/// resumes at a finished job's final event, or past it, gets the end at once from the job's
+/// row, which recorded the final event's position, instead of waiting on the log.
+#[tokio::test]
+async fn a_resume_at_a_finished_jobs_end_is_answered_while_redis_does_not_answer() {
+    let redis = PrivateRedis::start().await;
+    let env = start_with(
+        Stages::new(None),
+        |c| c.redis = Some(redis.settings()),
+        |s| s,
+    )
+    .await;
+    let job_id = submit_png(&env).await;
+    let events = watch_all(&env, &job_id).await;
+    let done = events.last().expect("the end").clone();
+    assert_eq!(done.stage, Stage::Done as i32);
+    // The final event's position reaches the row just after the log took it.
+    eventually(
+        Duration::from_secs(10),
+        "the row records its end's position",
+        async || env.stores.jobs.get(&job_id).await.unwrap().unwrap().end_seq == Some(done.seq),
+    )
+    .await;
+
+    redis.pause();
+    let past = ecoscan_ingest::store::EventId::of(&job_id, done.seq + 5).to_string();
+    for after in [done.event_id.clone(), past] {
+        let request = request_as(
+            WatchRequest {
+                job_id: job_id.clone(),
+                after_event_id: after.clone(),
+            },
+            Duration::from_secs(10),
+            "u1",
+        );
+        let got = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut stream = env.ingest.clone().watch(request).await?.into_inner();
+            let mut got = Vec::new();
+            while let Some(msg) = stream.next().await {
+                got.push(msg?);
+            }
+            Ok::<_, tonic::Status>(got)
+        })
+        .await
+        .expect("the end comes at once, not after Redis")
+        .expect("the watch succeeds");
+        assert_eq!(got.len(), 1, "after {after}: only the end: {got:?}");
+        let end = got[0].event.as_ref().expect("an event");
+        assert_eq!(
+            (end.event_id.as_str(), end.seq, end.stage),
+            (done.event_id.as_str(), done.seq, Stage::Done as i32),
+            "after {after}"
+        );
+    }
+    redis.resume();
 }

@@ -517,6 +517,15 @@ async fn fencing_conformance(jobs: &dyn JobStore) {
     assert_eq!(got.classification, Some(current));
     assert_eq!(got.status, JobStatus::Succeeded);
     assert_eq!(got.stage, Stage::Done);
+
+    // The final event's position, once the log took it.
+    assert_eq!(got.end_seq, None);
+    jobs.set_end_seq(&job.id, 21).await.unwrap();
+    assert_eq!(jobs.get(&job.id).await.unwrap().unwrap().end_seq, Some(21));
+    // Only a finished job has an end.
+    let (running, _) = jobs.insert(new_job("u1", None)).await.unwrap();
+    jobs.set_end_seq(&running.id, 5).await.unwrap();
+    assert_eq!(jobs.get(&running.id).await.unwrap().unwrap().end_seq, None);
 }
 
 /// Poison jobs are set aside, listed newest first, and an operator can requeue them.
@@ -597,10 +606,13 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
     assert_eq!(page, vec![dead[1].id.clone(), dead[0].id.clone()]);
     assert_eq!(jobs.dead_letters(None, 1).await.unwrap().len(), 1);
 
-    // Requeue: back to queued, attempts reset, checkpoints kept, no longer listed.
+    // Requeue: back to queued, attempts reset, checkpoints kept, no longer listed; the old
+    // run's end is no longer the job's.
+    jobs.set_end_seq(&dead[0].id, 9).await.unwrap();
     let back = jobs.requeue(&dead[0].id).await.unwrap().unwrap();
     assert_eq!(back.status, JobStatus::Queued);
     assert_eq!(back.attempts, 0);
+    assert_eq!(back.end_seq, None);
     assert!(back.dead_at.is_none() && back.error.is_none() && back.finished_at.is_none());
     assert_eq!(
         back.rules,

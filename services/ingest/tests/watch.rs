@@ -205,8 +205,8 @@ async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_
         .expire("another-job", Duration::ZERO)
         .await
         .unwrap();
-    let past = id_of(&job, 999);
-    for after in ["", events[2].event_id.as_str(), past.as_str()] {
+    let done = events.last().unwrap();
+    for after in ["", events[2].event_id.as_str()] {
         let (msgs, error) = watch_msgs(&env, &job, after, Duration::from_secs(5))
             .await
             .unwrap();
@@ -220,9 +220,64 @@ async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_
         let end = event(&msgs[1]).expect("then the end");
         assert!(is_done(end));
         assert_eq!(end.status, EventStatus::Completed as i32);
-        // No log is left to name the end's position: it keeps the watcher's own.
-        assert_eq!(end.event_id, after);
+        // The row recorded where the log's final event stood: the end keeps that position,
+        // and the resync names the one before it.
+        assert_eq!(
+            (end.event_id.as_str(), end.seq),
+            (done.event_id.as_str(), done.seq)
+        );
+        assert_eq!(gap.event_id, id_of(&job, done.seq - 1));
     }
+    // At or past the end: the end, at once.
+    for after in [done.event_id.clone(), id_of(&job, 999)] {
+        let (again, error) = watch_from(&env, &job, &after, Duration::from_secs(5)).await;
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(again.len(), 1, "after {after:?}: {again:?}");
+        assert_eq!(
+            (again[0].event_id.as_str(), again[0].seq),
+            (done.event_id.as_str(), done.seq)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_job_whose_row_has_no_end_position_keeps_the_watchers_own_after_its_log_expired() {
+    // A row finished before the end's position was recorded (an earlier version): nothing
+    // is left to name a position, so the end keeps the watcher's own.
+    let env = start(None, |_| {}).await;
+    let job = submit_png(&env).await;
+    let events = watch_all(&env, &job).await;
+    env.stores
+        .events
+        .expire(&job, Duration::ZERO)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    env.stores
+        .events
+        .expire("another-job", Duration::ZERO)
+        .await
+        .unwrap();
+    let db = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        env.dir.path().join("ingest.db").display()
+    ))
+    .await
+    .unwrap();
+    sqlx::query("UPDATE scan_jobs SET end_seq = NULL")
+        .execute(&db)
+        .await
+        .unwrap();
+    let after = events[2].event_id.as_str();
+    let (msgs, error) = watch_msgs(&env, &job, after, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(matches!(&msgs[0], Msg::Resync(g) if g.reason == ResyncReason::LogExpired as i32));
+    let end = event(&msgs[1]).expect("then the end");
+    assert!(is_done(end));
+    assert_eq!(end.event_id, after);
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ use super::{
     stages::{Calls, STAGES, StageDef, StageError, StageMsg, next, payload, record},
 };
 use crate::{
+    Stores,
     error::StoreError,
     event::{
         delta, event, failed, progress_range, restarted, stage_error, stage_name,
@@ -120,15 +121,7 @@ impl Ctx {
         if job.is_terminal() {
             // Finished before, but the final event may not have made it to the log (the
             // process died between the row and the log).
-            self.stores
-                .events
-                .append_final_as(terminal_event_from_row(&job), epoch)
-                .await?;
-            self.stores
-                .events
-                .expire(job_id, self.config.event_ttl)
-                .await?;
-            return Ok(());
+            return close_log(&self.stores, &job, epoch, self.config.event_ttl).await;
         }
         if job.attempts > self.config.max_attempts {
             let message = format!(
@@ -202,11 +195,7 @@ impl Ctx {
                 let row = stores.jobs.get(&job_id).await?.ok_or_else(|| {
                     StoreError::Corrupt(format!("job {job_id} vanished while running"))
                 })?;
-                stores
-                    .events
-                    .append_final_as(terminal_event_from_row(&row), epoch)
-                    .await?;
-                stores.events.expire(&job_id, ttl).await
+                close_log(&stores, &row, epoch, ttl).await
             }
             .in_current_span(),
         );
@@ -465,4 +454,28 @@ impl Ctx {
         .await?;
         Ok(())
     }
+}
+
+/// Ends finished job `job`'s log: its final event, unless the log has one, then its position
+/// on the row (so that a watcher's end is known from the row alone), then the log's expiry.
+async fn close_log(
+    stores: &Stores,
+    job: &Job,
+    epoch: u64,
+    ttl: Duration,
+) -> Result<(), StoreError> {
+    let appended = stores
+        .events
+        .append_final_as(terminal_event_from_row(job), epoch)
+        .await?;
+    let seq = match appended {
+        Some(ev) => Some(ev.seq),
+        // The log has its final event already, as its last; the row may know it too.
+        None if job.end_seq.is_some() => None,
+        None => stores.events.last_id(&job.id).await?.map(|id| id.n),
+    };
+    if let Some(seq) = seq.filter(|s| job.end_seq != Some(*s)) {
+        stores.jobs.set_end_seq(&job.id, seq).await?;
+    }
+    stores.events.expire(&job.id, ttl).await
 }

@@ -37,6 +37,9 @@ pub struct Job {
     pub finished_at: Option<SystemTime>,
     /// When the job was set aside for an operator (see [`JobStore::dead_letter`]).
     pub dead_at: Option<SystemTime>,
+    /// The seq of the job's final event, once its log took it ([`JobStore::set_end_seq`]): a
+    /// finished job's end is known from the row alone, whatever the log's store is doing.
+    pub end_seq: Option<u64>,
 }
 
 impl Job {
@@ -111,6 +114,9 @@ pub trait JobStore: Send + Sync + 'static {
         status: JobStatus,
         error: Option<ErrorInfo>,
     ) -> Result<(), StoreError>;
+    /// Records where a finished job's final event stands in its log, once the log took it
+    /// (the last record wins: the log holds one final event).
+    async fn set_end_seq(&self, id: &str, seq: u64) -> Result<(), StoreError>;
     /// Fails the job with `error` and sets it aside for an operator (a poison job: it failed
     /// too often, or on a record that cannot be read). Once, like [`JobStore::finish`].
     async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError>;

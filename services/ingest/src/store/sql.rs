@@ -100,6 +100,7 @@ where
     let epoch: i64 = row.try_get("lease_epoch")?;
     let finished: Option<i64> = row.try_get("finished_at_us")?;
     let dead: Option<i64> = row.try_get("dead_at_us")?;
+    let end_seq: Option<i64> = row.try_get("end_seq")?;
     Ok(Job {
         id: row.try_get("id")?,
         user_id: row.try_get("user_id")?,
@@ -123,6 +124,7 @@ where
         created_at: system_time_from_us(row.try_get("created_at_us")?),
         finished_at: finished.map(system_time_from_us),
         dead_at: dead.map(system_time_from_us),
+        end_seq: end_seq.map(|s| s.max(0).unsigned_abs()),
     })
 }
 
@@ -315,6 +317,25 @@ where
     #[tracing::instrument(
         name = "db",
         skip_all,
+        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.end_seq = seq),
+        err
+    )]
+    async fn set_end_seq(&self, id: &str, seq: u64) -> Result<(), StoreError> {
+        sqlx::query(DB::sql(
+            "UPDATE scan_jobs SET end_seq = $1 WHERE id = $2 AND status IN ($3, $4)",
+        ))
+        .bind(i64::try_from(seq).unwrap_or(i64::MAX))
+        .bind(id)
+        .bind(JobStatus::Succeeded as i32)
+        .bind(JobStatus::Failed as i32)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(
+        name = "db",
+        skip_all,
         fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
         err
     )]
@@ -356,7 +377,7 @@ where
     async fn requeue(&self, id: &str) -> Result<Option<Job>, StoreError> {
         sqlx::query(DB::sql(
             "UPDATE scan_jobs SET status = $1, stage = $2, error = NULL, finished_at_us = NULL, \
-             dead_at_us = NULL, attempts = 0, updated_at_us = $3 \
+             dead_at_us = NULL, end_seq = NULL, attempts = 0, updated_at_us = $3 \
              WHERE id = $4 AND dead_at_us IS NOT NULL RETURNING *",
         ))
         .bind(JobStatus::Queued as i32)

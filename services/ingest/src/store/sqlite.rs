@@ -18,8 +18,8 @@ const SCHEMA: &str = include_str!("../../migrations/0001_init.sql");
 
 /// `user_version` of a database in the current layout. 0 is a new database or one made before
 /// versions were kept: table `jobs`, times in milliseconds in `*_at_ms` columns, and, in the
-/// oldest, no `lease_epoch` or `dead_at_ms` yet.
-const SCHEMA_VERSION: i64 = 1;
+/// oldest, no `lease_epoch` or `dead_at_ms` yet. 1: no `end_seq` yet.
+const SCHEMA_VERSION: i64 = 2;
 
 impl SqlJobStore<Sqlite> {
     /// Opens (creating when needed) the database at `url`, brings an older layout up to date
@@ -99,6 +99,19 @@ async fn upgrade(pool: &SqlitePool) -> Result<(), StoreError> {
         )
         .execute(&mut *tx)
         .await?;
+    }
+    // Version 2: the final event's seq on the row (a table the schema has not made yet gets
+    // it from the schema).
+    let columns: Vec<String> = sqlx::query("SELECT name FROM pragma_table_info('scan_jobs')")
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<String, _>(0))
+        .collect::<Result<_, _>>()?;
+    if !columns.is_empty() && !columns.iter().any(|c| c == "end_seq") {
+        sqlx::query("ALTER TABLE scan_jobs ADD COLUMN end_seq INTEGER")
+            .execute(&mut *tx)
+            .await?;
     }
     // The version is a constant, not input.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -189,6 +202,46 @@ mod tests {
         // Opening again changes nothing (the upgrade ran once).
         let reopened = SqliteJobStore::open(&url).await.unwrap();
         assert_eq!(reopened.get("done").await.unwrap().unwrap(), done);
+    }
+
+    #[tokio::test]
+    async fn a_database_of_version_1_gets_the_end_position_column_with_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("v1.db").display());
+        // Version 1 is today's table without `end_seq`.
+        let store = SqliteJobStore::open(&url).await.unwrap();
+        let (job, _) = store
+            .insert(NewJob {
+                id: "kept".into(),
+                user_id: "u1".into(),
+                image_key: "k".into(),
+                content_type: "image/png".into(),
+                hint: String::new(),
+                locale: "ko".into(),
+                idempotency_key: None,
+                trace_carrier: Default::default(),
+            })
+            .await
+            .unwrap();
+        sqlx::raw_sql(
+            "ALTER TABLE scan_jobs DROP COLUMN end_seq;
+             PRAGMA user_version = 1;",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        store.close().await;
+
+        let store = SqliteJobStore::open(&url).await.unwrap();
+        let got = store.get(&job.id).await.unwrap().unwrap();
+        assert_eq!(got.end_seq, None);
+        assert_eq!(got.user_id, job.user_id);
+        let version: i64 = sqlx::query("PRAGMA user_version")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, SCHEMA_VERSION);
     }
 
     #[tokio::test]
