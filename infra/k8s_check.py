@@ -965,6 +965,13 @@ class Checker:
                     (self.resolve(w.pod, src) or "").strip().lower() == "mock":
                 self.err(w.pod.owner, "LLM_PROVIDER=mock in prod: the mock model must never "
                          "answer users")
+            # The services' own refusal of the mock: the production profile must reach the
+            # ones that call the model, whatever a Secret says.
+            if w.service in ("vision", "answer") and "prod" in self.r.name:
+                stores = w.env.get("ECOSCAN_STORES")
+                if stores is None or (self.resolve(w.pod, stores) or "") != "production":
+                    self.err(w.pod.owner, "ECOSCAN_STORES=production does not reach it: the "
+                             "service would start on the mock model if a Secret said so")
 
     def check_migrations(self, ws: list[Workload]):
         """Each Deployment with a database migrates in an init container before it serves; no
@@ -1463,6 +1470,10 @@ MUTATIONS = [
      lambda d: _find(d, "Secret", "ecoscan-secrets")["data"].update(
          LLM_PROVIDER=base64.b64encode(b"mock").decode()),
      ["Deployment/vision", "LLM_PROVIDER=mock"]),
+    ("prod", "the production profile kept from the model's services",
+     lambda d: _container(d, "answer")["env"].remove(
+         next(e for e in _container(d, "answer")["env"] if e["name"] == "ECOSCAN_STORES")),
+     ["Deployment/answer", "ECOSCAN_STORES=production"]),
     ("prod", "the model provider from the ConfigMap",
      lambda d: _set_cm(d, "LLM_PROVIDER", "openai"),
      ["ConfigMap/ecoscan-config", "LLM_PROVIDER"]),

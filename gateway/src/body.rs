@@ -55,20 +55,20 @@ impl BodyBudget {
 /// Reserved bytes of the budget, given back when dropped.
 struct Reserved<'a> {
     budget: &'a BodyBudget,
-    /// The caller whose share it comes from (every body route has one).
-    caller: Option<String>,
+    /// The caller whose share it comes from (every body that is read has one).
+    caller: String,
     bytes: usize,
 }
 
 impl Reserved<'_> {
     fn add(&mut self, n: usize) -> Result<(), ApiError> {
-        if let Some(user) = &self.caller {
+        {
             let mut per_caller = self
                 .budget
                 .per_caller
                 .lock()
                 .expect("body budget lock poisoned");
-            let mine = per_caller.entry(user.clone()).or_insert(0);
+            let mine = per_caller.entry(self.caller.clone()).or_insert(0);
             if *mine + n > self.budget.max_per_caller {
                 return Err(ApiError::TooMany {
                     message: format!(
@@ -94,17 +94,15 @@ impl Drop for Reserved<'_> {
         self.budget
             .in_flight
             .fetch_sub(self.bytes, Ordering::Relaxed);
-        if let Some(user) = &self.caller {
-            let mut per_caller = self
-                .budget
-                .per_caller
-                .lock()
-                .expect("body budget lock poisoned");
-            if let Some(mine) = per_caller.get_mut(user) {
-                *mine -= self.bytes;
-                if *mine == 0 {
-                    per_caller.remove(user);
-                }
+        let mut per_caller = self
+            .budget
+            .per_caller
+            .lock()
+            .expect("body budget lock poisoned");
+        if let Some(mine) = per_caller.get_mut(&self.caller) {
+            *mine -= self.bytes;
+            if *mine == 0 {
+                per_caller.remove(&self.caller);
             }
         }
     }
@@ -140,7 +138,14 @@ async fn buffer(budget: &BodyBudget, req: Request) -> Result<Request, ApiError> 
         return Err(too_large(budget.max_body_bytes));
     }
     let (parts, mut body) = req.into_parts();
-    let caller = parts.extensions.get::<Caller>().map(|c| c.user.clone());
+    let Some(caller) = parts.extensions.get::<Caller>().map(|c| c.user.clone()) else {
+        // Every route that takes a body needs a caller (`authenticate` refused the request
+        // otherwise): a body sent to a public or unknown route proves nobody and is not read,
+        // so it costs the shared budget nothing.
+        return Err(ApiError::PayloadTooLarge(
+            "this route takes no request body; bodies are read only on authenticated routes".into(),
+        ));
+    };
     let mut reserved = Reserved {
         budget,
         caller,

@@ -26,7 +26,7 @@ const MIB: usize = 1024 * 1024;
 /// | `GATEWAY_JWKS_URL` | unset | accept RS256/ES256 bearer tokens signed by a key of this JWKS (an OIDC provider's) |
 /// | `GATEWAY_JWT_ISSUER` / `GATEWAY_JWT_AUDIENCE` | unset | required `iss` / `aud` of tokens (both must be set with a JWKS) |
 /// | `GATEWAY_JWKS_MAX_AGE` / `GATEWAY_JWKS_MIN_REFRESH` | `10m` / `30s` | a key set is fetched again after this long / never more often than this |
-/// | `GATEWAY_SSE_TICKET_SECRET` | unset (a key per process) | signs SSE tickets; set the same on every replica |
+/// | `GATEWAY_SSE_TICKET_SECRET` | unset (derived from `ECOSCAN_IDENTITY_KEY`, else a key per process) | signs SSE tickets; the same on every replica |
 /// | `GATEWAY_JWT_ADMIN_CLAIM` / `GATEWAY_JWT_ADMIN_VALUE` | `roles` / `admin` | the claim (and value) that grants the admin role |
 /// | `GATEWAY_TRUST_USER_HEADER` | `off` | believe `X-User-Id`: `off`, `loopback` (direct loopback peers naming the listener, no roles), `force` (anyone, with `X-User-Roles`) |
 /// | `GATEWAY_SCANS_PER_MINUTE` | `60` | scans one user may submit per minute (burst: as many at once) |
@@ -207,7 +207,13 @@ impl Config {
                     "GATEWAY_JWKS_MIN_REFRESH",
                     d.auth.jwks_min_refresh,
                 )?,
-                ticket_secret: env_opt("GATEWAY_SSE_TICKET_SECRET"),
+                // Unset: derived from the identity key when there is one, which every replica
+                // shares already, so a ticket works on any of them without another secret.
+                ticket_secret: env_opt("GATEWAY_SSE_TICKET_SECRET").or_else(|| {
+                    env_opt(ecoscan_common::assertion::KEY_VAR)
+                        .filter(|k| k.len() >= 32)
+                        .map(|k| format!("ecoscan-sse-ticket/{k}"))
+                }),
             },
             limits: Limits::from_env()?,
             cors_origins: env_opt("GATEWAY_CORS_ORIGINS")

@@ -613,3 +613,89 @@ async fn request_heads_over_8_kib_are_431_and_the_others_are_served() {
     let res = with_header(16).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
 }
+
+/// Sends `head` on a fresh connection and returns what the gateway answers within 5 s.
+async fn answer_to(addr: &str, head: &str) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer from the headers alone, without the body")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test]
+async fn a_body_is_read_only_from_an_authenticated_caller_and_within_its_share() {
+    let env = start_with(|c| Config {
+        limits: Limits {
+            bodies_per_caller: 1,
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let addr = env.base.trim_start_matches("http://").to_owned();
+
+    // A public or unknown route takes no body: refused from the headers, nothing is read (the
+    // 10 MB never come).
+    for path in ["/", "/nope"] {
+        let got = answer_to(
+            &addr,
+            &format!("POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 10000000\r\n\r\n"),
+        )
+        .await;
+        assert!(got.starts_with("HTTP/1.1 413"), "{path}: {got}");
+    }
+
+    // One caller's share (one full-size body here): while mallory's first upload trickles in,
+    // her second is 429; another caller's upload is read as usual.
+    let mut first = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let big = 8 << 20;
+    first
+        .write_all(
+            format!(
+                "POST /api/v1/scan HTTP/1.1\r\nhost: {addr}\r\nx-user-id: mallory\r\n\
+                 content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                big + 1
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    first.write_all(&vec![b' '; big]).await.unwrap();
+    let body = vec![b' '; 6 << 20];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let second = loop {
+        let res = env
+            .http
+            .post(env.url("/api/v1/scan"))
+            .header("x-user-id", "mallory")
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        // Until the first body's bytes have reached the gateway, the second may fit.
+        if res.status() == StatusCode::TOO_MANY_REQUESTS || Instant::now() > deadline {
+            break res;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(second.headers().contains_key("retry-after"));
+    let other = env
+        .http
+        .post(env.url("/api/v1/scan"))
+        .header("x-user-id", "trent")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(other.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_ne!(other.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    drop(first);
+}

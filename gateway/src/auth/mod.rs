@@ -5,8 +5,10 @@
 //! A verified token's `sub` is the user; a configurable claim grants the `admin` role. The
 //! caller is found by the [`authenticate`] middleware before a request's body is read, so an
 //! unauthenticated upload costs the gateway its headers only; handlers take it as a [`Caller`].
-//! The gateway forwards the caller to the services in `x-user-id` (and `x-user-roles: admin`)
-//! metadata: inside, that is the only place a user comes from.
+//! The gateway names the caller to the services in `x-user-id` (and `x-user-roles: admin`)
+//! metadata, which its gRPC client turns into a signed identity assertion for the service called
+//! (`ecoscan_common::assertion`): inside, a verified assertion is the only place a user comes
+//! from.
 //!
 //! `EventSource` cannot send headers, so the SSE routes also take a ticket (`?ticket=`, from
 //! `POST /api/v1/sse-tickets`) or the token in an `ecoscan_token` cookie; never a token in the

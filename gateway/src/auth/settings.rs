@@ -51,43 +51,6 @@ impl Default for AuthConfig {
     }
 }
 
-/// Words found in secrets copied from examples and templates.
-const PLACEHOLDER_MARKERS: &[&str] = &[
-    "changeme",
-    "change-me",
-    "change_me",
-    "replaceme",
-    "replace-me",
-    "replace_me",
-    "placeholder",
-    "yoursecret",
-    "your-secret",
-    "your_secret",
-    "example",
-    "dev-only",
-    "insecure",
-    "do-not-use",
-    "donotuse",
-    "notasecret",
-    "not-a-secret",
-    "supersecret",
-    "secretkey",
-    "secret-key",
-    "0123456789abcdef",
-];
-
-/// Why `secret` looks like a placeholder rather than a generated secret, if it does.
-pub(crate) fn placeholder(secret: &str) -> Option<String> {
-    let lower = secret.to_ascii_lowercase();
-    if let Some(word) = PLACEHOLDER_MARKERS.iter().find(|w| lower.contains(*w)) {
-        return Some(format!("it contains {word:?}"));
-    }
-    let mut distinct: Vec<u8> = secret.bytes().collect();
-    distinct.sort_unstable();
-    distinct.dedup();
-    (distinct.len() < 10).then(|| format!("it has only {} distinct characters", distinct.len()))
-}
-
 /// Whether `url`'s host is this machine (http is allowed there, for tests and a local provider).
 fn loopback_host(url: &str) -> bool {
     let Ok(uri) = url.parse::<axum::http::Uri>() else {
@@ -119,7 +82,7 @@ impl AuthConfig {
                 secret.len() >= 32,
                 "GATEWAY_JWT_SECRET must be at least 32 bytes (e.g. `openssl rand -base64 32`)"
             );
-            if let Some(why) = placeholder(secret) {
+            if let Some(why) = ecoscan_common::config::placeholder(secret) {
                 bail!(
                     "GATEWAY_JWT_SECRET looks like a placeholder ({why}): generate one, e.g. \
                      `openssl rand -base64 32`"
@@ -128,7 +91,7 @@ impl AuthConfig {
         }
         if let Some(secret) = &self.ticket_secret {
             ensure!(
-                secret.len() >= 32 && placeholder(secret).is_none(),
+                secret.len() >= 32 && ecoscan_common::config::placeholder(secret).is_none(),
                 "GATEWAY_SSE_TICKET_SECRET must be a generated secret of at least 32 bytes \
                  (e.g. `openssl rand -base64 32`)"
             );

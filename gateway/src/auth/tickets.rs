@@ -3,8 +3,9 @@
 //! is short-lived (`TICKET_TTL`) and good for one stream: `POST /api/v1/sse-tickets` (with the
 //! token in `Authorization`) returns one, and `?ticket=` on an SSE route spends it.
 //!
-//! A ticket is signed (HS256) with `GATEWAY_SSE_TICKET_SECRET`, or with a key this process
-//! made at start when that is unset, and names its caller, so any gateway replica holding the
+//! A ticket is signed (HS256) with `GATEWAY_SSE_TICKET_SECRET` (unset: derived from the
+//! identity key every replica shares, else a key this process made at start), and names its
+//! caller, so any gateway replica holding the
 //! same secret can verify it; each replica refuses a ticket it has seen spent before (the spent
 //! ids are kept until they expire).
 

@@ -62,12 +62,18 @@ pub fn set_key(secret: &str) -> anyhow::Result<()> {
 /// Checks `ECOSCAN_IDENTITY_KEY` at start (a service binary calls this), so that a bad key stops
 /// the start instead of every call.
 pub fn check_env() -> anyhow::Result<()> {
-    if let Some(secret) = crate::config::env_opt("ECOSCAN_IDENTITY_KEY") {
+    if let Some(secret) = crate::config::env_opt(KEY_VAR) {
         ensure!(
             secret.len() >= 32,
             "{KEY_VAR} must be at least 32 bytes (e.g. `openssl rand -base64 32`), the same in \
              every ecoscan process"
         );
+        if let Some(why) = crate::config::placeholder(&secret) {
+            anyhow::bail!(
+                "{KEY_VAR} looks like a placeholder ({why}): generate one, e.g. `openssl rand \
+                 -base64 32`, the same in every ecoscan process"
+            );
+        }
     }
     Ok(())
 }

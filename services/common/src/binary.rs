@@ -24,7 +24,10 @@ pub fn command(name: &'static str, about: &str, addr_var: &str, migrations: bool
         Ok(command) => command,
         Err(e) => e.exit(),
     };
-    if let Err(e) = crate::config::check_unknown_variables() {
+    // A bad identity key stops the start, instead of failing every call between services.
+    if let Err(e) =
+        crate::config::check_unknown_variables().and_then(|()| crate::assertion::check_env())
+    {
         eprintln!("{name}: {e}");
         std::process::exit(2);
     }

@@ -197,6 +197,43 @@ fn check_stores(
     }
 }
 
+/// Words found in secrets copied from examples and templates.
+const PLACEHOLDER_MARKERS: &[&str] = &[
+    "changeme",
+    "change-me",
+    "change_me",
+    "replaceme",
+    "replace-me",
+    "replace_me",
+    "placeholder",
+    "yoursecret",
+    "your-secret",
+    "your_secret",
+    "example",
+    "dev-only",
+    "insecure",
+    "do-not-use",
+    "donotuse",
+    "notasecret",
+    "not-a-secret",
+    "supersecret",
+    "secretkey",
+    "secret-key",
+    "0123456789abcdef",
+];
+
+/// Why `secret` looks like a placeholder rather than a generated secret, if it does.
+pub fn placeholder(secret: &str) -> Option<String> {
+    let lower = secret.to_ascii_lowercase();
+    if let Some(word) = PLACEHOLDER_MARKERS.iter().find(|w| lower.contains(*w)) {
+        return Some(format!("it contains {word:?}"));
+    }
+    let mut distinct: Vec<u8> = secret.bytes().collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    (distinct.len() < 10).then(|| format!("it has only {} distinct characters", distinct.len()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

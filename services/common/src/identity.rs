@@ -1,6 +1,7 @@
-//! The user a call acts for. It travels in one place only: the `x-user-id` request metadata,
-//! set by the gateway from the authenticated caller (or by ingest, acting for a job's owner).
-//! No request field can name or override it.
+//! The user a call acts for. Code names it in one place only, the `x-user-id` request metadata,
+//! set by the gateway from the authenticated caller (or by ingest, acting for a job's owner); on
+//! the wire it travels as a signed assertion ([`crate::assertion`]), and a server sets
+//! `x-user-id` again from a verified one only. No request field can name or override it.
 
 use tonic::metadata::MetadataMap;
 

@@ -285,6 +285,32 @@ async fn a_claim_after_redis_lost_the_log_does_not_silence_its_watchers() {
     );
 }
 
+/// A claimed writer that does not know its job's log (not the process that raised the fence)
+/// and finds it gone (Redis lost it since) numbers a new run, as a fence would, never from 1:
+/// a watcher that saw the lost events would otherwise take the new ones for events it has.
+#[tokio::test]
+async fn a_claimed_writer_that_finds_the_log_gone_numbers_a_new_run() {
+    let setup = Setup::start().await;
+    let first = setup.writer("test-first-worker").await;
+    first
+        .append(setup.ev(Stage::Queued, "queued"))
+        .await
+        .unwrap();
+    first.fence(&setup.job.id, 1).await.unwrap();
+    first
+        .append_as(setup.ev(Stage::Vision, "lost"), 1)
+        .await
+        .unwrap();
+    setup.command(&mut redis::cmd("FLUSHALL")).await;
+    // Another process of the same claim's writer: it never fenced, so it knows no seq.
+    let stranger = setup.writer("test-unfenced-writer").await;
+    let ev = stranger
+        .append_as(setup.ev(Stage::Vision, "after the loss"), 1)
+        .await
+        .unwrap();
+    assert_eq!(ev.seq, RUN_SPAN + 1, "a new run above every lost seq");
+}
+
 /// A job's log keeps every event a resume from its start needs, with the default settings,
 /// even for a job with many more events than any scan has (the old window of 2,048 dropped
 /// the oldest, and a resume from them skipped events in silence).

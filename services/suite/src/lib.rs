@@ -556,8 +556,9 @@ pub async fn serve_one(service: Service, shutdown: CancellationToken) -> anyhow:
         service.addr_var(),
         &format!("127.0.0.1:{}", service.default_port()),
     )?;
-    // A bad GRPC_TLS_* file stops the start before the port is bound.
+    // A bad GRPC_TLS_* file, or identity key, stops the start before the port is bound.
     ecoscan_common::tls::TlsConfig::global()?;
+    ecoscan_common::assertion::check_env()?;
     let listener = ecoscan_common::server::listen(addr)
         .with_context(|| format!("failed to bind {} on {addr}", service.name()))?;
     let bound = listener

@@ -423,8 +423,7 @@ async fn run(layout: Layout) {
         tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_secs(2))).await;
     }
     let scans = scans.await.expect("the scans");
-    observer.read_logs(true).await;
-    observer.read_rows().await;
+    observer.await_finals(Duration::from_secs(15)).await;
     observing.abort();
 
     // The stores' side: rows, stored answers, every event the logs were seen holding.

@@ -49,8 +49,10 @@ pub struct Rules {
     /// this job's log); the client then starts over from the start.
     pub foreign_id_may_be_refused: bool,
     /// Whether the job's end rebuilt from its row, when the final event never reached the
-    /// log, may stand at the log's last position (that event's id and seq) rather than after
-    /// it: a client that saw that event then gets the end with the same id.
+    /// log, may stand at the log's last position (that event's id and seq: a client that saw
+    /// that event then gets the end with the same id). It may not: it stands right after the
+    /// log's last event, the position the final event takes (the row finishes a moment
+    /// before the log takes it), so ids strictly increase.
     pub rebuilt_end_at_last_position: bool,
 }
 
@@ -62,7 +64,7 @@ pub const RULES: Rules = Rules {
     restarted_status: "restarted",
     idless_error_tolerated: false,
     foreign_id_may_be_refused: true,
-    rebuilt_end_at_last_position: true,
+    rebuilt_end_at_last_position: false,
 };
 
 fn stage_name(stage: i32) -> String {
@@ -262,14 +264,24 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
     }
 
     // The log's final position: its `done`, else (the final event never reached the log)
-    // its last event, where an end rebuilt from the row stands.
+    // where an end rebuilt from the row stands: the log's last event, or (by the rules) the
+    // position after it, which the final event takes.
+    let last_logged = stored.log.keys().filter_map(|id| EventId::parse(id)).max();
     let final_id = stored
         .log
         .values()
         .filter(|e| e.stage == ecoscan_proto::v1::Stage::Done as i32)
         .filter_map(|e| EventId::parse(&e.event_id))
         .max()
-        .or_else(|| stored.log.keys().filter_map(|id| EventId::parse(id)).max());
+        .or_else(|| {
+            last_logged.map(|EventId(ms, n)| {
+                if RULES.rebuilt_end_at_last_position {
+                    EventId(ms, n)
+                } else {
+                    EventId(ms, n + 1)
+                }
+            })
+        });
     let mut last_id = h.first_after.as_deref().and_then(EventId::parse);
     // Seq continuity: the next event's seq, once the client knows where it is. An id of
     // this job's is `<the job's ms>-<seq>`: a client resuming from one knows its seq.
@@ -402,7 +414,14 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                 }
             }
             None if ev.is_end() => {
-                if seq == 0 || seq != stored.last_seq {
+                // Not in the log: the final event never reached it, and the end stands where
+                // the rules put it.
+                let at = if RULES.rebuilt_end_at_last_position {
+                    stored.last_seq
+                } else {
+                    stored.last_seq + 1
+                };
+                if seq == 0 || seq != at || !end_at_final {
                     v(
                         "rebuilt-end-seq",
                         format!(

@@ -152,6 +152,29 @@ impl Observer {
         }
     }
 
+    /// Reads the logs and rows until every job whose row is terminal has shown its final
+    /// event in its log, for at most `within`. The row finishes a moment before the log takes
+    /// the final event (after a worker died or its store failed in between, only once the next
+    /// claim runs, a lease later), and an end a client got from the row names the position
+    /// that event takes: the checker must see where it landed.
+    pub async fn await_finals(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            self.read_logs(true).await;
+            self.read_rows().await;
+            let waiting = self
+                .jobs
+                .lock()
+                .expect("observer lock")
+                .values()
+                .any(|s| s.status.is_some() && s.final_id().is_none());
+            if !waiting || Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Notes what `job`'s log was seen holding.
     pub fn absorb(&self, job: &str, reply: &redis::streams::StreamRangeReply) {
         let events: Vec<ScanEvent> = reply

@@ -167,7 +167,13 @@ impl RedisEventLog {
         Ok(match known {
             Some(seq) => (seq + 1, false),
             None if epoch == 0 => (1, true),
-            None => (self.numbered(job_id).await.n + 1, false),
+            None => match self.numbered(job_id).await {
+                // The log is gone (Redis lost it since the claim's fence): a new run, above
+                // every seq an earlier run gave, as the fence would number it, so that
+                // watchers at a higher seq are not silenced.
+                EventId { ms: 0, n: 0 } => (scripts::run_base(epoch) + 1, false),
+                at => (at.n + 1, false),
+            },
         })
     }
 
