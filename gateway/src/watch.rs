@@ -166,6 +166,13 @@ impl Watches {
         .await;
         if let Started::Failed(code, message) = started.borrow().clone() {
             self.forget(&caller.user, job_id, &feed);
+            // A feed's start is its first client's request: a failure of it (that client's
+            // resume id was refused, say) is that request's. A client that joined from another
+            // position asks for itself.
+            let started_after = feed.shared.ring.lock().expect("ring lock poisoned").start_after.clone();
+            if started_after.as_deref() != after {
+                return Err(Refused::OutsideWindow);
+            }
             return Err(Refused::Upstream(Status::new(code, message)));
         }
         let ring = feed.shared.ring.lock().expect("ring lock poisoned");

@@ -464,6 +464,32 @@ async fn a_resume_at_the_final_event_gets_the_end_again_from_a_new_feed() {
 }
 
 #[tokio::test]
+async fn a_resume_refused_for_its_id_does_not_refuse_a_client_that_joined_its_feed() {
+    // The first client resumes with another job's id (refused by ingest, a moment later); a
+    // second client of the same job, with an id of its own, joins that feed meanwhile: the
+    // refusal is the first client's alone.
+    let env = start().await;
+    let events = |last: &'static str| {
+        env.http
+            .get(env.url(&format!("/api/v1/scan/{DONE_JOB}/events")))
+            .header("last-event-id", last)
+            .send()
+    };
+    let foreign = events("9999999999999-19");
+    let own = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        events("1700000000000-2").await
+    };
+    let (foreign, own) = tokio::join!(foreign, own);
+    assert_eq!(foreign.unwrap().status(), StatusCode::BAD_REQUEST);
+    let own = own.unwrap();
+    assert_eq!(own.status(), StatusCode::OK);
+    let got = parse_sse(&own.text().await.unwrap());
+    assert_eq!(got.first().and_then(|e| e.id.as_deref()), Some("1700000000000-3"));
+    assert_eq!(got.last().map(SseEvent::name), Some("ready"), "{got:?}");
+}
+
+#[tokio::test]
 async fn watch_rejects_a_malformed_last_event_id_before_calling_ingest() {
     let env = start().await;
     for bad in ["42", "abc-1", "1-2-3", "-1"] {

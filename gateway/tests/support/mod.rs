@@ -302,6 +302,15 @@ impl ScanService for FakeIngest {
         self.calls.acting_user("watch", &req)?;
         let msg = req.into_inner();
         *self.calls.last_watch.lock().unwrap() = Some(msg.clone());
+        // An id of another job (here: any id of the year 2286), refused as the real ingest
+        // does, a moment later, so that other clients can join the feed meanwhile.
+        if msg.after_event_id.starts_with("9999999999999-") {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            return Err(Status::invalid_argument(format!(
+                "event id {} is not an event of job {}",
+                msg.after_event_id, msg.job_id
+            )));
+        }
         let events = match msg.job_id.as_str() {
             DONE_JOB => success_events(DONE_JOB),
             FAILED_JOB => failed_events(FAILED_JOB),
