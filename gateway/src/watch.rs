@@ -169,7 +169,13 @@ impl Watches {
             // A feed's start is its first client's request: a failure of it (that client's
             // resume id was refused, say) is that request's. A client that joined from another
             // position asks for itself.
-            let started_after = feed.shared.ring.lock().expect("ring lock poisoned").start_after.clone();
+            let started_after = feed
+                .shared
+                .ring
+                .lock()
+                .expect("ring lock poisoned")
+                .start_after
+                .clone();
             if started_after.as_deref() != after {
                 return Err(Refused::OutsideWindow);
             }

@@ -485,7 +485,10 @@ async fn a_resume_refused_for_its_id_does_not_refuse_a_client_that_joined_its_fe
     let own = own.unwrap();
     assert_eq!(own.status(), StatusCode::OK);
     let got = parse_sse(&own.text().await.unwrap());
-    assert_eq!(got.first().and_then(|e| e.id.as_deref()), Some("1700000000000-3"));
+    assert_eq!(
+        got.first().and_then(|e| e.id.as_deref()),
+        Some("1700000000000-3")
+    );
     assert_eq!(got.last().map(SseEvent::name), Some("ready"), "{got:?}");
 }
 

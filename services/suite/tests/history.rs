@@ -365,6 +365,9 @@ async fn run(layout: Layout) {
     // The scans, at an even pace.
     let http = reqwest::Client::new();
     let jobs: Arc<Mutex<Vec<String>>> = Arc::default();
+    // One more scan whenever a fault that acts on a running job finds none free (the planned
+    // scans may all have ended by then), so that every fault is injected.
+    let (more, mut more_wanted) = tokio::sync::mpsc::unbounded_channel::<()>();
     let scans = {
         let (http, gateway, observer, jobs) = (
             http.clone(),
@@ -376,8 +379,8 @@ async fn run(layout: Layout) {
         tokio::spawn(async move {
             let mut each = tokio::task::JoinSet::new();
             let mut tick = tokio::time::interval(SUBMIT_OVER / SCANS as u32);
-            for i in 0..SCANS {
-                tick.tick().await;
+            let mut i = 0;
+            let start = |each: &mut tokio::task::JoinSet<_>, i: usize| {
                 each.spawn(scan(
                     i,
                     seed,
@@ -387,6 +390,16 @@ async fn run(layout: Layout) {
                     jobs.clone(),
                     format!("{prefix}{i}"),
                 ));
+            };
+            while i < SCANS {
+                tick.tick().await;
+                start(&mut each, i);
+                i += 1;
+            }
+            // Closed when the faults are done.
+            while more_wanted.recv().await.is_some() {
+                start(&mut each, i);
+                i += 1;
             }
             each.join_all().await
         })
@@ -398,6 +411,7 @@ async fn run(layout: Layout) {
     let mut timeline = Vec::new();
     let mut outages = Vec::new();
     let mut taken = Vec::new();
+    let mut not_injected: Vec<String> = Vec::new();
     tokio::time::sleep(rng.between(Duration::from_secs(3), Duration::from_secs(5))).await;
     for fault in &faults {
         let at = started.elapsed();
@@ -413,15 +427,24 @@ async fn run(layout: Layout) {
             lease: LEASE,
             taken: &mut taken,
         };
+        if let Some(early) = fault.needs_job()
+            && !faults::a_job_is_free(&observer, targets.taken, early)
+        {
+            let _ = more.send(());
+        }
         match faults::inject(*fault, &mut targets).await {
             Ok((what, outage)) => {
                 timeline.push(format!("{at:.1?} {fault:?}: {what}"));
                 outages.extend(outage);
             }
-            Err(e) => timeline.push(format!("{at:.1?} {fault:?} NOT INJECTED: {e}")),
+            Err(e) => {
+                not_injected.push(format!("{fault:?}"));
+                timeline.push(format!("{at:.1?} {fault:?} NOT INJECTED: {e}"));
+            }
         }
         tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_secs(2))).await;
     }
+    drop(more);
     let scans = scans.await.expect("the scans");
     observer.await_finals(Duration::from_secs(15)).await;
     observing.abort();
@@ -524,9 +547,14 @@ async fn run(layout: Layout) {
     use std::sync::atomic::Ordering::Relaxed;
     println!(
         "history checker ({}, seed {seed}): {submitted} scans, {clients} clients, {events} events, \
-         {resumes} resumes ({drops} drops), {} faults + {} model streams cut of {} answer calls, {} violations {by_rule:?} in {:.1?}",
+         {resumes} resumes ({drops} drops), {} faults injected{} + {} model streams cut of {} answer calls, {} violations {by_rule:?} in {:.1?}",
         layout.name(),
-        timeline.len(),
+        timeline.len() - not_injected.len(),
+        if not_injected.is_empty() {
+            String::new()
+        } else {
+            format!(" (not injected: {})", not_injected.join(", "))
+        },
         calls.cut.load(Relaxed),
         calls.answer.load(Relaxed),
         violations.len(),

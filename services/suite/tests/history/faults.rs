@@ -28,6 +28,29 @@ pub enum Fault {
     MoveSlot,
 }
 
+impl Fault {
+    /// Whether it acts on a running job, and on one that has not reached its answer yet (the
+    /// run submits one more scan for it when no such job is free).
+    pub fn needs_job(self) -> Option<bool> {
+        match self {
+            Self::WrongType => Some(false),
+            Self::MoveSlot => Some(true),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a running job is there that no fault has picked yet (`early`: one that has not
+/// reached its answer).
+pub fn a_job_is_free(observer: &Observer, taken: &[String], early: bool) -> bool {
+    observer.all().iter().any(|(j, s)| {
+        !taken.contains(j)
+            && s.ended_at().is_none()
+            && !s.log.is_empty()
+            && (!early || !s.answering())
+    })
+}
+
 /// The nodes of the test's Redis, for commands that go to each (`CONFIG`, `CLIENT PAUSE`,
 /// `CLUSTER`).
 pub struct Nodes {
