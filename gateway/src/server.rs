@@ -9,7 +9,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
     time::{Duration, Instant},
@@ -75,6 +75,7 @@ pub(crate) async fn serve(
     let conn = Arc::new(ConnLimits {
         builder,
         first_byte: limits.first_byte_timeout,
+        first_request: limits.header_timeout,
         idle: limits.idle_timeout,
     });
     loop {
@@ -135,6 +136,9 @@ pub(crate) async fn serve(
 struct ConnLimits {
     builder: Builder<TokioExecutor>,
     first_byte: Duration,
+    /// From the first byte to the first whole request (an HTTP/1 head, or an HTTP/2 preface,
+    /// settings and request headers): what hyper's header timeout does for HTTP/1 alone.
+    first_request: Duration,
     idle: Duration,
 }
 
@@ -169,12 +173,23 @@ async fn serve_connection<H: Send>(
         .serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(connection);
     let mut closing = false;
+    let first_request_by = tokio::time::Instant::now() + limits.first_request;
     loop {
         tokio::select! {
             ended = connection.as_mut() => {
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
+                return;
+            }
+            () = tokio::time::sleep_until(first_request_by), if !activity.started() => {
+                // (A request that arrived while this branch waited: go on without it.)
+                if activity.started() {
+                    continue;
+                }
+                // A partial HTTP/2 preface or settings that stop: nothing to shut down
+                // gracefully, the connection is dropped.
+                tracing::debug!(remote = %peer.remote, "closing a connection that sent no whole request in time");
                 return;
             }
             () = shutdown.cancelled(), if !closing => {
@@ -196,6 +211,8 @@ async fn serve_connection<H: Send>(
 struct Activity {
     in_flight: AtomicUsize,
     last_end: Mutex<Instant>,
+    /// A whole request has arrived on the connection.
+    started: AtomicBool,
 }
 
 impl Default for Activity {
@@ -203,14 +220,20 @@ impl Default for Activity {
         Self {
             in_flight: AtomicUsize::new(0),
             last_end: Mutex::new(Instant::now()),
+            started: AtomicBool::new(false),
         }
     }
 }
 
 impl Activity {
     fn begin(self: &Arc<Self>) -> InFlight {
+        self.started.store(true, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self.clone())
+    }
+
+    fn started(&self) -> bool {
+        self.started.load(Ordering::Relaxed)
     }
 
     /// Resolves once the connection has had no request in flight for `idle`.

@@ -699,3 +699,46 @@ async fn a_body_is_read_only_from_an_authenticated_caller_and_within_its_share()
     assert_ne!(other.status(), StatusCode::PAYLOAD_TOO_LARGE);
     drop(first);
 }
+
+#[tokio::test]
+async fn a_connection_that_stops_inside_its_http2_preface_is_closed_within_the_header_timeout() {
+    use tokio::io::AsyncReadExt as _;
+    let env = start_with(|c| Config {
+        limits: Limits {
+            header_timeout: Duration::from_secs(2),
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let addr = env.base.trim_start_matches("http://").to_owned();
+    // Half a preface; then the whole preface and SETTINGS but no request. Neither is a
+    // request, and neither may hold a connection until the idle timeout (a minute).
+    let mut settings = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    settings.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    for sent in [b"PRI * HTTP/2.0\r\n".to_vec(), settings] {
+        let started = Instant::now();
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&sent).await.unwrap();
+        let closed = tokio::time::timeout(Duration::from_secs(15), async {
+            let mut buf = [0u8; 1024];
+            // The server's own SETTINGS may come first; then the end.
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "a connection that sent {} bytes and no request was still open after 15 s",
+            sent.len()
+        );
+        assert!(
+            started.elapsed() >= Duration::from_secs(1),
+            "closed only after its time"
+        );
+    }
+}

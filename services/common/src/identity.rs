@@ -21,7 +21,10 @@ pub fn is_admin(metadata: &MetadataMap) -> bool {
 /// Why a call has no usable user.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
-    #[error("the call names no user; send the acting user's id in `x-user-id` metadata")]
+    #[error(
+        "the call names no user: it carries no verified identity (the `x-ecoscan-identity` \
+         assertion, which sets `x-user-id`; `ecoscan token --grpc <service>` prints one)"
+    )]
     Missing,
     #[error(
         "the user id in `x-user-id` must be 1-128 characters of letters, digits, '_', '.', '@', \

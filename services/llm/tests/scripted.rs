@@ -398,7 +398,7 @@ async fn a_stream_ends_on_finish_reason_without_done_and_on_done_without_finish_
     let (base, server) = start().await;
     for scenario in ["finish-no-done", "done-no-finish", "finish-then-hang"] {
         let config = LlmConfig {
-            // `finish-then-hang` waits out one chunk timeout after its finish_reason.
+            // `finish-then-hang` waits a moment after its finish_reason (below the timeout).
             timeout: Duration::from_secs(2),
             ..config(&base, scenario)
         };
@@ -414,6 +414,23 @@ async fn a_stream_ends_on_finish_reason_without_done_and_on_done_without_finish_
         }
     }
     assert_eq!(server.hits(), 3, "nothing was retried");
+}
+
+#[tokio::test]
+async fn a_stream_that_stays_open_after_its_finish_reason_completes_without_waiting_out_the_timeout()
+ {
+    // The chunk timeout is 30 s here; the answer is whole at its finish_reason, and only the
+    // usage chunk and [DONE], which never come, are waited for a moment.
+    let (base, server) = start().await;
+    let (text, end) = tokio::time::timeout(
+        Duration::from_secs(15),
+        read_answer(&llm(config(&base, "finish-then-hang"))),
+    )
+    .await
+    .expect("the answer completes soon after its finish_reason, not after the chunk timeout");
+    end.expect("a complete answer");
+    assert_eq!(text, "Rinse the bottle, remove the label.");
+    assert_eq!(server.hits(), 1, "nothing was retried");
 }
 
 #[tokio::test]

@@ -392,3 +392,137 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
         "{inbox:#?}"
     );
 }
+
+/// Runs grpcurl expecting the call to fail; returns what it printed (stdout and stderr).
+async fn grpcurl_refused(args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("grpcurl")
+            .arg("-plaintext")
+            .args(["-max-time", "30"])
+            .args(&args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run grpcurl ({e}): `{INSTALL}`"));
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success(),
+            "grpcurl {args:?} was expected to fail:\n{printed}"
+        );
+        printed
+    })
+    .await
+    .expect("grpcurl thread")
+}
+
+/// An assertion signed with `key` for `service`, expiring `exp` (Unix seconds).
+fn assertion(key: &[u8], user: &str, admin: bool, service: &str, exp: u64) -> String {
+    #[derive(serde::Serialize)]
+    struct Claims<'a> {
+        sub: &'a str,
+        adm: bool,
+        aud: &'a str,
+        exp: u64,
+    }
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &Claims {
+            sub: user,
+            adm: admin,
+            aud: service,
+            exp,
+        },
+        &jsonwebtoken::EncodingKey::from_secret(key).unwrap(),
+    )
+    .unwrap();
+    format!("{}: {token}", ecoscan_common::assertion::ASSERTION_HEADER)
+}
+
+#[tokio::test]
+async fn a_caller_that_reaches_a_service_port_is_nobody_without_a_valid_assertion() {
+    let suite = TestSuite::start().await;
+    let a = suite.running.addrs;
+    let (analytics, notification) = (a.analytics.to_string(), a.notification.to_string());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let key = std::fs::read(suite.data_dir.path().join("identity-key")).unwrap();
+
+    // Plain metadata naming a user and the admin role is dropped: the call acts for nobody.
+    let raw = grpcurl_refused(&[
+        "-H",
+        "x-user-id: mallory",
+        "-H",
+        "x-user-roles: admin",
+        "-d",
+        "{}",
+        &analytics,
+        "ecoscan.v1.AnalyticsService/Usage",
+    ])
+    .await;
+    assert!(raw.contains("PermissionDenied"), "{raw}");
+    let raw = grpcurl_refused(&[
+        "-H",
+        "x-user-id: mallory",
+        "-d",
+        r#"{"title": "hi", "body": "from nowhere"}"#,
+        &notification,
+        "ecoscan.v1.NotificationService/Notify",
+    ])
+    .await;
+    assert!(raw.contains("names no user"), "{raw}");
+
+    // Assertions that do not hold: for another service, expired, signed with another key,
+    // not a token at all.
+    let service = "ecoscan.v1.AnalyticsService";
+    for (what, header) in [
+        (
+            "for another service",
+            suite.grpc_identity("ops", true, "ecoscan.v1.RewardService"),
+        ),
+        (
+            "expired",
+            assertion(&key, "ops", true, service, now.saturating_sub(600)),
+        ),
+        (
+            "signed with another key",
+            assertion(
+                b"an attacker's own key, 32 bytes or more",
+                "ops",
+                true,
+                service,
+                now + 60,
+            ),
+        ),
+        (
+            "not a token",
+            format!("{}: nonsense", ecoscan_common::assertion::ASSERTION_HEADER),
+        ),
+    ] {
+        let out = grpcurl_refused(&[
+            "-H",
+            &header,
+            "-d",
+            "{}",
+            &analytics,
+            "ecoscan.v1.AnalyticsService/Usage",
+        ])
+        .await;
+        assert!(out.contains("Unauthenticated"), "{what}: {out}");
+    }
+    // The same signed the suite's way is believed.
+    let ok = grpcurl(&[
+        "-H",
+        &assertion(&key, "ops", true, service, now + 60),
+        "-d",
+        "{}",
+        &analytics,
+        "ecoscan.v1.AnalyticsService/Usage",
+    ])
+    .await;
+    assert!(messages(&ok)[0]["since"].is_string(), "{ok}");
+}

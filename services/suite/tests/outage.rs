@@ -139,6 +139,16 @@ async fn with_analytics_stopped_the_gateway_stays_ready_scans_succeed_and_usage_
         .expect("usage request");
     assert_unavailable(res, "analytics").await;
 
+    // Nor do the services that call analytics leave their Services: their gRPC health is
+    // their own state, SERVING while a peer is down.
+    for (service, name) in [
+        (Service::Vision, "ecoscan.v1.VisionService"),
+        (Service::Answer, "ecoscan.v1.AnswerService"),
+        (Service::Ingest, "ecoscan.v1.ScanService"),
+    ] {
+        ecoscan_common::testing::assert_health_and_reflection(&cluster.uri(service), name).await;
+    }
+
     // Still ready after all that.
     let res = http
         .get(cluster.gateway_admin_url("/readyz"))

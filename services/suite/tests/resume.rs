@@ -318,7 +318,14 @@ async fn a_resume_after_the_log_expired_says_so_and_ends_with_the_end_from_the_r
     let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(names, ["resync", "ready"], "{events:#?}");
     assert_eq!(events[0].data["reason"], "log_expired");
-    assert_eq!(events[0].id, None, "no position left to name");
+    // The row recorded where the log's final event stood: the end keeps that id, and the
+    // resync names the position before it (the log's last event before its end).
+    assert_eq!(
+        events[1].id,
+        all.last().unwrap().id,
+        "the end at its own id"
+    );
+    assert_eq!(events[0].id, all[all.len() - 2].id);
     assert_eq!(events[1].data["result_url"], format!("/api/v1/scan/{job}"));
 }
 

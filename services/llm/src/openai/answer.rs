@@ -84,6 +84,10 @@ pub(crate) async fn answer_task(
     }
 }
 
+/// How long a stream may stay open after its `finish_reason` (for the usage chunk and
+/// `[DONE]`) before the answer counts as complete without them.
+const AFTER_FINISH: Duration = Duration::from_secs(2);
+
 /// Reads one response's stream, passing deltas on as they come.
 async fn read(
     admitted: Admitted,
@@ -98,7 +102,21 @@ async fn read(
     let mut events = super::stream::sse_events(response.bytes_stream(), timeout);
     let mut finished: Option<String> = None;
     loop {
-        let batch = match events.next().await {
+        let next = match finished {
+            None => events.next().await,
+            // After `finish_reason` only the usage chunk and `[DONE]` are to come: a server
+            // that keeps the stream open without them has still answered, within a moment.
+            Some(_) => match tokio::time::timeout(AFTER_FINISH, events.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    tracing::warn!(
+                        "answer stream stayed open after its finish_reason; the text is complete"
+                    );
+                    return Read::Complete;
+                }
+            },
+        };
+        let batch = match next {
             Some(Ok(batch)) => batch,
             // After `finish_reason` the text is whole; only the usage chunk and `[DONE]` were
             // still to come, and a server that breaks off there has still answered.
