@@ -198,6 +198,90 @@ try {
   assert.match(await page.textContent("#error-title"), /사진 파일이 아니에요/);
   step("a text file: 415 shown, in English and Korean");
 
+  // 4. The event contract's harder turns, as the page follows them: a retried answer stage
+  // (`restarted`: the first run's text is void), a resume at the final position after the
+  // stream broke (the end again, at the id the page has: it must end, not loop), and a
+  // `resync` (the page takes the job's state from its result). The gateway's stream is
+  // replaced by one written here, for the job the page really submitted.
+  await page.setInputFiles("#image", PHOTO);
+  const frame = (event, id, data) => `event: ${event}\nid: ${id}\ndata: ${JSON.stringify(data)}\n\n`;
+  let turn = 0;
+  let releaseEnd;
+  const endHeld = new Promise((resolve) => { releaseEnd = resolve; });
+  const asked = [];
+  await page.route("**/api/v1/scan/*/events", async (route) => {
+    const job = new URL(route.request().url()).pathname.split("/")[4];
+    asked.push(route.request().headers()["last-event-id"] ?? null);
+    const ms = "1800000000000";
+    const ev = (seq, stage, status, extra = {}) => ({
+      event_id: `${ms}-${seq}`, job_id: job, seq, stage, status, progress: seq / 20, message: "",
+      ts: new Date().toISOString(), trace_id: "", ...extra,
+    });
+    turn += 1;
+    if (turn === 1) {
+      const body = [
+        frame("stage", `${ms}-1`, ev(1, "queued", "completed")),
+        frame("stage", `${ms}-2`, ev(2, "answer", "started")),
+        frame("delta", `${ms}-3`, ev(3, "answer", "delta", { delta: "void text ", offset: 0 })),
+        frame("stage", `${ms}-4`, ev(4, "answer", "restarted")),
+        frame("delta", `${ms}-5`, ev(5, "answer", "delta", { delta: "Good", offset: 0 })),
+        frame("delta", `${ms}-6`, ev(6, "answer", "delta", { delta: " text", offset: 4 })),
+      ].join("");
+      // The stream breaks here (the body ends without the job's end): the page resumes.
+      return route.fulfill({ status: 200, headers: { "content-type": "text/event-stream" }, body });
+    }
+    // The resume gets the job's end at the position it has already (as an end rebuilt from the
+    // row may stand), once the test has looked at the streamed text.
+    await endHeld;
+    const body = frame("ready", `${ms}-6`, ev(6, "done", "completed", { result_url: `/api/v1/scan/${job}` }));
+    return route.fulfill({ status: 200, headers: { "content-type": "text/event-stream" }, body });
+  });
+  await page.click("#submit");
+  await page.waitForFunction(() => document.querySelector("#answer").textContent === "Good text");
+  assert.ok(!(await page.textContent("#answer")).includes("void"), "the restarted run's text is gone");
+  assert.match(await page.textContent("#log-list"), /restarted|다시/, "the restart is noted in the log");
+  releaseEnd();
+  await page.waitForSelector("body[data-scan-state=done]", { timeout: 30_000 });
+  assert.deepEqual(asked, [null, "1800000000000-6"], "resumed once, at its last id");
+  await page.waitForTimeout(1500);
+  assert.equal(turn, 2, "no reconnect after the end, though it repeated the page's last id");
+  step("a restarted answer shown as its second run; a resume at the final id ended the scan");
+  await page.unroute("**/api/v1/scan/*/events");
+
+  // A gap the log cannot fill: the page redraws the scan from its result and ends with it.
+  await page.setInputFiles("#image", PHOTO);
+  await page.route("**/api/v1/scan/*/events", async (route) => {
+    const job = new URL(route.request().url()).pathname.split("/")[4];
+    const ms = "1800000000000";
+    const ev = (seq, stage, status, extra = {}) => ({
+      event_id: `${ms}-${seq}`, job_id: job, seq, stage, status, progress: 0.5, message: "",
+      ts: new Date().toISOString(), trace_id: "", ...extra,
+    });
+    const real = await (await route.fetch()).text();
+    const ready = real.split("\n\n").find((f) => f.startsWith("event: ready"));
+    assert.ok(ready, "the real stream ends with ready");
+    const body = [
+      frame("stage", `${ms}-1`, ev(1, "queued", "completed")),
+      frame("delta", `${ms}-2`, ev(2, "answer", "delta", { delta: "a preview that was lost", offset: 0 })),
+      frame("resync", `${ms}-30`, {
+        job_id: job, reason: "events_lost", event_id: `${ms}-30`, seq: 30, after_event_id: `${ms}-2`,
+        result_url: `/api/v1/scan/${job}`, message: "events after your position are no longer in the job's log",
+      }),
+    ].join("") + ready + "\n\n";
+    return route.fulfill({ status: 200, headers: { "content-type": "text/event-stream" }, body });
+  });
+  await page.click("#submit");
+  await page.waitForSelector("body[data-scan-state=done]", { timeout: 30_000 });
+  await page.unroute("**/api/v1/scan/*/events");
+  const resynced = await scanState(page);
+  const stored = await page.evaluate(
+    async ([url, token]) => (await fetch(url, { headers: { Authorization: `Bearer ${token}` } })).json(),
+    [resynced.resultUrl, TOKEN],
+  );
+  await page.waitForFunction((text) => document.querySelector("#answer").textContent === text, stored.answer.text);
+  assert.match(await page.textContent("#log-list"), /events_lost/, "the gap is noted in the log");
+  step("a resync: the page took the job's state from its result");
+
   assert.deepEqual(problems, [], "no page errors, no traffic beyond the gateway");
   log(`ok in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
 } finally {

@@ -43,6 +43,7 @@ const MIB: usize = 1024 * 1024;
 /// | `GATEWAY_BODY_TIMEOUT` / `GATEWAY_BODY_MIN_RATE` | `60s` / `16384` | a body must arrive within this, and at least this many bytes per second (checked every 5 s) |
 /// | `GATEWAY_CORS_ORIGINS` | unset (no CORS) | comma-separated origins allowed to call the API from a browser |
 /// | `GATEWAY_JAEGER_URL` | unset | Jaeger UI base URL; the demo page links each scan's trace to `<url>/trace/<trace_id>` |
+/// | `GATEWAY_RESULT_CACHE_BYTES` / `GATEWAY_RESULT_CACHE_TTL` | `64MiB` (67108864) / `10m` | succeeded results kept in memory per gateway (bytes) and for how long, served without calling ingest; also their `max-age` |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub ingest_url: String,
@@ -66,6 +67,10 @@ pub struct Config {
     pub cors_origins: Vec<String>,
     /// Where the demo page links a scan's trace id (a Jaeger UI); no link when unset.
     pub jaeger_url: Option<String>,
+    /// Bytes of succeeded results kept for serving again (0: none kept).
+    pub result_cache_bytes: u64,
+    /// How long a kept result is served (and how long a browser may keep it).
+    pub result_cache_ttl: std::time::Duration,
 }
 
 /// What one caller, and everyone together, may hold or send.
@@ -167,6 +172,8 @@ impl Default for Config {
             limits: Limits::default(),
             cors_origins: Vec::new(),
             jaeger_url: None,
+            result_cache_bytes: 64 * MIB as u64,
+            result_cache_ttl: std::time::Duration::from_secs(10 * 60),
         }
     }
 }
@@ -225,6 +232,8 @@ impl Config {
                 })
                 .unwrap_or_default(),
             jaeger_url: env_opt("GATEWAY_JAEGER_URL"),
+            result_cache_bytes: env_or("GATEWAY_RESULT_CACHE_BYTES", d.result_cache_bytes)?,
+            result_cache_ttl: env_duration("GATEWAY_RESULT_CACHE_TTL", d.result_cache_ttl)?,
         };
         config.validate().context("invalid gateway configuration")?;
         Ok(config)

@@ -34,6 +34,7 @@ mod input;
 mod limits;
 mod metrics;
 mod openapi;
+mod results;
 mod routes;
 mod server;
 mod sse;
@@ -106,6 +107,8 @@ pub(crate) struct AppState {
     sse: SseSlots,
     /// One upstream `Watch` per job, shared by its SSE clients.
     watches: watch::Watches,
+    /// Succeeded results, served without asking ingest again.
+    results: results::ResultCache,
     /// Cancelled at shutdown so long-lived SSE streams end and graceful shutdown can finish.
     shutdown: CancellationToken,
 }
@@ -159,6 +162,7 @@ impl AppState {
             auth,
             rate: RateLimits::new(&config.limits),
             sse: SseSlots::new(config.limits.max_sse, config.limits.max_sse_per_user),
+            results: results::ResultCache::new(config.result_cache_bytes, config.result_cache_ttl),
             shutdown,
             config: Arc::new(config),
         })

@@ -601,6 +601,86 @@ async fn a_broken_upstream_stream_ends_with_an_error_event_that_hides_internals(
 }
 
 #[tokio::test]
+async fn a_succeeded_result_is_kept_per_user_with_an_etag_and_revalidated_with_304() {
+    let env = start().await;
+    let get = |user: &'static str, etag: Option<String>| {
+        let mut req = env
+            .http
+            .get(env.url(&format!("/api/v1/scan/{DONE_JOB}")))
+            .header("x-user-id", user);
+        if let Some(tag) = etag {
+            req = req.header("if-none-match", tag);
+        }
+        req.send()
+    };
+    let calls = || {
+        env.calls
+            .get_result
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+
+    let first = get("ann", None).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let etag = first.headers()["etag"].to_str().unwrap().to_owned();
+    assert!(etag.starts_with('"'), "a strong tag: {etag}");
+    assert_eq!(
+        first.headers()["cache-control"],
+        "private, max-age=600, immutable"
+    );
+    assert_eq!(first.headers()["content-type"], "application/json");
+    let body = first.bytes().await.unwrap();
+    assert_eq!(calls(), 1);
+
+    // Again: the same bytes and tag, without asking ingest.
+    let again = get("ann", None).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(again.headers()["etag"].to_str().unwrap(), etag);
+    assert_eq!(again.bytes().await.unwrap(), body);
+    // The tag the caller has: 304, no body.
+    let not_modified = get("ann", Some(etag.clone())).await.unwrap();
+    assert_eq!(not_modified.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(not_modified.headers()["etag"].to_str().unwrap(), etag);
+    assert!(not_modified.bytes().await.unwrap().is_empty());
+    let other_tag = get("ann", Some("\"something else\"".into())).await.unwrap();
+    assert_eq!(other_tag.status(), StatusCode::OK);
+    assert_eq!(calls(), 1, "served from the cache");
+
+    // Another user is never served from ann's entry: ingest decides for them.
+    let bob = get("bob", None).await.unwrap();
+    assert_eq!(bob.status(), StatusCode::OK);
+    assert_eq!(calls(), 2);
+
+    // A failed result is not kept (its job may be requeued): a tag, revalidated each time.
+    let failed = |tag: Option<String>| {
+        let mut req = env
+            .http
+            .get(env.url(&format!("/api/v1/scan/{FAILED_JOB}")))
+            .header("x-user-id", "ann");
+        if let Some(tag) = tag {
+            req = req.header("if-none-match", tag);
+        }
+        req.send()
+    };
+    let f = failed(None).await.unwrap();
+    assert_eq!(f.headers()["cache-control"], "private, no-cache");
+    let tag = f.headers()["etag"].to_str().unwrap().to_owned();
+    let f2 = failed(Some(tag)).await.unwrap();
+    assert_eq!(f2.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(calls(), 4, "each failed read asks ingest");
+
+    // Pending: as before, never cached.
+    let pending = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{RUNNING_JOB}")))
+        .header("x-user-id", "ann")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pending.status(), StatusCode::ACCEPTED);
+    assert_eq!(pending.headers()["cache-control"], "no-store");
+}
+
+#[tokio::test]
 async fn result_is_202_while_running_and_200_once_finished() {
     let env = start().await;
     let res = env

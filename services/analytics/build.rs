@@ -1,5 +1,5 @@
-// `sqlx::migrate!` embeds `migrations/postgres/` at build time; a migration added there must
-// rebuild the crate.
+// The PostgreSQL migrations, embedded in the crate (see `ecoscan_sql_build`); a file added to
+// `migrations/postgres/` is picked up by the next build.
 fn main() {
-    println!("cargo:rerun-if-changed=migrations");
+    ecoscan_sql_build::embed_migrations("migrations/postgres");
 }

@@ -1,5 +1,4 @@
-// `sqlx::migrate!` embeds `test-migrations/` at build time (a test); a file added there must
-// rebuild the crate.
+// The test migrations, embedded as the services embed theirs (see `ecoscan_sql_build`).
 fn main() {
-    println!("cargo:rerun-if-changed=test-migrations");
+    ecoscan_sql_build::embed_migrations("test-migrations");
 }

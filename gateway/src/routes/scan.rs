@@ -1,5 +1,7 @@
 //! Scans: submit, submit-and-stream, result, and a job's event stream.
 
+use std::sync::Arc;
+
 use axum::{
     Json,
     extract::{
@@ -26,6 +28,7 @@ use crate::{
         ScanEvents, ScanForm, ScanJson, TooManyRequests, Unauthorized, Unavailable,
         UnsupportedMediaType,
     },
+    results::Finished,
     sse::{self, error_info_json, stage_name},
     watch::Refused,
 };
@@ -257,12 +260,26 @@ pub(crate) async fn completion(
     tag = "scans",
     operation_id = "getScanResult",
     summary = "A scan's result",
-    description = "The finished result (200), or where the job is while it runs (202 with \
-                   `Retry-After`).",
-    params(("id" = String, Path, format = "uuid", description = "The job's id (a UUID).")),
+    description = "The finished result (200, with a strong `ETag`; 304 when `If-None-Match` \
+                   names it), or where the job is while it runs (202 with `Retry-After`). A \
+                   succeeded result never changes: `Cache-Control: private, max-age=…, \
+                   immutable`.",
+    params(
+        ("id" = String, Path, format = "uuid", description = "The job's id (a UUID)."),
+        ("If-None-Match" = Option<String>, Header,
+            description = "The `ETag` of a result the caller has: 304 when it is still the result."),
+    ),
     responses(
         (status = 200, description = "The job has finished, successfully or not (`status`).",
-            body = crate::openapi::ScanResult),
+            body = crate::openapi::ScanResult,
+            headers(
+                ("ETag" = String, description = "A strong tag of this result's bytes."),
+                ("Cache-Control" = String, description = "`private, max-age=…, immutable` for a \
+                    succeeded result, `private, no-cache` for a failed one."),
+            )),
+        (status = 304, description = "The result the caller has (`If-None-Match`) is still \
+            the result; no body.",
+            headers(("ETag" = String, description = "The result's tag."))),
         (status = 202, description = "The job is queued or running.", body = ScanPending,
             headers(("Retry-After" = u64, description = "Seconds to wait before polling again."))),
         (status = 400, response = BadRequest),
@@ -277,9 +294,14 @@ pub(crate) async fn completion(
 pub(crate) async fn result(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = path_job_id(path)?;
+    // A succeeded result ingest gave this caller before: the same answer, without asking.
+    if let Some(kept) = state.results.get(&caller.user, &id).await {
+        return Ok(state.results.answer(&kept, &headers));
+    }
     let msg = GetResultRequest { job_id: id.clone() };
     let result = state
         .scan
@@ -308,8 +330,20 @@ pub(crate) async fn result(
             )
                 .into_response())
         }
-        Ok(JobStatus::Succeeded | JobStatus::Failed) => {
-            Ok((StatusCode::OK, Json(result_json(&result)?)).into_response())
+        Ok(status @ (JobStatus::Succeeded | JobStatus::Failed)) => {
+            let body = serde_json::to_vec(&result_json(&result)?).map_err(|e| {
+                ApiError::Internal(format!("failed to serialize a scan result: {e}"))
+            })?;
+            let finished = Arc::new(Finished::new(body.into()));
+            if status == JobStatus::Succeeded {
+                state
+                    .results
+                    .keep(&caller.user, &id, finished.clone())
+                    .await;
+                Ok(state.results.answer(&finished, &headers))
+            } else {
+                Ok(crate::results::answer_uncached(&finished, &headers))
+            }
         }
         Ok(JobStatus::Unspecified) | Err(_) => Err(ApiError::Internal(format!(
             "ingest returned job {id} with status {}",

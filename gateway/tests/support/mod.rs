@@ -364,7 +364,10 @@ impl ScanService for FakeIngest {
         let base = ScanResult {
             job_id: job_id.clone(),
             user_id: "local".into(),
-            created_at: Some(ecoscan_proto::now()),
+            // A job's own time: the same on every read, as ingest answers it.
+            created_at: Some(ecoscan_proto::timestamp(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+            )),
             ..ScanResult::default()
         };
         let result = match job_id.as_str() {

@@ -3,7 +3,9 @@
 //! goes to a bounded on-disk [`spool`] and is written to them when they recover, so an
 //! acknowledged call is never lost to a store outage.
 
+mod batch;
 mod error;
+mod metrics;
 pub mod spool;
 pub mod store;
 pub mod writer;

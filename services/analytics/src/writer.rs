@@ -8,10 +8,6 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use ecoscan_common::CancellationToken;
-use prometheus_client::metrics::{
-    counter::Counter,
-    histogram::{Histogram, exponential_buckets},
-};
 use tokio::{
     sync::{mpsc, oneshot},
     task::JoinHandle,
@@ -22,8 +18,10 @@ use tracing::Instrument;
 use bytes::Bytes;
 use ecoscan_objects::ObjectStore;
 
+pub use crate::{batch::Batch, metrics::WriterMetrics};
 use crate::{
-    spool::{PushError, Spool, SpoolMetrics},
+    metrics::SpoolMetrics,
+    spool::{PushError, Spool},
     store::{CallRow, CallStore},
 };
 
@@ -34,15 +32,6 @@ pub struct NewCall {
     pub row: CallRow,
     pub request_body: String,
     pub response_body: String,
-}
-
-/// A batch as it is written: its rows (body locations filled in) and the one object holding
-/// their bodies under `key` (empty when no call had a body).
-#[derive(Debug, Clone)]
-pub struct Batch {
-    pub key: String,
-    pub object: Bytes,
-    pub rows: Vec<CallRow>,
 }
 
 /// What a caller learns once its call's batch is settled.
@@ -337,59 +326,4 @@ fn ack_committed(rows: &[CallRow], acks: Vec<oneshot::Sender<Ack>>, mut inserted
 
 fn len_i64(n: usize) -> i64 {
     i64::try_from(n).expect("a batch object is far below i64::MAX bytes")
-}
-
-/// The writer's Prometheus series. Cheap to clone; clones share the series.
-#[derive(Clone, Debug)]
-pub struct WriterMetrics {
-    recorded: Counter,
-    batch_rows: Histogram,
-    commit: Histogram,
-}
-
-impl Default for WriterMetrics {
-    /// Series registered nowhere (for tests that do not scrape).
-    fn default() -> Self {
-        Self {
-            recorded: Counter::default(),
-            batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
-            commit: ecoscan_common::metrics::seconds_histogram(),
-        }
-    }
-}
-
-impl WriterMetrics {
-    /// Registers `analytics_calls_recorded_total`, `analytics_batch_rows` and
-    /// `analytics_commit_duration_seconds` in `metrics`.
-    pub fn register(metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
-        let this = Self::default();
-        let r = metrics.registry();
-        r.register(
-            "analytics_calls_recorded",
-            "LLM calls committed, directly or by a replay of the spool (repeats of a call id not counted)",
-            this.recorded.clone(),
-        );
-        r.register(
-            "analytics_batch_rows",
-            "Rows per committed batch (group commit)",
-            this.batch_rows.clone(),
-        );
-        r.register(
-            "analytics_commit_duration_seconds",
-            "Time to write a batch: its bodies object and its rows in one transaction",
-            this.commit.clone(),
-        );
-        this
-    }
-
-    fn committed(&self, rows: usize, inserted: usize, took: std::time::Duration) {
-        self.recorded.inc_by(inserted as u64);
-        self.batch_rows.observe(rows as f64);
-        self.commit.observe(took.as_secs_f64());
-    }
-
-    /// Counts the calls a replay of the spool inserted.
-    pub(crate) fn replayed(&self, inserted: usize) {
-        self.recorded.inc_by(inserted as u64);
-    }
 }

@@ -24,6 +24,7 @@ pub fn command(name: &'static str, about: &str, addr_var: &str, migrations: bool
         Ok(command) => command,
         Err(e) => e.exit(),
     };
+    raise_file_limit();
     // A bad identity key stops the start, instead of failing every call between services.
     if let Err(e) =
         crate::config::check_unknown_variables().and_then(|()| crate::assertion::check_env())
@@ -68,6 +69,17 @@ where
         Some("migrate") => Command::Migrate,
         _ => Command::Serve,
     })
+}
+
+/// Raises this process's open-file limit to its hard limit, as servers do (nginx's
+/// `worker_rlimit_nofile`, Go's runtime at start): every connection is a descriptor, and the
+/// soft limit many systems start processes with (1,024) would cap a gateway at about a
+/// thousand clients while the hard limit allows far more. Best effort: a process that may not
+/// raise it keeps what it has.
+pub fn raise_file_limit() {
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        eprintln!("could not raise the open-file limit: {e}");
+    }
 }
 
 /// Binds the address in `var` (default `default`) and logs where `service` listens.

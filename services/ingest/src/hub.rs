@@ -429,9 +429,10 @@ impl Watcher {
         Ok(Sent::More)
     }
 
-    /// Ends the watch with the job's final event, rebuilt from its row, if the job has
-    /// finished, at the final event's position ([`rebuilt_end`]): from the row when it has
-    /// recorded it, else from the log ([`Self::end_position`]).
+    /// Ends the watch if the job has finished: with what its log took since it was last read
+    /// (the final event among it), else with the final event rebuilt from its row at that
+    /// event's position ([`rebuilt_end`]): from the row when it has recorded it, else from the
+    /// log ([`Self::end_position`]).
     async fn end_if_finished(&mut self) -> Result<Sent, Status> {
         let row = self
             .stores()
@@ -442,6 +443,12 @@ impl Watcher {
         let Some(row) = row.filter(Job::is_terminal) else {
             return Ok(Sent::More);
         };
+        // The job may have run and finished since the log was read: what it appended comes
+        // first, so that a gap below is one the log really has.
+        let events = self.read_log().await?;
+        if let Sent::Ended = self.send_all(events).await {
+            return Ok(Sent::Ended);
+        }
         let end = match self.end_from_row(&row) {
             Some(end) => Some(end),
             None => self.end_position().await?,

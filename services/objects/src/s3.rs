@@ -85,7 +85,14 @@ fn s3_err<E: std::error::Error + 'static, R: std::fmt::Debug>(e: SdkError<E, R>)
 impl S3ObjectStore {
     /// Builds the client, checks that the endpoint answers, and creates the bucket when missing.
     pub async fn connect(config: S3Config) -> Result<Self, ObjectError> {
+        // HTTPS on rustls with ring, as every TLS client and server of the suite.
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http)
             .region(Region::new(config.region.clone()))
             .timeout_config(
                 TimeoutConfig::builder()

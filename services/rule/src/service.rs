@@ -15,8 +15,8 @@ use ecoscan_common::metrics::{Labels1, Metrics};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
 use crate::{
-    Error,
     dataset::{Dataset, Locale},
+    error::Error,
 };
 
 /// The gRPC service: answers every request from the dataset loaded at startup.

@@ -180,11 +180,42 @@ pub async fn open_sqlite(url: &str, schema: &'static str) -> Result<SqlitePool, 
     Ok(pool)
 }
 
-/// `migrator` (a service's `sqlx::migrate!` of its `migrations/postgres/` directory: files
-/// `<version>_<description>.sql`, embedded at build time) recording what it applied in
-/// `table`: each service has its own table, so services sharing one database (through
-/// `DATABASE_URL`) never mistake each other's versions for theirs.
-pub fn tracked_in(table: &'static str, mut migrator: Migrator) -> Migrator {
+/// The migrator of a service's migration files (`<version>_<description>.sql`, embedded at
+/// build time by `ecoscan_sql_build::embed_migrations` as (file name, contents) pairs),
+/// recording what it applied in `table`: each service has its own table, so services sharing
+/// one database (through `DATABASE_URL`) never mistake each other's versions for theirs.
+/// Versions, descriptions and checksums are the ones sqlx's `migrate!` gives the same files, so
+/// a database migrated by either is current for the other.
+///
+/// # Panics
+///
+/// On a file name without a numeric version prefix: the build embedded something that is not a
+/// migration.
+pub fn embedded(table: &'static str, files: &'static [(&'static str, &'static str)]) -> Migrator {
+    use sqlx::{
+        SqlSafeStr as _,
+        migrate::{Migration, MigrationType},
+    };
+    let migrations = files
+        .iter()
+        .map(|(name, sql)| {
+            let (version, rest) = name
+                .split_once('_')
+                .and_then(|(v, rest)| Some((v.parse::<i64>().ok()?, rest)))
+                .unwrap_or_else(|| {
+                    panic!("migration {name:?} is not named <version>_<description>.sql")
+                });
+            let description = rest.trim_end_matches(".sql").replace('_', " ");
+            Migration::new(
+                version,
+                description.into(),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                sql.starts_with("-- no-transaction"),
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(table);
     migrator
 }
@@ -302,9 +333,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn embedded_migrations_are_the_ones_sqlx_reads_from_the_directory() {
+        // What sqlx's `migrate!` (and its run-time reader) makes of the same files: equal
+        // versions, descriptions and checksums, so databases migrated either way agree.
+        let embedded = embedded("_t", include!(concat!(env!("OUT_DIR"), "/migrations.rs")));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("test-migrations");
+        let read = Migrator::new(dir).await.unwrap();
+        let summary = |m: &Migrator| -> Vec<(i64, String, Vec<u8>, bool)> {
+            m.iter()
+                .map(|x| {
+                    (
+                        x.version,
+                        x.description.to_string(),
+                        x.checksum.to_vec(),
+                        x.no_tx,
+                    )
+                })
+                .collect()
+        };
+        assert!(!summary(&read).is_empty());
+        assert_eq!(summary(&embedded), summary(&read));
+    }
+
+    #[tokio::test]
     async fn migrations_apply_once_into_their_own_table() {
         let schema = testing::PgSchema::create().await;
-        let m = tracked_in("_sql_test_migrations", sqlx::migrate!("./test-migrations"));
+        let m = embedded(
+            "_sql_test_migrations",
+            include!(concat!(env!("OUT_DIR"), "/migrations.rs")),
+        );
         let pool = connect_postgres(&schema.url, 2, &m).await.unwrap();
         let again = connect_postgres(&schema.url, 2, &m).await.unwrap();
         let n: i64 = sqlx::query("SELECT COUNT(*) FROM _sql_test_migrations")

@@ -250,6 +250,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // A misspelt or removed setting stops the start rather than being ignored.
     ecoscan_common::config::check_unknown_variables()?;
+    ecoscan_common::binary::raise_file_limit();
     let args = match cli.command {
         Command::Up(args) => args,
         Command::Serve(args) => return serve(args.service).await,

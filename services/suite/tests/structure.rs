@@ -39,8 +39,6 @@ const REVIEWED_LONG_MODULES: &[&str] = &[
     "bench/src/bin/notification-delivery.rs",
     "bench/src/bin/sse-fanout.rs",
     "gateway/src/openapi.rs",
-    "services/analytics/src/spool.rs",
-    "services/rule/src/dataset.rs",
     "services/suite/src/lib.rs",
 ];
 

@@ -19,9 +19,9 @@ const MAX_CONNECTIONS: u32 = 16;
 /// Ingest's migrations, tracked in their own table so services sharing one database never
 /// mistake each other's versions for theirs.
 pub fn migrator() -> Migrator {
-    ecoscan_sql::tracked_in(
+    ecoscan_sql::embedded(
         "_ingest_migrations",
-        sqlx::migrate!("./migrations/postgres"),
+        include!(concat!(env!("OUT_DIR"), "/migrations.rs")),
     )
 }
 

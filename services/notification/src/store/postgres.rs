@@ -11,9 +11,9 @@ const MAX_CONNECTIONS: u32 = 10;
 /// The notification schema's migrations, tracked in their own table so services sharing one
 /// database (through `DATABASE_URL`) never mistake each other's versions for theirs.
 pub fn migrator() -> Migrator {
-    ecoscan_sql::tracked_in(
+    ecoscan_sql::embedded(
         "_notification_migrations",
-        sqlx::migrate!("./migrations/postgres"),
+        include!(concat!(env!("OUT_DIR"), "/migrations.rs")),
     )
 }
 

@@ -1,0 +1,129 @@
+//! The Prometheus series of the writer and of the spool. Each side counts into the other's (the
+//! replayer records calls in the writer's series, the writer counts refusals in the spool's),
+//! so both live here, in a module that imports neither.
+
+use prometheus_client::metrics::{
+    counter::Counter,
+    gauge::Gauge,
+    histogram::{Histogram, exponential_buckets},
+};
+
+/// The writer's Prometheus series. Cheap to clone; clones share the series.
+#[derive(Clone, Debug)]
+pub struct WriterMetrics {
+    recorded: Counter,
+    batch_rows: Histogram,
+    commit: Histogram,
+}
+
+impl Default for WriterMetrics {
+    /// Series registered nowhere (for tests that do not scrape).
+    fn default() -> Self {
+        Self {
+            recorded: Counter::default(),
+            batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            commit: ecoscan_common::metrics::seconds_histogram(),
+        }
+    }
+}
+
+impl WriterMetrics {
+    /// Registers `analytics_calls_recorded_total`, `analytics_batch_rows` and
+    /// `analytics_commit_duration_seconds` in `metrics`.
+    pub fn register(metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
+        let this = Self::default();
+        let r = metrics.registry();
+        r.register(
+            "analytics_calls_recorded",
+            "LLM calls committed, directly or by a replay of the spool (repeats of a call id not counted)",
+            this.recorded.clone(),
+        );
+        r.register(
+            "analytics_batch_rows",
+            "Rows per committed batch (group commit)",
+            this.batch_rows.clone(),
+        );
+        r.register(
+            "analytics_commit_duration_seconds",
+            "Time to write a batch: its bodies object and its rows in one transaction",
+            this.commit.clone(),
+        );
+        this
+    }
+
+    /// Counts a batch committed directly: its calls inserted, its rows, how long it took.
+    pub(crate) fn committed(&self, rows: usize, inserted: usize, took: std::time::Duration) {
+        self.recorded.inc_by(inserted as u64);
+        self.batch_rows.observe(rows as f64);
+        self.commit.observe(took.as_secs_f64());
+    }
+
+    /// Counts the calls a replay of the spool inserted.
+    pub(crate) fn replayed(&self, inserted: usize) {
+        self.recorded.inc_by(inserted as u64);
+    }
+}
+
+/// The spool's Prometheus series. Cheap to clone; clones share the series.
+#[derive(Clone, Debug, Default)]
+pub struct SpoolMetrics {
+    pub(crate) bytes: Gauge,
+    pub(crate) batches: Gauge,
+    pub(crate) spooled: Counter,
+    pub(crate) replayed: Counter,
+    pub(crate) full: Counter,
+    pub(crate) corrupt: Counter,
+    pub(crate) rejected: Counter,
+}
+
+impl SpoolMetrics {
+    /// Registers `analytics_spool_bytes`, `analytics_spool_batches`, `analytics_spooled_total`,
+    /// `analytics_spool_replayed_total`, `analytics_spool_full_total`,
+    /// `analytics_spool_corrupt_total` and `analytics_spool_rejected_total` in `metrics`.
+    pub fn register(metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
+        let this = Self::default();
+        let r = metrics.registry();
+        r.register(
+            "analytics_spool_bytes",
+            "Bytes of batches waiting in the spool for the stores",
+            this.bytes.clone(),
+        );
+        r.register(
+            "analytics_spool_batches",
+            "Batches waiting in the spool for the stores",
+            this.batches.clone(),
+        );
+        r.register(
+            "analytics_spooled",
+            "Batches written to the spool because the stores failed",
+            this.spooled.clone(),
+        );
+        r.register(
+            "analytics_spool_replayed",
+            "Spooled batches written to the stores and removed from the spool",
+            this.replayed.clone(),
+        );
+        r.register(
+            "analytics_spool_full",
+            "Calls refused with RESOURCE_EXHAUSTED because the stores failed and the spool was full",
+            this.full.clone(),
+        );
+        r.register(
+            "analytics_spool_corrupt",
+            "Unreadable spool files moved to corrupt/",
+            this.corrupt.clone(),
+        );
+        r.register(
+            "analytics_spool_rejected",
+            "Spooled batches the stores kept refusing while taking others, moved to rejected/",
+            this.rejected.clone(),
+        );
+        this
+    }
+
+    /// Counts `calls` refused because the spool was full.
+    pub(crate) fn refused(&self, calls: usize) {
+        self.full
+            .inc_by(u64::try_from(calls).expect("lengths fit in u64"));
+    }
+}

@@ -1,0 +1,159 @@
+use std::{fs, time::Duration};
+
+use bytes::Bytes;
+
+use super::{
+    files::{BATCH_SUFFIX, file_name, write_file},
+    format::{Crc, decode, encode_meta, file_len, len_u64},
+    queue::{PushError, Spool},
+    replay::backoff,
+};
+use crate::{batch::Batch, metrics::SpoolMetrics, store::CallRow};
+
+fn row(id: &str) -> CallRow {
+    CallRow {
+        call_id: id.into(),
+        service: "vision".into(),
+        provider: "mock".into(),
+        model: "모델".into(),
+        operation: "classify".into(),
+        input_tokens: 1,
+        output_tokens: -2,
+        latency_ms: 3.5,
+        ttft_ms: f64::MIN_POSITIVE,
+        status: 2,
+        error: "e".into(),
+        body_key: "k.bin".into(),
+        body_offset: 7,
+        request_len: 8,
+        response_len: 9,
+        job_id: "j".into(),
+        trace_id: String::new(),
+        started_at_us: i64::MIN,
+        recorded_at_us: i64::MAX,
+    }
+}
+
+fn file(batch: &Batch) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    write_file(
+        dir.path(),
+        1,
+        &encode_meta(&batch.key, &batch.rows),
+        &batch.object,
+    )
+    .unwrap();
+    let bytes = fs::read(dir.path().join(file_name(1))).unwrap();
+    assert_eq!(
+        len_u64(bytes.len()),
+        file_len(
+            encode_meta(&batch.key, &batch.rows).len(),
+            batch.object.len()
+        )
+    );
+    bytes
+}
+
+#[test]
+fn crc_is_the_ieee_one() {
+    let mut c = Crc::new();
+    c.update(b"123456789");
+    assert_eq!(c.finish(), 0xCBF4_3926);
+}
+
+#[test]
+fn a_batch_round_trips_and_any_damage_is_detected() {
+    let batch = Batch {
+        key: "0193.bin".into(),
+        object: Bytes::from_static("요청 응답".as_bytes()),
+        rows: vec![row("a"), row("b")],
+    };
+    let bytes = file(&batch);
+    let bytes = Bytes::from(bytes);
+    let back = decode(bytes.clone()).unwrap();
+    assert_eq!(back.key, batch.key);
+    assert_eq!(back.object, batch.object);
+    assert_eq!(back.rows, batch.rows);
+
+    for cut in [0, 7, 8, 20, bytes.len() / 2, bytes.len() - 1] {
+        assert!(decode(bytes.slice(..cut)).is_err(), "truncated at {cut}");
+    }
+    for flip in [8, 30, bytes.len() - 10, bytes.len() - 1] {
+        let mut bad = bytes.to_vec();
+        bad[flip] ^= 0x40;
+        assert!(decode(bad.into()).is_err(), "bit flipped at {flip}");
+    }
+    let mut longer = bytes.to_vec();
+    longer.push(0);
+    assert!(decode(longer.into()).is_err());
+}
+
+#[test]
+fn backoff_doubles_from_100ms_up_to_the_most() {
+    let max = Duration::from_secs(1);
+    let got: Vec<_> = (1..=6).map(|n| backoff(n, max).as_millis()).collect();
+    assert_eq!(got, [100, 200, 400, 800, 1000, 1000]);
+    assert_eq!(backoff(1000, max), max);
+    assert_eq!(
+        backoff(1, Duration::from_millis(20)),
+        Duration::from_millis(20)
+    );
+}
+
+#[tokio::test]
+async fn a_second_process_cannot_take_a_spool_in_use_and_leftovers_are_cleaned() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("00000000000000000007.batch.tmp"), b"half").unwrap();
+    fs::write(dir.path().join("notes.txt"), b"left alone").unwrap();
+    let spool = Spool::open(dir.path(), 1 << 20, SpoolMetrics::default())
+        .await
+        .unwrap();
+    let err = Spool::open(dir.path(), 1 << 20, SpoolMetrics::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("in use"), "{err:#}");
+    assert!(!dir.path().join("00000000000000000007.batch.tmp").exists());
+    assert!(dir.path().join("notes.txt").exists());
+
+    let batch = Batch {
+        key: "x.bin".into(),
+        object: Bytes::from_static(b"body"),
+        rows: vec![row("a")],
+    };
+    spool.push(&batch).await.unwrap();
+    spool.push(&batch).await.unwrap();
+    assert_eq!(spool.batches(), 2);
+    drop(spool);
+
+    // Reopened, it finds both and numbers new batches after them.
+    let spool = Spool::open(dir.path(), 1 << 20, SpoolMetrics::default())
+        .await
+        .unwrap();
+    assert_eq!(spool.oldest(|_| true), [1, 2]);
+    spool.push(&batch).await.unwrap();
+    assert_eq!(spool.oldest(|_| true), [1, 2, 3]);
+    let full = spool.bytes();
+
+    // Past the bound nothing is written.
+    let small = Spool {
+        max_bytes: full + 10,
+        ..spool
+    };
+    assert!(matches!(
+        small.push(&batch).await,
+        Err(PushError::Full { used, .. }) if used == full
+    ));
+    assert_eq!(small.batches(), 3);
+    assert_eq!(
+        fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(BATCH_SUFFIX))
+            .count(),
+        3
+    );
+}
