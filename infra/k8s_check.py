@@ -233,8 +233,10 @@ def read_code(repo: Path = REPO) -> CodeFacts:
                 todo.extend(deps(c))
         return seen
 
+    # Build-script helpers (ecoscan-sql-build) run in cargo, not in a service: what they read
+    # (OUT_DIR, CARGO_MANIFEST_DIR) is cargo's, not a setting.
     crate_reads = {c: _vars_in(_source_files(d)) for c, d in crate_dirs.items()
-                   if (d / "src").is_dir()}
+                   if (d / "src").is_dir() and not c.endswith("-build")}
     where_read: dict[str, set[str]] = {}
     for c, names in crate_reads.items():
         for n in names:
