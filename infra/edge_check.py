@@ -150,6 +150,8 @@ def wait_healthy(port):
 def gateway_env(addrs, extra):
     env = {
         "GATEWAY_ADDR": "127.0.0.1:0",
+        # Its own admin listener: `ecoscan up`'s holds the default port.
+        "GATEWAY_ADMIN_ADDR": "127.0.0.1:0",
         "INGEST_URL": f"http://{addrs['ingest']}",
         "REWARD_URL": f"http://{addrs['reward']}",
         "ANALYTICS_URL": f"http://{addrs['analytics']}",
@@ -264,10 +266,12 @@ class Fast:
                 self.errors.append(repr(e))
             time.sleep(0.1)
 
-    def finish(self, what):
+    def finish(self, what, at_least=3):
+        """`at_least`: answers expected while `what` ran (a section of a fraction of a second
+        sees one or two)."""
         self.stop.set()
         self.thread.join(30)
-        check(self.failed == 0 and self.ok >= 3,
+        check(self.failed == 0 and self.ok >= at_least,
               f"a fast authenticated client kept its answers during {what} "
               f"({self.ok} answered, {self.failed} failed {self.errors[:5]})")
 
@@ -633,7 +637,7 @@ def connections(up_port, token):
                                                      f"multipart/form-data; boundary={boundary}"}),
                               form)
     check(status == 202, f"a real upload meanwhile -> {status} {body[:100]!r}")
-    fast.finish("40 unauthenticated uploads")
+    fast.finish("40 unauthenticated uploads", at_least=1)
 
     # One address: past its connection cap new connections are closed at once.
     fast = Fast(up_port, token)
@@ -653,7 +657,7 @@ def connections(up_port, token):
     check(other == 200, f"another address meanwhile -> {other}")
     for s in held + [extra]:
         s.close()
-    fast.finish("one address at its connection cap")
+    fast.finish("one address at its connection cap", at_least=1)
 
     # One address: requests that prove nobody are limited (60/min here); its authenticated
     # requests are not.
@@ -666,7 +670,7 @@ def connections(up_port, token):
     status = request(up_port, "GET", "/api/v1/characters/me", bearer(token),
                      source="127.0.6.1")[0]
     check(status == 200, f"the same address with a token -> {status}")
-    fast.finish("an address past its unauthenticated rate")
+    fast.finish("an address past its unauthenticated rate", at_least=1)
 
 
 def main():

@@ -242,7 +242,8 @@ def read_code(repo: Path = REPO) -> CodeFacts:
         for n in names:
             where_read.setdefault(n, set()).add(c)
 
-    suite = (repo / "services/suite/src/lib.rs").read_text()
+    # The suite's crate root (ports) and its `serve` module (each service alone).
+    suite = "\n".join((repo / "services/suite/src" / f).read_text() for f in ("lib.rs", "serve.rs"))
     names = dict(re.findall(r"Self::(\w+)\s*=>\s*\"([a-z]+)\"", _fn_body(suite, "name")))
     addr = dict(re.findall(r"Self::(\w+)\s*=>\s*\"([A-Z0-9_]+)\"", _fn_body(suite, "addr_var")))
     fields = dict(re.findall(r"Self::(\w+)\s*=>\s*p\.(\w+)", _fn_body(suite, "default_port")))
@@ -255,7 +256,7 @@ def read_code(repo: Path = REPO) -> CodeFacts:
     if not (names and ports) or any(v not in addr or v not in fields or v not in crate_of
                                     or fields[v] not in ports for v in names):
         raise SystemExit("k8s_check: cannot read the services, their address variables, default "
-                         "ports and crates from services/suite/src/lib.rs (Service::name, "
+                         "ports and crates from services/suite/src/{lib,serve}.rs (Service::name, "
                          "addr_var, default_port, Ports::DEFAULT, serve_one); the code changed "
                          "shape, update read_code() in infra/k8s_check.py")
 

@@ -7,6 +7,10 @@
 //! `gateway_backend_up{backend}` and in `/readyz`'s body, never as a readiness input: when a
 //! backend is down, only the routes that need it fail (503 with `Retry-After`), and every
 //! gateway replica stays in the Service for the routes that still work.
+//!
+//! This module holds what the listener serves ([`Admin`]) and serves it; the probes' handlers
+//! are in `routes::health` (the API listener answers `/healthz` too), so that the handlers use
+//! this module and not the other way round.
 
 use std::{
     collections::BTreeMap,
@@ -18,7 +22,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use axum::{Router, routing::get};
+use axum::Router;
 use ecoscan_common::{
     CancellationToken,
     client::request,
@@ -30,7 +34,7 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use crate::{Backend, metrics, routes::health};
+use crate::Backend;
 
 /// Address of the admin listener when `GATEWAY_ADMIN_ADDR` is unset.
 pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:8081";
@@ -198,28 +202,18 @@ impl Admin {
     pub(crate) fn draining(&self) -> bool {
         self.shutdown.is_cancelled() || ecoscan_common::shutdown::draining().is_cancelled()
     }
-
-    /// `GET /metrics`, `/readyz` and `/healthz`.
-    pub(crate) fn router(&self) -> Router {
-        Router::new()
-            .route("/healthz", get(health::healthz))
-            .route("/readyz", get(health::readyz).with_state(self.clone()))
-            .route(
-                "/metrics",
-                get(metrics::serve_metrics).with_state(self.registry.clone()),
-            )
-    }
 }
 
-/// Serves the admin routes on `listener` until `shutdown`.
+/// Serves `router`, the admin routes (mounted with the API's, in the crate root, over an
+/// [`Admin`]), on `listener` until `shutdown`.
 pub(crate) async fn serve(
-    admin: Admin,
+    router: Router,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().context("listener has no address")?;
     tracing::info!(%addr, "gateway admin listening (/metrics, /readyz, /healthz)");
-    axum::serve(listener, admin.router())
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
         .context("gateway admin listener failed")

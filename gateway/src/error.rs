@@ -4,6 +4,9 @@
 //! through the shared table (`ecoscan_common::codes::http_status`), with one exception for load
 //! shedding (see [`ApiError::http_status`]). Messages of server-side failures never reach the
 //! caller: they are logged, and the caller gets a short generic message.
+//!
+//! A leaf: it knows no other module of the gateway (`auth` turns its `AuthError` into an
+//! [`ApiError`]).
 
 use axum::{
     Json,
@@ -35,9 +38,17 @@ pub enum ApiError {
     /// The gateway itself is at its concurrency limit (503).
     #[error("the gateway is at capacity; try again shortly")]
     Overloaded,
-    /// Not authenticated (401) or not allowed (403).
-    #[error(transparent)]
-    Auth(#[from] crate::auth::AuthError),
+    /// Not authenticated (401): no usable credentials; `message` says what was missing or refused.
+    #[error("{message}")]
+    Unauthenticated {
+        message: String,
+        /// Credentials were sent and refused, as `WWW-Authenticate` says (RFC 6750
+        /// `error="invalid_token"`).
+        invalid_token: bool,
+    },
+    /// Not allowed (403).
+    #[error("{0}")]
+    Forbidden(String),
     /// This caller sent too much too fast (429), or holds too many streams.
     #[error("{message}")]
     TooMany {
@@ -104,8 +115,8 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Auth(crate::auth::AuthError::Forbidden) => StatusCode::FORBIDDEN,
-            Self::Auth(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
             Self::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -131,8 +142,8 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => "UNSUPPORTED_MEDIA_TYPE",
             Self::NotFound(_) => "NOT_FOUND",
             Self::Overloaded => "UNAVAILABLE",
-            Self::Auth(crate::auth::AuthError::Forbidden) => "PERMISSION_DENIED",
-            Self::Auth(_) => "UNAUTHENTICATED",
+            Self::Forbidden(_) => "PERMISSION_DENIED",
+            Self::Unauthenticated { .. } => "UNAUTHENTICATED",
             Self::TooMany { .. } => "RESOURCE_EXHAUSTED",
             Self::Timeout(_) => "DEADLINE_EXCEEDED",
             Self::Internal(_) => "INTERNAL",
@@ -238,15 +249,12 @@ impl IntoResponse for ApiError {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        if let Self::Auth(e) = &self
-            && *e != crate::auth::AuthError::Forbidden
-        {
+        if let Self::Unauthenticated { invalid_token, .. } = &self {
             // RFC 6750: say how to authenticate, and why a token was refused.
-            let value = match e {
-                crate::auth::AuthError::Invalid(_) => {
-                    r#"Bearer realm="ecoscan", error="invalid_token""#
-                }
-                _ => r#"Bearer realm="ecoscan""#,
+            let value = if *invalid_token {
+                r#"Bearer realm="ecoscan", error="invalid_token""#
+            } else {
+                r#"Bearer realm="ecoscan""#
             };
             res.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(value));
@@ -256,138 +264,4 @@ impl IntoResponse for ApiError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const ALL_CODES: [Code; 17] = [
-        Code::Ok,
-        Code::Cancelled,
-        Code::Unknown,
-        Code::InvalidArgument,
-        Code::DeadlineExceeded,
-        Code::NotFound,
-        Code::AlreadyExists,
-        Code::PermissionDenied,
-        Code::ResourceExhausted,
-        Code::FailedPrecondition,
-        Code::Aborted,
-        Code::OutOfRange,
-        Code::Unimplemented,
-        Code::Internal,
-        Code::Unavailable,
-        Code::DataLoss,
-        Code::Unauthenticated,
-    ];
-
-    fn upstream(code: Code, msg: &str) -> ApiError {
-        ApiError::upstream("ingest", tonic::Status::new(code, msg))
-    }
-
-    #[test]
-    fn upstream_codes_follow_the_shared_table_except_resource_exhausted_and_cancelled() {
-        for code in ALL_CODES {
-            let err = upstream(code, "x");
-            let (expected, name) = match code {
-                Code::ResourceExhausted => (503, "RESOURCE_EXHAUSTED"),
-                // A backend's connection broke under the call: retry, elsewhere.
-                Code::Cancelled => (503, "UNAVAILABLE"),
-                _ => (codes::http_status(code), codes::code_name(code)),
-            };
-            assert_eq!(err.http_status().as_u16(), expected, "{code:?}");
-            assert_eq!(err.code(), name, "{code:?}");
-        }
-        let cut = upstream(Code::Unknown, "transport error");
-        assert_eq!(cut.http_status().as_u16(), 503);
-        assert!(cut.retryable());
-    }
-
-    #[test]
-    fn edge_errors_have_their_own_statuses() {
-        let cases = [
-            (
-                ApiError::InvalidArgument("a".into()),
-                400,
-                "INVALID_ARGUMENT",
-            ),
-            (
-                ApiError::PayloadTooLarge("a".into()),
-                413,
-                "PAYLOAD_TOO_LARGE",
-            ),
-            (
-                ApiError::UnsupportedMediaType("a".into()),
-                415,
-                "UNSUPPORTED_MEDIA_TYPE",
-            ),
-            (ApiError::NotFound("a".into()), 404, "NOT_FOUND"),
-            (ApiError::Overloaded, 503, "UNAVAILABLE"),
-            (ApiError::Internal("db exploded".into()), 500, "INTERNAL"),
-        ];
-        for (err, status, code) in cases {
-            assert_eq!(err.http_status().as_u16(), status);
-            assert_eq!(err.code(), code);
-        }
-    }
-
-    #[test]
-    fn resource_exhausted_uses_the_upstream_retry_after_or_a_default() {
-        let mut status = tonic::Status::resource_exhausted("backlog full");
-        status
-            .metadata_mut()
-            .insert("retry-after", "7".parse().unwrap());
-        assert_eq!(ApiError::upstream("ingest", status).retry_after(), Some(7));
-        assert_eq!(
-            upstream(Code::ResourceExhausted, "backlog full").retry_after(),
-            Some(DEFAULT_RETRY_AFTER_SECS)
-        );
-        assert_eq!(upstream(Code::NotFound, "x").retry_after(), None);
-    }
-
-    #[test]
-    fn a_backend_that_is_down_is_503_with_retry_after_naming_it() {
-        let err = upstream(Code::Unavailable, "tcp connect error: connection refused");
-        assert_eq!(err.http_status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(err.retry_after(), Some(DEFAULT_RETRY_AFTER_SECS));
-        assert_eq!(
-            err.public_message(),
-            "ingest is unavailable, try again in 5 s"
-        );
-        // A connection cut mid-call is the same outage.
-        let cut = ApiError::upstream("analytics", tonic::Status::cancelled("h2 reset"));
-        assert_eq!(cut.retry_after(), Some(DEFAULT_RETRY_AFTER_SECS));
-        assert_eq!(
-            cut.public_message(),
-            "analytics is unavailable, try again in 5 s"
-        );
-    }
-
-    #[test]
-    fn internal_details_never_reach_the_caller() {
-        for code in [
-            Code::Internal,
-            Code::Unknown,
-            Code::DataLoss,
-            Code::Unavailable,
-        ] {
-            let msg = upstream(code, "sqlx: connection refused at 10.0.0.3").public_message();
-            assert!(!msg.contains("sqlx"), "{code:?} leaked: {msg}");
-        }
-        assert_eq!(
-            ApiError::Internal("secret".into()).public_message(),
-            "internal error"
-        );
-        assert_eq!(
-            upstream(Code::InvalidArgument, "image is empty").public_message(),
-            "image is empty"
-        );
-    }
-
-    #[test]
-    fn error_json_carries_code_status_and_retryable() {
-        let json = upstream(Code::Unavailable, "down").to_json();
-        assert_eq!(json.code, "UNAVAILABLE");
-        assert_eq!(json.http_status, 503);
-        assert!(json.retryable);
-        assert!(!upstream(Code::NotFound, "gone").to_json().retryable);
-    }
-}
+mod tests;

@@ -7,6 +7,7 @@ use axum::{
     http::{HeaderMap, header},
 };
 use base64::Engine as _;
+use ecoscan_proto::event::EventId;
 use serde::Deserialize;
 
 use crate::{AppState, error::ApiError};
@@ -23,11 +24,7 @@ pub fn job_id(raw: &str) -> Result<String, ApiError> {
 
 /// An event id as the event log writes it: `<milliseconds>-<sequence>` (a Redis stream id).
 pub fn valid_event_id(s: &str) -> bool {
-    let Some((ms, n)) = s.split_once('-') else {
-        return false;
-    };
-    let digits = |p: &str| (1..=20).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
-    digits(ms) && digits(n)
+    EventId::is_well_formed(s)
 }
 
 /// The `Idempotency-Key` header, if any: 1–200 visible ASCII characters.

@@ -21,14 +21,30 @@
 //! | `GET /` | the demo page |
 //!
 //! [`ROUTES`] lists them; the router mounts exactly those, and the OpenAPI document
-//! (`openapi.rs`) describes exactly those. `GET /metrics`, `/readyz` and `/healthz` are on the
+//! (`openapi/`) describes exactly those. `GET /metrics`, `/readyz` and `/healthz` are on the
 //! admin listener (`admin.rs`, `GATEWAY_ADMIN_ADDR`), apart from the API.
+//!
+//! Modules import one way, each only from the layers below its own (a folder's children may also
+//! use their folder, and any module the crate root's `AppState`, `Backend` and deadlines); the
+//! crate root assembles both routers from all of them:
+//!
+//! 1. `config`, `error`, `event`, `headers`, `results`, `admin`: import no other module;
+//! 2. `schema` (the OpenAPI pieces handlers name), `limits`, `input`;
+//! 3. `auth`;
+//! 4. `body`, `server`, `watch`;
+//! 5. `sse`, `metrics`;
+//! 6. `routes`, the handlers of both listeners;
+//! 7. `openapi`, which names the handlers and which only the crate root names.
+//!
+//! Two modules that need the same thing share a module below both (`event` for `watch` and
+//! `sse`, `schema` for the handlers and the document) rather than importing each other.
 
 mod admin;
 mod auth;
 mod body;
 mod config;
 mod error;
+mod event;
 mod headers;
 mod input;
 mod limits;
@@ -36,6 +52,7 @@ mod metrics;
 mod openapi;
 mod results;
 mod routes;
+mod schema;
 mod server;
 mod sse;
 mod watch;
@@ -68,8 +85,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::limits::{IpLimits, RateLimits, SseSlots};
 
 pub use admin::DEFAULT_ADMIN_ADDR;
-pub use auth::{AuthConfig, Peer, TrustHeader, mint as mint_token};
-pub use config::{Config, DEFAULT_ADDR, Limits};
+pub use auth::{Peer, mint as mint_token};
+pub use config::{AuthConfig, Config, DEFAULT_ADDR, Limits, TrustHeader};
 pub use error::ApiError;
 
 /// Deadline of ordinary unary calls.
@@ -231,7 +248,21 @@ pub fn router(config: Config) -> anyhow::Result<Router> {
 /// [`router`] and the admin listener's router beside it (`/metrics`, `/readyz`, `/healthz`).
 pub fn routers(config: Config) -> anyhow::Result<(Router, Router)> {
     let (api, admin) = router_with(config, CancellationToken::new())?;
-    Ok((api, admin.router()))
+    Ok((api, admin_router(&admin)))
+}
+
+/// The admin listener's routes: `GET /metrics`, `/readyz` and `/healthz`.
+fn admin_router(admin: &admin::Admin) -> Router {
+    Router::new()
+        .route("/healthz", get(routes::health::healthz))
+        .route(
+            "/readyz",
+            get(routes::health::readyz).with_state(admin.clone()),
+        )
+        .route(
+            "/metrics",
+            get(metrics::serve_metrics).with_state(admin.registry.clone()),
+        )
 }
 
 /// The API router, and what the admin listener serves about it.
@@ -428,7 +459,8 @@ pub async fn serve_with_admin(
     // Both end with the API server, whatever ends it.
     let stop = shutdown.child_token();
     let monitor = tokio::spawn(admin_state.health.clone().monitor(stop.clone()));
-    let admin_task = admin.map(|l| tokio::spawn(admin::serve(admin_state, l, stop.clone())));
+    let admin_task =
+        admin.map(|l| tokio::spawn(admin::serve(admin_router(&admin_state), l, stop.clone())));
     let served = server::serve(app, listener, &limits, shutdown)
         .await
         .context("gateway server failed");

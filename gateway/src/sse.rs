@@ -1,8 +1,11 @@
 //! Turning gRPC event streams into Server-Sent Events.
 //!
 //! Framing is axum's (`Sse`, `Event`, `KeepAlive`); this module only decides which SSE event a
-//! `ScanEvent`, a `Resync` or a `Notification` becomes, and when a stream ends.
+//! `ScanEvent`, a `Resync` or a `Notification` becomes, and when a stream ends. What an event is
+//! to the gateway (its kind, shared by a job's clients) is `crate::event`; how the OpenAPI
+//! document describes the streams is [`doc`].
 
+pub(crate) mod doc;
 pub(crate) mod resync;
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
@@ -14,9 +17,10 @@ use axum::response::{
 use ecoscan_common::CancellationToken;
 use ecoscan_proto::{
     Timestamp,
+    event::{stage_name, status_name},
     v1::{
-        Answer, Classification, DisposalRules, ErrorInfo, EventStatus, Notification, Resync,
-        RewardDecision, ScanEvent, Stage, scan_event::Payload,
+        Answer, Classification, DisposalRules, ErrorInfo, Notification, RewardDecision, ScanEvent,
+        scan_event::Payload,
     },
 };
 use futures::{
@@ -28,6 +32,7 @@ use tonic::{Status, Streaming};
 
 use crate::{
     error::{ApiError, ErrorJson},
+    event::{Item, Kind, SharedEvent, finish_upstream, kind},
     limits::SseSlot,
 };
 
@@ -37,74 +42,6 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// How long to wait for a stream's first message before answering with SSE headers. An error
 /// within this window still gets a proper HTTP status (e.g. 404 for an unknown job).
 pub(crate) const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(500);
-
-/// What a `ScanEvent` (or a `Resync`) becomes on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Stage,
-    Delta,
-    Ready,
-    Error,
-    /// A gap the log cannot fill (see [`resync`]).
-    Resync,
-}
-
-impl Kind {
-    /// Every kind, for the OpenAPI document.
-    pub(crate) const ALL: [Self; 5] = [
-        Self::Stage,
-        Self::Delta,
-        Self::Ready,
-        Self::Error,
-        Self::Resync,
-    ];
-
-    /// The SSE `event:` name.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::Stage => "stage",
-            Self::Delta => "delta",
-            Self::Ready => "ready",
-            Self::Error => "error",
-            Self::Resync => "resync",
-        }
-    }
-
-    pub(crate) fn is_terminal(self) -> bool {
-        matches!(self, Self::Ready | Self::Error)
-    }
-}
-
-pub(crate) fn kind(ev: &ScanEvent) -> Kind {
-    let status = EventStatus::try_from(ev.status).unwrap_or(EventStatus::Unspecified);
-    let stage = Stage::try_from(ev.stage).unwrap_or(Stage::Unspecified);
-    // Only the job's final event (stage `done`) ends the stream: a stage that failed is a
-    // transition like any other (`stage`, with its error), and the `error` event follows it.
-    match (stage, status) {
-        (Stage::Done, EventStatus::Completed) => Kind::Ready,
-        (Stage::Done, _) => Kind::Error,
-        (_, EventStatus::Delta) => Kind::Delta,
-        _ => Kind::Stage,
-    }
-}
-
-/// `STAGE_VISION` → `vision`.
-pub(crate) fn stage_name(stage: i32) -> String {
-    Stage::try_from(stage)
-        .unwrap_or(Stage::Unspecified)
-        .as_str_name()
-        .trim_start_matches("STAGE_")
-        .to_ascii_lowercase()
-}
-
-/// `EVENT_STATUS_STARTED` → `started`.
-pub(crate) fn status_name(status: i32) -> String {
-    EventStatus::try_from(status)
-        .unwrap_or(EventStatus::Unspecified)
-        .as_str_name()
-        .trim_start_matches("EVENT_STATUS_")
-        .to_ascii_lowercase()
-}
 
 pub(crate) fn error_info_json(info: &ErrorInfo) -> ErrorJson {
     ErrorJson {
@@ -132,35 +69,35 @@ pub(crate) struct EventData<'a> {
     /// announced by a `resync` event instead.
     seq: u64,
     /// The stage the event is about.
-    #[schema(schema_with = crate::openapi::stage_schema)]
+    #[schema(schema_with = crate::schema::stage_schema)]
     stage: String,
     /// What happened to it.
-    #[schema(schema_with = crate::openapi::event_status_schema)]
+    #[schema(schema_with = crate::schema::event_status_schema)]
     status: String,
     /// Fraction of the whole job done, from 0 to 1.
     progress: f32,
     /// Short human-readable description, e.g. "vision started".
     message: &'a str,
     /// When the event was appended (RFC 3339); `null` when unknown.
-    #[schema(schema_with = crate::openapi::nullable_timestamp_schema, required = true)]
+    #[schema(schema_with = crate::schema::nullable_timestamp_schema, required = true)]
     ts: Option<&'a Timestamp>,
     /// The job's trace (32 hex digits); empty when untraced.
     trace_id: &'a str,
     /// On `stage` events of vision completed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = crate::openapi::refs::classification)]
+    #[schema(schema_with = crate::schema::refs::classification)]
     classification: Option<&'a Classification>,
     /// On `stage` events of rule completed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = crate::openapi::refs::disposal_rules)]
+    #[schema(schema_with = crate::schema::refs::disposal_rules)]
     rules: Option<&'a DisposalRules>,
     /// On `stage` events of answer completed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = crate::openapi::refs::answer)]
+    #[schema(schema_with = crate::schema::refs::answer)]
     answer: Option<&'a Answer>,
     /// On `stage` events of reward completed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = crate::openapi::refs::reward_decision)]
+    #[schema(schema_with = crate::schema::refs::reward_decision)]
     reward: Option<&'a RewardDecision>,
     /// On `delta` events: the next piece of the answer text.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,79 +120,16 @@ pub(crate) struct EventData<'a> {
     error: Option<ErrorJson>,
 }
 
-/// A scan event (or a resync) on its way to SSE clients, shared by every client of its job:
-/// its `data:` JSON is rendered once, however many clients it goes to.
-#[derive(Debug)]
-pub(crate) struct SharedEvent {
-    item: Item,
-    rendered: std::sync::OnceLock<(String, Kind)>,
-}
-
-/// What ingest sent: an event of the job's log, or a gap it announced.
-#[derive(Debug)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "nearly every item is an event, held once in an Arc for all of a job's clients: \
-              boxing it would add an allocation per event to spare the rare resync a few bytes"
-)]
-enum Item {
-    Event(ScanEvent),
-    Resync(Resync),
-}
-
-impl SharedEvent {
-    pub(crate) fn new(event: ScanEvent) -> Self {
-        Self::of(Item::Event(event))
-    }
-
-    pub(crate) fn resync(resync: Resync) -> Self {
-        Self::of(Item::Resync(resync))
-    }
-
-    /// A `Watch`/`Scan` response's message: its event, else its resync.
-    pub(crate) fn from_parts(event: Option<ScanEvent>, resync: Option<Resync>) -> Option<Self> {
-        event.map(Self::new).or_else(|| resync.map(Self::resync))
-    }
-
-    fn of(item: Item) -> Self {
-        Self {
-            item,
-            rendered: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// Its position in the job's log (the SSE `id:`); empty for a resync of an expired log.
-    pub(crate) fn event_id(&self) -> &str {
-        match &self.item {
-            Item::Event(e) => &e.event_id,
-            Item::Resync(r) => &r.event_id,
-        }
-    }
-
-    pub(crate) fn job_id(&self) -> &str {
-        match &self.item {
-            Item::Event(e) => &e.job_id,
-            Item::Resync(r) => &r.job_id,
-        }
-    }
-
-    pub(crate) fn kind(&self) -> Kind {
-        match &self.item {
-            Item::Event(e) => kind(e),
-            Item::Resync(_) => Kind::Resync,
-        }
-    }
-
-    /// The SSE event; `result_url` builds the public result URL of a job (the same for every
-    /// client of this gateway, so the rendering is shared).
-    pub(crate) fn sse(&self, result_url: &dyn Fn(&str) -> String) -> (Event, Kind) {
-        let (json, kind) = self.rendered.get_or_init(|| match &self.item {
-            Item::Event(e) => scan_event_json(e, result_url),
-            Item::Resync(r) => (resync::json(r, result_url), Kind::Resync),
-        });
-        let event = with_id(Event::default().event(kind.name()), self.event_id());
-        (event.data(json.as_str()), *kind)
-    }
+/// The SSE event of `ev`; `result_url` builds the public result URL of a job (the same for
+/// every client of this gateway, so the rendering is shared).
+fn sse_event(ev: &SharedEvent, result_url: &dyn Fn(&str) -> String) -> (Event, Kind) {
+    let kind = ev.kind();
+    let json = ev.data(|item| match item {
+        Item::Event(e) => scan_event_json(e, result_url).0,
+        Item::Resync(r) => resync::json(r, result_url),
+    });
+    let event = with_id(Event::default().event(kind.name()), ev.event_id());
+    (event.data(json), kind)
 }
 
 /// The `data:` JSON of a scan event and the SSE event it becomes.
@@ -473,7 +347,7 @@ pub(crate) fn scan_events(
                 if st.job_id.is_empty() {
                     ev.job_id().clone_into(&mut st.job_id);
                 }
-                let (event, kind) = ev.sse(st.result_url.as_ref());
+                let (event, kind) = sse_event(&ev, st.result_url.as_ref());
                 tracing::debug!(event_id = %ev.event_id(), kind = kind.name(), "sse scan event");
                 st.done = kind.is_terminal();
                 event
@@ -491,36 +365,6 @@ pub(crate) fn scan_events(
         Some((Ok::<_, Infallible>(event), st))
     });
     respond(events, shutdown, lifetime)
-}
-
-/// How long the gateway waits, after a job's final event, for the upstream call to end.
-const UPSTREAM_FINISH: Duration = Duration::from_secs(2);
-
-/// Lets the upstream call end on its own after the job's final event. Dropping it at once would
-/// cancel the call (`RST_STREAM`) just before ingest sends its trailers, so ingest would see a
-/// cancelled call and its span no `grpc-status`; reading on to the end (bounded, off the
-/// client's path) ends the call cleanly with `OK`.
-pub(crate) fn finish_upstream<S: Stream + Send + Unpin + 'static>(mut upstream: S) {
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(UPSTREAM_FINISH, async {
-            while upstream.next().await.is_some() {}
-        })
-        .await;
-    });
-}
-
-/// `events` up to and including the job's final event.
-pub(crate) fn until_final<S>(events: S) -> impl Stream<Item = S::Item> + Send
-where
-    S: Stream<Item = Result<Arc<SharedEvent>, Status>> + Send,
-{
-    events.scan(false, |ended, item| {
-        if *ended {
-            return futures::future::ready(None);
-        }
-        *ended = item.as_ref().map_or(true, |ev| ev.kind().is_terminal());
-        futures::future::ready(Some(item))
-    })
 }
 
 /// An SSE response of a user's notifications (`event: notification`), until upstream ends.

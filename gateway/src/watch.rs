@@ -24,16 +24,19 @@ use std::{
 };
 
 use ecoscan_common::client::TracedChannel;
-use ecoscan_proto::v1::{WatchRequest, scan_service_client::ScanServiceClient};
-
-use crate::{
-    auth::Caller,
-    sse::{Kind, SharedEvent},
+use ecoscan_proto::{
+    event::EventId,
+    v1::{WatchRequest, scan_service_client::ScanServiceClient},
 };
 use futures::{Stream, StreamExt};
 use tokio::sync::{broadcast, watch};
 use tonic::{Code, Status};
 use tracing::Instrument;
+
+use crate::{
+    auth::Caller,
+    event::{Kind, SharedEvent, finish_upstream, until_final},
+};
 
 /// Events a feed keeps for late joiners and resumes (a whole job's log, usually).
 const RING_EVENTS: usize = 1024;
@@ -295,7 +298,7 @@ impl Subscription {
         })
         .filter_map(|()| async { None });
         // Ends after the final event: the live channel stays open as long as the feed does.
-        crate::sse::until_final(
+        until_final(
             futures::stream::iter(replay.into_iter().map(Ok))
                 .chain(futures::stream::iter(failed.map(Err)))
                 .chain(futures::stream::iter(live).flatten()),
@@ -358,7 +361,7 @@ async fn pump(
                                 last = None;
                             }
                             if publish(&shared, ev) {
-                                crate::sse::finish_upstream(stream);
+                                finish_upstream(stream);
                                 return;
                             }
                         }
@@ -423,14 +426,11 @@ pub(crate) fn retryable(status: &Status) -> bool {
     )
 }
 
-/// Whether event id `a` comes after `b` (`<ms>-<n>`, compared as numbers).
+/// Whether event id `a` comes after `b`, compared as [`EventId`]s (`<ms>-<n>` as numbers); ids
+/// that do not parse count as newer when they differ.
 fn newer(a: &str, b: &str) -> bool {
-    let parse = |id: &str| -> Option<(u64, u64)> {
-        let (ms, n) = id.split_once('-')?;
-        Some((ms.parse().ok()?, n.parse().ok()?))
-    };
-    match (parse(a), parse(b)) {
-        (Some(a), Some(b)) => a > b,
+    match (a.parse::<EventId>(), b.parse::<EventId>()) {
+        (Ok(a), Ok(b)) => a > b,
         _ => a != b,
     }
 }

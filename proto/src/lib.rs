@@ -1,5 +1,8 @@
-//! The `ecoscan.v1` API: messages, tonic clients and servers, proto3-JSON serde impls, and the
-//! file descriptor set for server reflection.
+//! The `ecoscan.v1` API: messages, tonic clients and servers, proto3-JSON serde impls, the file
+//! descriptor set for server reflection, and the vocabulary of a job's events that ingest and
+//! the gateway share ([`event`]).
+
+pub mod event;
 
 pub mod v1 {
     #![allow(clippy::all, clippy::pedantic, missing_docs)]

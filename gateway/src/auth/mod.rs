@@ -16,7 +16,6 @@
 
 pub mod header;
 mod jwks;
-mod settings;
 pub(crate) mod tickets;
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
@@ -31,10 +30,14 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use serde_json::Value;
 
-pub use header::{Peer, TrustHeader};
-pub use settings::AuthConfig;
+pub use header::Peer;
 
-use crate::{AppState, error::ApiError, limits::IpLimits};
+use crate::{
+    AppState,
+    config::{AuthConfig, TrustHeader},
+    error::ApiError,
+    limits::IpLimits,
+};
 
 /// Cookie an `EventSource` may carry the token in.
 pub const TOKEN_COOKIE: &str = "ecoscan_token";
@@ -73,6 +76,27 @@ pub enum AuthError {
     /// unauthenticated.
     #[error("X-User-Id must be 1-128 characters of letters, digits and _.@|:+-")]
     BadUserHeader,
+}
+
+/// How a request that is not authenticated is answered: 401 (saying whether a token was
+/// refused), 403, or 400 for a trusted header that names no user.
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Forbidden => Self::Forbidden(e.to_string()),
+            AuthError::BadUserHeader => Self::InvalidArgument(e.to_string()),
+            AuthError::Invalid(_) => Self::Unauthenticated {
+                message: e.to_string(),
+                invalid_token: true,
+            },
+            AuthError::Missing | AuthError::HeaderRefused(_) | AuthError::TokenInUrl => {
+                Self::Unauthenticated {
+                    message: e.to_string(),
+                    invalid_token: false,
+                }
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -314,11 +338,7 @@ pub(crate) async fn authenticate(State(gate): State<Gate>, req: Request, next: N
             {
                 return limited.into_response();
             }
-            let e = match e {
-                AuthError::BadUserHeader => ApiError::InvalidArgument(e.to_string()),
-                e => ApiError::Auth(e),
-            };
-            let mut res = e.into_response();
+            let mut res = ApiError::from(e).into_response();
             // The body is never read: tell the client the connection ends with this answer.
             res.headers_mut().insert(
                 http_header::CONNECTION,
@@ -338,10 +358,7 @@ impl FromRequestParts<AppState> for Caller {
         if let Some(caller) = parts.extensions.get::<Caller>() {
             return Ok(caller.clone());
         }
-        let caller = state.auth.caller(parts).await.map_err(|e| match e {
-            AuthError::BadUserHeader => ApiError::InvalidArgument(e.to_string()),
-            e => ApiError::Auth(e),
-        })?;
+        let caller = state.auth.caller(parts).await?;
         tracing::Span::current().record("user.id", caller.user.as_str());
         Ok(caller)
     }
@@ -358,7 +375,7 @@ impl FromRequestParts<AppState> for Admin {
         if caller.admin {
             Ok(Self(caller))
         } else {
-            Err(ApiError::Auth(AuthError::Forbidden))
+            Err(AuthError::Forbidden.into())
         }
     }
 }
@@ -423,108 +440,4 @@ pub fn request<T>(message: T, deadline: Duration, caller: &Caller) -> tonic::Req
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
-        let mut req = axum::http::Request::builder().uri(uri);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        req.body(()).unwrap().into_parts().0
-    }
-
-    const SECRET: &str = "kq3Zx9LrT0vYp2WmB7nHc4JdF8sG1aE6";
-
-    fn auth() -> Authenticator {
-        Authenticator::new(AuthConfig {
-            hs256_secret: Some(SECRET.into()),
-            issuer: Some("iss".into()),
-            audience: Some("aud".into()),
-            ..AuthConfig::default()
-        })
-        .unwrap()
-    }
-
-    #[test]
-    fn tokens_come_from_the_bearer_header_and_cookies_only() {
-        let p = parts("/x", &[("authorization", "bearer abc")]);
-        assert_eq!(bearer(&p).as_deref(), Some("abc"));
-        assert_eq!(
-            bearer(&parts("/x", &[("authorization", "Basic abc")])),
-            None
-        );
-        let p = parts("/x?a=1&ticket=q1", &[("cookie", "a=b; ecoscan_token=c1")]);
-        assert_eq!(query_param(&p, "ticket").as_deref(), Some("q1"));
-        assert_eq!(token_cookie(&p).as_deref(), Some("c1"));
-        assert_eq!(token_cookie(&parts("/x", &[("cookie", "other=1")])), None);
-    }
-
-    #[tokio::test]
-    async fn a_token_in_the_url_is_refused_and_nobody_is_anonymous() {
-        let a = auth();
-        let t = mint(
-            SECRET,
-            "alice",
-            false,
-            "iss",
-            "aud",
-            Duration::from_secs(60),
-        )
-        .unwrap();
-        let p = parts(&format!("/x?access_token={t}"), &[]);
-        assert_eq!(a.caller(&p).await, Err(AuthError::TokenInUrl));
-        assert_eq!(a.caller(&parts("/x", &[])).await, Err(AuthError::Missing));
-        assert_eq!(
-            a.caller(&parts("/x", &[("x-user-id", "mallory")])).await,
-            Err(AuthError::Missing)
-        );
-    }
-
-    #[tokio::test]
-    async fn minted_tokens_verify_and_carry_the_admin_role() {
-        let a = auth();
-        let ttl = Duration::from_secs(60);
-        let t = mint(SECRET, "alice", false, "iss", "aud", ttl).unwrap();
-        assert_eq!(
-            a.verify(&t).await.unwrap(),
-            Caller {
-                user: "alice".into(),
-                admin: false
-            }
-        );
-        let t = mint(SECRET, "root", true, "iss", "aud", ttl).unwrap();
-        assert!(a.verify(&t).await.unwrap().admin);
-        let t = mint(SECRET, "alice", false, "other", "aud", ttl).unwrap();
-        assert!(matches!(a.verify(&t).await, Err(AuthError::Invalid(_))));
-        // Without the `iss` and `aud` this gateway requires: refused, not waved through.
-        let bare = |claims: serde_json::Value| {
-            jsonwebtoken::encode(
-                &jsonwebtoken::Header::new(Algorithm::HS256),
-                &claims,
-                &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
-            )
-            .unwrap()
-        };
-        let exp = u64::MAX / 4;
-        for claims in [
-            serde_json::json!({"sub": "alice", "exp": exp, "aud": "aud"}),
-            serde_json::json!({"sub": "alice", "exp": exp, "iss": "iss"}),
-        ] {
-            assert!(a.verify(&bare(claims.clone())).await.is_err(), "{claims}");
-        }
-        let whole = serde_json::json!({"sub": "alice", "exp": exp, "iss": "iss", "aud": "aud"});
-        assert!(a.verify(&bare(whole)).await.is_ok());
-        assert!(mint(SECRET, "not a user", false, "iss", "aud", ttl).is_err());
-    }
-
-    #[test]
-    fn only_api_routes_need_a_caller() {
-        assert!(is_public(Some("/")));
-        assert!(is_public(Some("/healthz")));
-        assert!(is_public(Some("/api/v1/openapi.json")));
-        assert!(is_public(None));
-        assert!(!is_public(Some("/api/v1/scan")));
-        assert!(!is_public(Some("/api/v1/sse-tickets")));
-    }
-}
+mod tests;

@@ -132,8 +132,8 @@ pub(crate) struct TicketResponse {
                    (re)connection.",
     responses(
         (status = 200, description = "The ticket.", body = TicketResponse),
-        (status = 401, response = crate::openapi::Unauthorized),
-        (status = 429, response = crate::openapi::TooManyRequests),
+        (status = 401, response = crate::schema::Unauthorized),
+        (status = 429, response = crate::schema::TooManyRequests),
     ),
     security(("bearerAuth" = [])),
 )]

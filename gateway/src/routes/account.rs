@@ -31,12 +31,9 @@ use crate::{
     auth::{Admin, Caller},
     error::ApiError,
     input::idempotency_key,
-    openapi::{
-        BadRequest, Forbidden, GatewayTimeout, Internal, NotificationEvents, PayloadTooLarge,
-        RequestTimeout, TooManyRequests, Unauthorized, Unavailable, UnsupportedMediaType, proto,
-    },
     routes::scan::IdempotencyKey,
-    sse,
+    schema::{BodyErrors, CommonErrors, Forbidden, TooManyRequests, proto},
+    sse::{self, doc::NotificationEvents},
 };
 
 /// Longest delay a notification may be scheduled for.
@@ -67,11 +64,7 @@ fn rfc3339(name: &str, value: &str) -> Result<Timestamp, ApiError> {
     responses(
         (status = 200, description = "The caller's collection.",
             body = proto::ListOwnedResponse),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
+        CommonErrors,
     ),
     security(("bearerAuth" = [])),
 )]
@@ -111,11 +104,7 @@ pub(crate) struct ListQuery {
     params(ListQuery),
     responses(
         (status = 200, description = "The inbox.", body = proto::ListResponse),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
+        CommonErrors,
     ),
     security(("bearerAuth" = [])),
 )]
@@ -155,12 +144,8 @@ pub(crate) async fn notifications(
                    in `?ticket=`, or the token in the `ecoscan_token` cookie. Counts against the caller's open streams.",
     responses(
         (status = 200, response = NotificationEvents),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
+        CommonErrors,
         (status = 429, response = TooManyRequests),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
     ),
     security(("bearerAuth" = []), ("sseTicket" = []), ("tokenCookie" = [])),
 )]
@@ -293,15 +278,8 @@ impl ToSchema for ScheduleNotification {}
     request_body(content = ScheduleNotification, content_type = "application/json"),
     responses(
         (status = 201, description = "Scheduled.", body = proto::Notification),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 408, response = RequestTimeout),
-        (status = 413, response = PayloadTooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 429, response = TooManyRequests),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
+        CommonErrors,
+        BodyErrors,
     ),
     security(("bearerAuth" = [])),
 )]
@@ -412,12 +390,8 @@ pub(crate) struct UsageQuery {
     responses(
         (status = 200, description = "Usage in the window, defaults applied.",
             body = proto::UsageResponse),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
+        CommonErrors,
         (status = 403, response = Forbidden),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
     ),
     security(("bearerAuth" = ["admin"])),
 )]

@@ -10,7 +10,7 @@ use axum::{
     response::Html,
 };
 
-use crate::{AppState, error::ApiError};
+use crate::{AppState, error::ApiError, schema::Unavailable};
 
 /// The demo page: pick a photo, watch the scan stream in (`gateway/static/index.html`).
 #[utoipa::path(
@@ -24,7 +24,7 @@ use crate::{AppState, error::ApiError};
                    the character granted), the caller's collection and notifications live.",
     responses(
         (status = 200, description = "The page.", body = String, content_type = "text/html"),
-        (status = 503, response = crate::openapi::Unavailable),
+        (status = 503, response = Unavailable),
     ),
 )]
 pub(crate) async fn index(State(state): State<AppState>) -> Html<String> {

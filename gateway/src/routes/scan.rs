@@ -11,8 +11,9 @@ use axum::{
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use ecoscan_proto::v1::{
-    GetResultRequest, JobStatus, ScanRequest, ScanResult, SubmitRequest, WatchRequest,
+use ecoscan_proto::{
+    event::{job_status_name, stage_name},
+    v1::{GetResultRequest, JobStatus, ScanRequest, ScanResult, SubmitRequest, WatchRequest},
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -22,29 +23,17 @@ use crate::{
     AppState, SCAN_STREAM_DEADLINE, SUBMIT_DEADLINE, UNARY_DEADLINE,
     auth::Caller,
     error::ApiError,
+    event::SharedEvent,
     input::{ScanInput, idempotency_key, job_id, valid_event_id},
-    openapi::{
-        BadRequest, GatewayTimeout, Internal, NotFound, PayloadTooLarge, RequestTimeout,
-        ScanEvents, ScanForm, ScanJson, TooManyRequests, Unauthorized, Unavailable,
-        UnsupportedMediaType,
-    },
     results::Finished,
-    sse::{self, error_info_json, stage_name},
+    schema::{BodyErrors, CommonErrors, NotFound, ScanForm, ScanJson, TooManyRequests},
+    sse::{self, doc::ScanEvents, error_info_json},
     watch::Refused,
 };
 use futures::StreamExt as _;
 
 fn ingest_error(status: tonic::Status) -> ApiError {
     ApiError::upstream("ingest", status)
-}
-
-/// `JOB_STATUS_RUNNING` → `running`.
-pub(crate) fn job_status_name(status: i32) -> String {
-    JobStatus::try_from(status)
-        .unwrap_or(JobStatus::Unspecified)
-        .as_str_name()
-        .trim_start_matches("JOB_STATUS_")
-        .to_ascii_lowercase()
 }
 
 /// Reads and checks the scan; nothing reaches ingest unless this succeeds.
@@ -87,7 +76,7 @@ pub(crate) struct ScanAccepted {
     /// The job's result: `GET` it to poll (the `Location` header too).
     result_url: String,
     /// Where the job is: `queued` for a new one.
-    #[schema(schema_with = crate::openapi::job_status_schema)]
+    #[schema(schema_with = crate::schema::job_status_schema)]
     status: String,
 }
 
@@ -102,10 +91,10 @@ pub(crate) struct ScanPending {
     /// The job's result: poll again after `Retry-After`.
     result_url: String,
     /// The stage running now.
-    #[schema(schema_with = crate::openapi::stage_schema)]
+    #[schema(schema_with = crate::schema::stage_schema)]
     stage: String,
     /// `queued` or `running`.
-    #[schema(schema_with = crate::openapi::job_status_schema)]
+    #[schema(schema_with = crate::schema::job_status_schema)]
     status: String,
 }
 
@@ -133,15 +122,8 @@ pub(crate) struct ScanPending {
         (status = 202, description = "Accepted; follow `events_url`, or poll `result_url`.",
             body = ScanAccepted,
             headers(("Location" = String, description = "The job's result URL."))),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 408, response = RequestTimeout),
-        (status = 413, response = PayloadTooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 429, response = TooManyRequests),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
+        CommonErrors,
+        BodyErrors,
     ),
     security(("bearerAuth" = [])),
 )]
@@ -212,15 +194,8 @@ pub(crate) struct IdempotencyKey {
     ),
     responses(
         (status = 200, response = ScanEvents),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 408, response = RequestTimeout),
-        (status = 413, response = PayloadTooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 429, response = TooManyRequests),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
+        CommonErrors,
+        BodyErrors,
     ),
     security(("bearerAuth" = [])),
 )]
@@ -240,7 +215,7 @@ pub(crate) async fn completion(
         .await
         .map_err(ingest_error)?
         .into_inner();
-    let mut stream = sse::scan_stream(stream, |r| sse::SharedEvent::from_parts(r.event, r.resync));
+    let mut stream = sse::scan_stream(stream, |r| SharedEvent::from_parts(r.event, r.resync));
     let first = sse::first_message(&mut stream, "ingest").await?;
     Ok(sse::scan_events(
         stream,
@@ -271,7 +246,7 @@ pub(crate) async fn completion(
     ),
     responses(
         (status = 200, description = "The job has finished, successfully or not (`status`).",
-            body = crate::openapi::ScanResult,
+            body = crate::schema::ScanResult,
             headers(
                 ("ETag" = String, description = "A strong tag of this result's bytes."),
                 ("Cache-Control" = String, description = "`private, max-age=…, immutable` for a \
@@ -282,12 +257,8 @@ pub(crate) async fn completion(
             headers(("ETag" = String, description = "The result's tag."))),
         (status = 202, description = "The job is queued or running.", body = ScanPending,
             headers(("Retry-After" = u64, description = "Seconds to wait before polling again."))),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
+        CommonErrors,
         (status = 404, response = NotFound),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
     ),
     security(("bearerAuth" = [])),
 )]
@@ -416,13 +387,9 @@ pub(crate) struct LastEventId {
     ),
     responses(
         (status = 200, response = ScanEvents),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
+        CommonErrors,
         (status = 404, response = NotFound),
         (status = 429, response = TooManyRequests),
-        (status = 500, response = Internal),
-        (status = 503, response = Unavailable),
-        (status = 504, response = GatewayTimeout),
     ),
     security(("bearerAuth" = []), ("sseTicket" = []), ("tokenCookie" = [])),
 )]
@@ -479,7 +446,7 @@ pub(crate) async fn events(
                 .map_err(ingest_error)?
                 .into_inner();
             let mut stream =
-                sse::scan_stream(stream, |r| sse::SharedEvent::from_parts(r.event, r.resync));
+                sse::scan_stream(stream, |r| SharedEvent::from_parts(r.event, r.resync));
             let first = sse::first_message(&mut stream, "ingest").await?;
             (stream, first)
         }

@@ -1,3 +1,5 @@
+use ecoscan_proto::v1::{EventStatus, Stage};
+
 use super::*;
 
 fn ev(stage: Stage, status: EventStatus, payload: Option<Payload>) -> ScanEvent {

@@ -82,6 +82,103 @@ pub fn raise_file_limit() {
     }
 }
 
+/// What a service binary is, for [`run`] and [`run_with_migrations`].
+#[derive(Clone, Copy, Debug)]
+pub struct Binary {
+    /// `ecoscan-ingest`, …: the command's name.
+    pub binary: &'static str,
+    /// `ingest`, …: the service, as telemetry names it.
+    pub service: &'static str,
+    /// One line of `--help`.
+    pub about: &'static str,
+    /// The variable holding the address to listen on, and its default.
+    pub addr_var: &'static str,
+    pub default_addr: &'static str,
+}
+
+/// A service binary's `main`: [`run`] (or, with `migrations`, [`run_with_migrations`]) of the
+/// library crate `$krate` (its `Config::from_env`, `serve` and `migrate`), as
+/// `ecoscan-<service>` listening on `$addr_var` (default `$default_addr`).
+#[macro_export]
+macro_rules! service_main {
+    ($krate:ident, $service:literal, $about:literal, $addr_var:literal, $default_addr:literal) => {
+        #[tokio::main]
+        async fn main() -> anyhow::Result<()> {
+            $crate::binary::run(
+                $crate::service_main!(@binary $service, $about, $addr_var, $default_addr),
+                $krate::Config::from_env,
+                $krate::serve,
+            )
+            .await
+        }
+    };
+    ($krate:ident, $service:literal, $about:literal, $addr_var:literal, $default_addr:literal,
+     migrations) => {
+        #[tokio::main]
+        async fn main() -> anyhow::Result<()> {
+            $crate::binary::run_with_migrations(
+                $crate::service_main!(@binary $service, $about, $addr_var, $default_addr),
+                $krate::Config::from_env,
+                $krate::serve,
+                async |config: &$krate::Config| $krate::migrate(config).await,
+            )
+            .await
+        }
+    };
+    (@binary $service:literal, $about:literal, $addr_var:literal, $default_addr:literal) => {
+        $crate::binary::Binary {
+            binary: concat!("ecoscan-", $service),
+            service: $service,
+            about: $about,
+            addr_var: $addr_var,
+            default_addr: $default_addr,
+        }
+    };
+}
+
+/// The whole life of a service binary: its command line (before anything else, so that `--help`
+/// works whatever the environment holds), telemetry, its configuration from the environment,
+/// then `serve` on its address until SIGTERM or SIGINT.
+pub async fn run<C>(
+    bin: Binary,
+    config: impl FnOnce() -> anyhow::Result<C>,
+    serve: impl AsyncFnOnce(C, TcpListener, CancellationToken) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    run_any(bin, config, serve, None::<NoMigrations<C>>).await
+}
+
+/// [`run`] for a service with a database: `ecoscan-<service> migrate` applies its migrations
+/// with `migrate` and exits.
+pub async fn run_with_migrations<C>(
+    bin: Binary,
+    config: impl FnOnce() -> anyhow::Result<C>,
+    serve: impl AsyncFnOnce(C, TcpListener, CancellationToken) -> anyhow::Result<()>,
+    migrate: impl AsyncFnOnce(&C) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    run_any(bin, config, serve, Some(migrate)).await
+}
+
+/// What [`run`] passes for migrations: none.
+type NoMigrations<C> = fn(&C) -> std::future::Ready<anyhow::Result<()>>;
+
+async fn run_any<C>(
+    bin: Binary,
+    config: impl FnOnce() -> anyhow::Result<C>,
+    serve: impl AsyncFnOnce(C, TcpListener, CancellationToken) -> anyhow::Result<()>,
+    migrate: Option<impl AsyncFnOnce(&C) -> anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let command = self::command(bin.binary, bin.about, bin.addr_var, migrate.is_some());
+    let _guard = crate::telemetry::init(bin.service)?;
+    let config = config()?;
+    if let (Command::Migrate, Some(migrate)) = (command, migrate) {
+        migrate(&config).await?;
+        tracing::info!("{} database is up to date", bin.service);
+        return Ok(());
+    }
+    let listener = self::bind(bin.service, bin.addr_var, bin.default_addr).await?;
+    serve(config, listener, shutdown_on_signal()).await
+}
+
 /// Binds the address in `var` (default `default`) and logs where `service` listens.
 pub async fn bind(service: &str, var: &str, default: &str) -> anyhow::Result<TcpListener> {
     let addr = crate::config::env_addr(var, default)?;

@@ -4,7 +4,6 @@
 //! gRPC codes to HTTP statuses.
 
 pub mod assertion;
-pub mod balance;
 pub mod binary;
 pub mod client;
 pub mod codes;
@@ -18,6 +17,7 @@ pub mod telemetry;
 pub mod testing;
 pub mod tls;
 
+pub use client::balance;
 pub use identity::USER_ID_HEADER;
 
 /// Every ecoscan binary links this crate, so this is the allocator of all of them (services,

@@ -4,6 +4,7 @@
 
 mod error;
 pub mod hub;
+mod kick;
 pub mod metrics;
 pub mod reconcile;
 pub mod scheduler;

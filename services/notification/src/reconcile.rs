@@ -20,7 +20,6 @@ use std::{
 };
 
 use ecoscan_common::CancellationToken;
-use tokio::sync::Notify;
 
 use crate::{metrics::NotificationMetrics, scheduler::Scheduler, store::NotificationStore};
 
@@ -29,21 +28,7 @@ pub const PAGE: usize = 1000;
 /// The shortest time between two sweeps, whatever asks for them (the interval when shorter).
 const MIN_GAP: Duration = Duration::from_secs(1);
 
-/// Asks the reconcile loop for a sweep soon. Clones share the request; requests made while a
-/// sweep runs make one more sweep, not one each.
-#[derive(Clone, Default)]
-pub struct Kick(Arc<Notify>);
-
-impl Kick {
-    /// Asks for a sweep soon.
-    pub fn sweep_soon(&self) {
-        self.0.notify_one();
-    }
-
-    async fn asked(&self) {
-        self.0.notified().await;
-    }
-}
+pub use crate::kick::Kick;
 
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use prost::Message;
 use tokio::task::JoinHandle;
 
 use super::Hub;
-use crate::{reconcile::Kick, scheduler::redis::connect_single};
+use crate::{kick::Kick, scheduler::redis::connect_single};
 
 /// Publishes delivered notifications to every replica; see the module docs.
 pub struct RedisFanout {

@@ -5,7 +5,32 @@ use std::{net::IpAddr, time::Duration};
 
 use anyhow::{bail, ensure};
 
-use super::header::TrustHeader;
+/// Whether (and from whom) `X-User-Id` is believed (`GATEWAY_TRUST_USER_HEADER`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TrustHeader {
+    /// Never (the default): every caller proves who it is with a token.
+    #[default]
+    Off,
+    /// From a direct loopback peer only, without forwarding headers, with a `Host` naming the
+    /// listener; roles never.
+    Loopback,
+    /// From anyone, with roles: only for a gateway that nothing but an authenticating proxy can
+    /// reach (that proxy sets the headers itself).
+    Force,
+}
+
+impl std::str::FromStr for TrustHeader {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "false" | "off" | "no" | "0" => Ok(Self::Off),
+            "loopback" | "true" | "on" | "yes" | "1" => Ok(Self::Loopback),
+            "force" => Ok(Self::Force),
+            other => Err(format!("{other:?} is not one of off, loopback, force")),
+        }
+    }
+}
 
 /// Authentication settings (see the gateway's `Config` for the variables).
 #[derive(Clone, Debug)]

@@ -1,6 +1,9 @@
 //! Clients: one lazily connected, shared channel per target, balanced over its replicas
-//! ([`crate::balance`]) and over TLS when the process has internal TLS configured, a
-//! trace-context interceptor, and per-call deadlines.
+//! ([`balance`]) and over TLS when the process has internal TLS configured, a trace-context
+//! interceptor, and per-call deadlines. Every endpoint gets the same settings ([`dial`]).
+
+pub mod balance;
+mod dial;
 
 use std::time::Duration;
 
@@ -13,10 +16,8 @@ use tonic::{
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{
-    balance::{self, Balancing},
-    tls::TlsConfig,
-};
+use self::{balance::Balancing, dial::configure};
+use crate::tls::TlsConfig;
 
 /// A channel that carries the caller's trace context on every call.
 pub type TracedChannel = InterceptedService<Channel, TraceContext>;
@@ -60,7 +61,7 @@ impl Injector for MetadataInjector<'_> {
 /// A shared channel to `uri` (`http://vision:50052`). It connects on first use and reconnects
 /// by itself, so services may start in any order. Clone it freely: clones share its connections.
 ///
-/// Calls are balanced over every replica of the target ([`crate::balance`]): the host name is
+/// Calls are balanced over every replica of the target ([`balance`]): the host name is
 /// resolved to all its addresses (a headless Service in Kubernetes), one connection is kept per
 /// address, and the set follows the replicas (re-resolved every `GRPC_RESOLVE_INTERVAL`; an
 /// address that fails or drains gets no new calls). `uri` may also list several URLs, separated
@@ -100,31 +101,6 @@ pub fn channel_with(
 pub fn endpoint(uri: &str, tls: Option<&TlsConfig>) -> anyhow::Result<Endpoint> {
     let uri = crate::tls::dial_uri(uri, tls.is_some())?;
     configure(Endpoint::from_shared(uri)?, tls, None)
-}
-
-/// The settings of every internal endpoint; `tls_name` is the name TLS verifies when it is not
-/// the host dialled (an address the name resolved to).
-pub(crate) fn configure(
-    endpoint: Endpoint,
-    tls: Option<&TlsConfig>,
-    tls_name: Option<&str>,
-) -> anyhow::Result<Endpoint> {
-    let mut endpoint = endpoint
-        .connect_timeout(Duration::from_secs(3))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .keep_alive_while_idle(true);
-    if let Some(tls) = tls {
-        let mut config = tls.client_config();
-        if let Some(name) = tls_name {
-            config = config.domain_name(name);
-        }
-        endpoint = endpoint
-            .tls_config(config)
-            .map_err(|e| anyhow::anyhow!("{}", crate::tls::error_chain(&e)))?;
-    }
-    Ok(endpoint)
 }
 
 /// A request with a deadline (sent as `grpc-timeout`, enforced by the server too).

@@ -406,7 +406,7 @@ impl Balancer {
         Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(anyhow::Error::from)
             .and_then(|e| {
-                crate::client::configure(
+                super::dial::configure(
                     e.origin(target.uri.clone()),
                     self.tls.as_ref(),
                     Some(&target.host),
@@ -421,7 +421,7 @@ impl Balancer {
     /// Target `i`, dialled by name.
     fn endpoint_by_name(&self, i: usize) -> Option<Endpoint> {
         let target = &self.targets[i];
-        crate::client::configure(Endpoint::from(target.uri.clone()), self.tls.as_ref(), None)
+        super::dial::configure(Endpoint::from(target.uri.clone()), self.tls.as_ref(), None)
             .inspect_err(|e| tracing::warn!(target = %target.uri, error = %e, "unusable endpoint"))
             .ok()
     }

@@ -1,7 +1,12 @@
-//! Gateway configuration from the environment.
+//! Gateway configuration from the environment. A leaf: settings import nothing of the modules
+//! they configure.
+
+mod auth;
 
 use anyhow::{Context, ensure};
 use ecoscan_common::config::{env_duration, env_opt, env_or};
+
+pub use auth::{AuthConfig, TrustHeader};
 
 /// Address the binary listens on when `GATEWAY_ADDR` is unset.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
@@ -61,7 +66,7 @@ pub struct Config {
     /// Every SSE response ends after this long (an `EventSource` reconnects by itself), so no
     /// connection is held forever.
     pub sse_max_lifetime: std::time::Duration,
-    pub auth: crate::auth::AuthConfig,
+    pub auth: AuthConfig,
     pub limits: Limits,
     /// Origins allowed to call the API from a browser (CORS); none by default.
     pub cors_origins: Vec<String>,
@@ -168,7 +173,7 @@ impl Default for Config {
             concurrency_limit: 1024,
             public_base_url: None,
             sse_max_lifetime: std::time::Duration::from_secs(30 * 60),
-            auth: crate::auth::AuthConfig::default(),
+            auth: AuthConfig::default(),
             limits: Limits::default(),
             cors_origins: Vec::new(),
             jaeger_url: None,
@@ -201,7 +206,7 @@ impl Config {
             concurrency_limit: env_or("GATEWAY_CONCURRENCY_LIMIT", d.concurrency_limit)?,
             public_base_url: env_opt("GATEWAY_PUBLIC_BASE_URL"),
             sse_max_lifetime: env_duration("GATEWAY_SSE_MAX_LIFETIME", d.sse_max_lifetime)?,
-            auth: crate::auth::AuthConfig {
+            auth: AuthConfig {
                 hs256_secret: env_opt("GATEWAY_JWT_SECRET"),
                 jwks_url: env_opt("GATEWAY_JWKS_URL"),
                 issuer: env_opt("GATEWAY_JWT_ISSUER"),
@@ -317,8 +322,8 @@ impl Config {
     #[cfg(test)]
     pub(crate) fn local_for_tests() -> Self {
         Self {
-            auth: crate::auth::AuthConfig {
-                trust_header: crate::auth::TrustHeader::Loopback,
+            auth: AuthConfig {
+                trust_header: TrustHeader::Loopback,
                 ..Default::default()
             },
             ..Self::default()

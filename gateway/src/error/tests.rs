@@ -1,0 +1,133 @@
+use super::*;
+
+const ALL_CODES: [Code; 17] = [
+    Code::Ok,
+    Code::Cancelled,
+    Code::Unknown,
+    Code::InvalidArgument,
+    Code::DeadlineExceeded,
+    Code::NotFound,
+    Code::AlreadyExists,
+    Code::PermissionDenied,
+    Code::ResourceExhausted,
+    Code::FailedPrecondition,
+    Code::Aborted,
+    Code::OutOfRange,
+    Code::Unimplemented,
+    Code::Internal,
+    Code::Unavailable,
+    Code::DataLoss,
+    Code::Unauthenticated,
+];
+
+fn upstream(code: Code, msg: &str) -> ApiError {
+    ApiError::upstream("ingest", tonic::Status::new(code, msg))
+}
+
+#[test]
+fn upstream_codes_follow_the_shared_table_except_resource_exhausted_and_cancelled() {
+    for code in ALL_CODES {
+        let err = upstream(code, "x");
+        let (expected, name) = match code {
+            Code::ResourceExhausted => (503, "RESOURCE_EXHAUSTED"),
+            // A backend's connection broke under the call: retry, elsewhere.
+            Code::Cancelled => (503, "UNAVAILABLE"),
+            _ => (codes::http_status(code), codes::code_name(code)),
+        };
+        assert_eq!(err.http_status().as_u16(), expected, "{code:?}");
+        assert_eq!(err.code(), name, "{code:?}");
+    }
+    let cut = upstream(Code::Unknown, "transport error");
+    assert_eq!(cut.http_status().as_u16(), 503);
+    assert!(cut.retryable());
+}
+
+#[test]
+fn edge_errors_have_their_own_statuses() {
+    let cases = [
+        (
+            ApiError::InvalidArgument("a".into()),
+            400,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            ApiError::PayloadTooLarge("a".into()),
+            413,
+            "PAYLOAD_TOO_LARGE",
+        ),
+        (
+            ApiError::UnsupportedMediaType("a".into()),
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+        ),
+        (ApiError::NotFound("a".into()), 404, "NOT_FOUND"),
+        (ApiError::Overloaded, 503, "UNAVAILABLE"),
+        (ApiError::Internal("db exploded".into()), 500, "INTERNAL"),
+    ];
+    for (err, status, code) in cases {
+        assert_eq!(err.http_status().as_u16(), status);
+        assert_eq!(err.code(), code);
+    }
+}
+
+#[test]
+fn resource_exhausted_uses_the_upstream_retry_after_or_a_default() {
+    let mut status = tonic::Status::resource_exhausted("backlog full");
+    status
+        .metadata_mut()
+        .insert("retry-after", "7".parse().unwrap());
+    assert_eq!(ApiError::upstream("ingest", status).retry_after(), Some(7));
+    assert_eq!(
+        upstream(Code::ResourceExhausted, "backlog full").retry_after(),
+        Some(DEFAULT_RETRY_AFTER_SECS)
+    );
+    assert_eq!(upstream(Code::NotFound, "x").retry_after(), None);
+}
+
+#[test]
+fn a_backend_that_is_down_is_503_with_retry_after_naming_it() {
+    let err = upstream(Code::Unavailable, "tcp connect error: connection refused");
+    assert_eq!(err.http_status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(err.retry_after(), Some(DEFAULT_RETRY_AFTER_SECS));
+    assert_eq!(
+        err.public_message(),
+        "ingest is unavailable, try again in 5 s"
+    );
+    // A connection cut mid-call is the same outage.
+    let cut = ApiError::upstream("analytics", tonic::Status::cancelled("h2 reset"));
+    assert_eq!(cut.retry_after(), Some(DEFAULT_RETRY_AFTER_SECS));
+    assert_eq!(
+        cut.public_message(),
+        "analytics is unavailable, try again in 5 s"
+    );
+}
+
+#[test]
+fn internal_details_never_reach_the_caller() {
+    for code in [
+        Code::Internal,
+        Code::Unknown,
+        Code::DataLoss,
+        Code::Unavailable,
+    ] {
+        let msg = upstream(code, "sqlx: connection refused at 10.0.0.3").public_message();
+        assert!(!msg.contains("sqlx"), "{code:?} leaked: {msg}");
+    }
+    assert_eq!(
+        ApiError::Internal("secret".into()).public_message(),
+        "internal error"
+    );
+    assert_eq!(
+        upstream(Code::InvalidArgument, "image is empty").public_message(),
+        "image is empty"
+    );
+}
+
+#[test]
+fn error_json_carries_code_status_and_retryable() {
+    let json = upstream(Code::Unavailable, "down").to_json();
+    assert_eq!(json.code, "UNAVAILABLE");
+    assert_eq!(json.http_status, 503);
+    assert!(json.retryable);
+    assert!(!upstream(Code::NotFound, "gone").to_json().retryable);
+}

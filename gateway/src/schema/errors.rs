@@ -1,0 +1,125 @@
+//! The error answers, as reusable response components (`#/components/responses/…`) the
+//! handlers name in `responses(...)`, and the sets of them most operations share.
+
+use utoipa::{
+    IntoResponses, ToResponse, ToSchema,
+    openapi::{
+        self, ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder,
+        schema::{ObjectBuilder, Type},
+    },
+};
+
+use crate::error::ErrorBody;
+
+/// The JSON error body response most statuses share.
+fn error_response(description: &str, headers: &[(&str, &str)]) -> RefOr<openapi::Response> {
+    let mut response = ResponseBuilder::new().description(description).content(
+        "application/json",
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name(ErrorBody::name())))
+            .build(),
+    );
+    for (name, description) in headers {
+        let schema = if *name == "Retry-After" {
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(0))
+                .build()
+        } else {
+            ObjectBuilder::new().schema_type(Type::String).build()
+        };
+        response = response.header(
+            *name,
+            HeaderBuilder::new()
+                .schema(schema)
+                .description(Some(*description))
+                .build(),
+        );
+    }
+    response.build().into()
+}
+
+/// Error responses, as reusable components the handlers name in `responses(...)`.
+macro_rules! error_responses {
+    ($($name:ident: $description:expr $(, [$(($header:expr, $header_doc:expr)),*])?;)*) => {$(
+        #[doc = concat!("The `", stringify!($name), "` error response.")]
+        pub(crate) struct $name;
+
+        impl<'r> ToResponse<'r> for $name {
+            fn response() -> (&'r str, RefOr<openapi::Response>) {
+                (
+                    stringify!($name),
+                    error_response($description, &[$($(($header, $header_doc)),*)?]),
+                )
+            }
+        }
+    )*};
+}
+
+error_responses! {
+    BadRequest: "The request is malformed: a path, query or header parameter or a body field \
+                 is invalid (`INVALID_ARGUMENT`; the message says which), or a service refused it \
+                 as such (`FAILED_PRECONDITION`, `OUT_OF_RANGE`).";
+    Unauthorized: "No usable credentials: no token where one is needed, or a token that is \
+                   malformed, expired, of the wrong issuer or audience, or not signed by a known \
+                   key (`UNAUTHENTICATED`).",
+        [("WWW-Authenticate", "`Bearer realm=\"ecoscan\"`, with `error=\"invalid_token\"` when \
+                               a token was refused (RFC 6750).")];
+    Forbidden: "The caller may not do this: it needs the admin role, or the resource is another \
+                user's (`PERMISSION_DENIED`).";
+    NotFound: "No such resource, e.g. no job with this id for this caller (`NOT_FOUND`).";
+    RequestTimeout: "The request's body arrived too slowly: slower than the minimum rate over a \
+                     5 s window, or not within the body deadline (`DEADLINE_EXCEEDED`).";
+    PayloadTooLarge: "The body is larger than the gateway takes, or the image is larger than \
+                      the image limit (10 MiB by default) (`PAYLOAD_TOO_LARGE`).";
+    UnsupportedMediaType: "The body's `Content-Type` is not one this route takes, or the image \
+                           is not a JPEG, PNG, GIF or WebP file (`UNSUPPORTED_MEDIA_TYPE`).";
+    TooManyRequests: "This caller sent too much too fast (scans and schedules are rate-limited \
+                      per user) or holds too many open event streams (`RESOURCE_EXHAUSTED`).",
+        [("Retry-After", "Seconds to wait before trying again.")];
+    Internal: "Something inside failed; the cause is logged, not returned (`INTERNAL`, \
+               `UNKNOWN`, `DATA_LOSS`).";
+    Unavailable: "The gateway is at its concurrency limit or a backend is shedding load or \
+                  unreachable (`UNAVAILABLE`); try again shortly. `Retry-After` is sent when \
+                  load is shed.";
+    GatewayTimeout: "A backend did not answer within its deadline (`DEADLINE_EXCEEDED`).";
+}
+
+/// The errors every operation that calls a backend for a caller documents: a request refused
+/// as malformed, no usable credentials, and a failure inside the gateway or behind it.
+#[derive(IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "never built: it only lists responses for `#[utoipa::path]`"
+)]
+pub(crate) enum CommonErrors {
+    #[response(status = 400)]
+    BadRequest(#[ref_response] BadRequest),
+    #[response(status = 401)]
+    Unauthorized(#[ref_response] Unauthorized),
+    #[response(status = 500)]
+    Internal(#[ref_response] Internal),
+    #[response(status = 503)]
+    Unavailable(#[ref_response] Unavailable),
+    #[response(status = 504)]
+    GatewayTimeout(#[ref_response] GatewayTimeout),
+}
+
+/// What the operations that take a body, and are rate-limited per user, document beside
+/// [`CommonErrors`]: a body too slow, too large or of a type they do not take, and too many
+/// requests.
+#[derive(IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "never built: it only lists responses for `#[utoipa::path]`"
+)]
+pub(crate) enum BodyErrors {
+    #[response(status = 408)]
+    RequestTimeout(#[ref_response] RequestTimeout),
+    #[response(status = 413)]
+    PayloadTooLarge(#[ref_response] PayloadTooLarge),
+    #[response(status = 415)]
+    UnsupportedMediaType(#[ref_response] UnsupportedMediaType),
+    #[response(status = 429)]
+    TooManyRequests(#[ref_response] TooManyRequests),
+}
