@@ -8,6 +8,7 @@
 
 pub mod report;
 pub mod results;
+pub mod scan;
 pub mod sse;
 pub mod stats;
 pub mod system;
@@ -94,13 +95,18 @@ pub const PNG: &[u8] = &[
 /// every image is distinct, as photos are) and a hint.
 pub fn scan_body(salt: u64, hint: &str) -> String {
     use base64::Engine as _;
-    let mut image = PNG.to_vec();
-    image.extend_from_slice(&salt.to_be_bytes());
     serde_json::json!({
-        "image_base64": base64::engine::general_purpose::STANDARD.encode(image),
+        "image_base64": base64::engine::general_purpose::STANDARD.encode(scan_image(salt)),
         "hint": hint,
     })
     .to_string()
+}
+
+/// The test PNG made distinct by `salt` (content-addressed storage keeps each scan's own).
+pub fn scan_image(salt: u64) -> Vec<u8> {
+    let mut image = PNG.to_vec();
+    image.extend_from_slice(&salt.to_be_bytes());
+    image
 }
 
 /// Runs one scan through the gateway at `gateway` (`POST /api/v1/scan/completion` as `user`),

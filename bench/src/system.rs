@@ -73,10 +73,16 @@ pub fn peak_rss_kib() -> Option<u64> {
     status_field(&fs::read_to_string("/proc/self/status").ok()?, "VmHWM")
 }
 
-/// CPU time this process has used (user + system), from `/proc/self/stat`. Clock ticks are
-/// taken as 100 per second, the value on every Linux x86-64 and arm64 kernel.
+/// CPU time this process has used (user + system), from `/proc/self/stat`.
 pub fn cpu_time() -> Option<Duration> {
-    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    process_cpu_time("self")
+}
+
+/// CPU time process `pid` (`"self"` or a number) has used, user + system, from
+/// `/proc/<pid>/stat`. Clock ticks are taken as 100 per second, the value on every Linux
+/// x86-64 and arm64 kernel.
+pub fn process_cpu_time(pid: &str) -> Option<Duration> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces) start at the last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -84,6 +90,37 @@ pub fn cpu_time() -> Option<Duration> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(Duration::from_millis((utime + stime) * 10))
+}
+
+/// The processes whose command line (`/proc/<pid>/cmdline`, arguments joined by spaces)
+/// satisfies `matches`, with the CPU time each has used so far.
+pub fn processes_cpu(matches: impl Fn(&str) -> bool) -> std::collections::BTreeMap<u32, Duration> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|raw| {
+                let line = String::from_utf8_lossy(&raw).replace('\0', " ");
+                matches(line.trim_end())
+            })
+        })
+        .filter_map(|pid| Some((pid, process_cpu_time(&pid.to_string())?)))
+        .collect()
+}
+
+/// CPU used between two [`processes_cpu`] readings: the processes of the later one, less
+/// what each had used at the earlier (a process that started between them counts whole; one
+/// that ended is lost).
+pub fn cpu_between(
+    before: &std::collections::BTreeMap<u32, Duration>,
+    after: &std::collections::BTreeMap<u32, Duration>,
+) -> Duration {
+    after
+        .iter()
+        .map(|(pid, t)| t.saturating_sub(before.get(pid).copied().unwrap_or_default()))
+        .sum()
 }
 
 /// Raises this process's open-file limit to at least `want` (both soft and hard when running
@@ -108,8 +145,10 @@ pub fn raise_fd_limit(want: u64) -> u64 {
 pub fn stores() -> String {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let mut out = Vec::new();
-    if var("REDIS_URL").is_some() {
-        out.push("Redis");
+    match ecoscan_redis::Settings::from_env() {
+        Ok(Some(s)) if s.cluster => out.push("Redis Cluster"),
+        Ok(Some(_)) => out.push("Redis"),
+        _ => {}
     }
     let db = var("DATABASE_URL")
         .or_else(|| var("INGEST_DATABASE_URL"))
@@ -141,11 +180,12 @@ pub struct RedisSpent {
 
 /// [`RedisSpent`] so far; `None` without `REDIS_URL` or when Redis does not answer.
 pub async fn redis_spent() -> Option<RedisSpent> {
-    let urls = std::env::var("REDIS_URL").ok().filter(|v| !v.is_empty())?;
-    let first = urls.split(',').next()?.trim().to_owned();
-    let cluster = std::env::var("REDIS_CLUSTER").is_ok_and(|v| v == "true" || v == "1");
+    // The services' own reading of `REDIS_URL` and `REDIS_CLUSTER`: the same servers, the
+    // same truth table.
+    let settings = ecoscan_redis::Settings::from_env().ok().flatten()?;
+    let first = settings.urls.first()?.clone();
     let mut nodes = vec![first.clone()];
-    if cluster {
+    if settings.cluster {
         let mut conn = redis::Client::open(first.as_str())
             .ok()?
             .get_multiplexed_async_connection()
@@ -242,7 +282,21 @@ mod tests {
     fn this_process_has_a_resident_size_and_cpu_time() {
         assert!(rss_kib().is_some_and(|k| k > 0));
         assert!(cpu_time().is_some());
+        let me = std::process::id();
+        let found = processes_cpu(|_| true);
+        assert!(
+            found.contains_key(&me),
+            "this process is among all processes"
+        );
         assert!(machine_cpu().is_some_and(|(busy, total)| busy <= total && total > 0));
+    }
+
+    #[test]
+    fn cpu_between_counts_new_processes_whole_and_ignores_ended_ones() {
+        let ms = Duration::from_millis;
+        let before = [(1, ms(100)), (2, ms(50))].into_iter().collect();
+        let after = [(1, ms(160)), (3, ms(30))].into_iter().collect();
+        assert_eq!(cpu_between(&before, &after), ms(90));
     }
 
     #[test]

@@ -33,16 +33,11 @@ impl HttpMetrics {
             duration: seconds_family(),
         };
         let r = metrics.registry();
-        r.register(
-            "http_server_requests",
-            "HTTP requests answered, by route template, method and status",
-            this.requests.clone(),
-        );
-        r.register(
-            "http_server_duration_seconds",
-            "Time from request to response headers (SSE routes: until the stream starts)",
-            this.duration.clone(),
-        );
+        ecoscan_common::register_series! {
+            r;
+            ("http_server_requests", "HTTP requests answered, by route template, method and status", this.requests.clone());
+            ("http_server_duration_seconds", "Time from request to response headers (SSE routes: until the stream starts)", this.duration.clone());
+        }
         metrics.gauge_fn(
             "gateway_sse_connections",
             "SSE streams open now (scan completion, scan events, notifications)",

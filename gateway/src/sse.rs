@@ -70,10 +70,10 @@ pub(crate) struct EventData<'a> {
     seq: u64,
     /// The stage the event is about.
     #[schema(schema_with = crate::schema::stage_schema)]
-    stage: String,
+    stage: &'static str,
     /// What happened to it.
     #[schema(schema_with = crate::schema::event_status_schema)]
-    status: String,
+    status: &'static str,
     /// Fraction of the whole job done, from 0 to 1.
     progress: f32,
     /// Short human-readable description, e.g. "vision started".

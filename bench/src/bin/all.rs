@@ -140,6 +140,12 @@ const BENCHES: &[Bench] = &[
         limit: Duration::from_secs(600),
     },
     Bench {
+        name: "capacity",
+        full: &[],
+        quick: &["--steps", "2,4", "--step", "2s", "--warmup", "1s"],
+        limit: Duration::from_secs(600),
+    },
+    Bench {
         name: "sse-fanout",
         full: &[],
         quick: &[

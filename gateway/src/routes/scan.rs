@@ -77,7 +77,7 @@ pub(crate) struct ScanAccepted {
     result_url: String,
     /// Where the job is: `queued` for a new one.
     #[schema(schema_with = crate::schema::job_status_schema)]
-    status: String,
+    status: &'static str,
 }
 
 /// A job that has not finished yet (202 of `GET /api/v1/scan/{id}`). Fields are in alphabetical
@@ -92,10 +92,10 @@ pub(crate) struct ScanPending {
     result_url: String,
     /// The stage running now.
     #[schema(schema_with = crate::schema::stage_schema)]
-    stage: String,
+    stage: &'static str,
     /// `queued` or `running`.
     #[schema(schema_with = crate::schema::job_status_schema)]
-    status: String,
+    status: &'static str,
 }
 
 /// `POST /api/v1/scan`: accepts a scan and answers 202 with where to follow it.

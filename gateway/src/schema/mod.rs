@@ -61,7 +61,7 @@ pub(crate) fn event_status_schema() -> Schema {
     )
 }
 
-fn short_names(description: &str, names: impl Iterator<Item = String>) -> Schema {
+fn short_names(description: &str, names: impl Iterator<Item = &'static str>) -> Schema {
     ObjectBuilder::new()
         .schema_type(Type::String)
         .enum_values(Some(names.collect::<Vec<_>>()))

@@ -33,21 +33,12 @@ impl WriterMetrics {
     pub fn register(metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
         let this = Self::default();
         let r = metrics.registry();
-        r.register(
-            "analytics_calls_recorded",
-            "LLM calls committed, directly or by a replay of the spool (repeats of a call id not counted)",
-            this.recorded.clone(),
-        );
-        r.register(
-            "analytics_batch_rows",
-            "Rows per committed batch (group commit)",
-            this.batch_rows.clone(),
-        );
-        r.register(
-            "analytics_commit_duration_seconds",
-            "Time to write a batch: its bodies object and its rows in one transaction",
-            this.commit.clone(),
-        );
+        ecoscan_common::register_series! {
+            r;
+            ("analytics_calls_recorded", "LLM calls committed, directly or by a replay of the spool (repeats of a call id not counted)", this.recorded.clone());
+            ("analytics_batch_rows", "Rows per committed batch (group commit)", this.batch_rows.clone());
+            ("analytics_commit_duration_seconds", "Time to write a batch: its bodies object and its rows in one transaction", this.commit.clone());
+        }
         this
     }
 
@@ -83,41 +74,16 @@ impl SpoolMetrics {
     pub fn register(metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
         let this = Self::default();
         let r = metrics.registry();
-        r.register(
-            "analytics_spool_bytes",
-            "Bytes of batches waiting in the spool for the stores",
-            this.bytes.clone(),
-        );
-        r.register(
-            "analytics_spool_batches",
-            "Batches waiting in the spool for the stores",
-            this.batches.clone(),
-        );
-        r.register(
-            "analytics_spooled",
-            "Batches written to the spool because the stores failed",
-            this.spooled.clone(),
-        );
-        r.register(
-            "analytics_spool_replayed",
-            "Spooled batches written to the stores and removed from the spool",
-            this.replayed.clone(),
-        );
-        r.register(
-            "analytics_spool_full",
-            "Calls refused with RESOURCE_EXHAUSTED because the stores failed and the spool was full",
-            this.full.clone(),
-        );
-        r.register(
-            "analytics_spool_corrupt",
-            "Unreadable spool files moved to corrupt/",
-            this.corrupt.clone(),
-        );
-        r.register(
-            "analytics_spool_rejected",
-            "Spooled batches the stores kept refusing while taking others, moved to rejected/",
-            this.rejected.clone(),
-        );
+        ecoscan_common::register_series! {
+            r;
+            ("analytics_spool_bytes", "Bytes of batches waiting in the spool for the stores", this.bytes.clone());
+            ("analytics_spool_batches", "Batches waiting in the spool for the stores", this.batches.clone());
+            ("analytics_spooled", "Batches written to the spool because the stores failed", this.spooled.clone());
+            ("analytics_spool_replayed", "Spooled batches written to the stores and removed from the spool", this.replayed.clone());
+            ("analytics_spool_full", "Calls refused with RESOURCE_EXHAUSTED because the stores failed and the spool was full", this.full.clone());
+            ("analytics_spool_corrupt", "Unreadable spool files moved to corrupt/", this.corrupt.clone());
+            ("analytics_spool_rejected", "Spooled batches the stores kept refusing while taking others, moved to rejected/", this.rejected.clone());
+        }
         this
     }
 

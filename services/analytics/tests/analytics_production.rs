@@ -13,7 +13,7 @@ use ecoscan_analytics::{BODY_KEY_PREFIX, Config, serve};
 use ecoscan_common::testing::{assert_health_and_reflection, spawn};
 use ecoscan_objects::{ObjectStoreConfig, S3Config, S3ObjectStore};
 use ecoscan_proto::v1::{
-    CallStatus, GetCallRequest, LlmCall, RecordRequest, RecordStreamRequest, UsageRequest,
+    GetCallRequest, LlmCall, RecordRequest, RecordStreamRequest, UsageRequest,
     analytics_service_client::AnalyticsServiceClient,
 };
 use support::PgSchema;
@@ -45,36 +45,34 @@ async fn bucket() -> (S3Config, S3ObjectStore) {
     (config, store)
 }
 
-fn call(i: usize) -> LlmCall {
-    LlmCall {
-        call_id: uuid::Uuid::now_v7().to_string(),
-        service: "answer".into(),
-        provider: "mock".into(),
-        model: "mock-1".into(),
-        operation: "generate".into(),
-        input_tokens: 100,
-        output_tokens: 10,
-        latency_ms: 5.0,
-        ttft_ms: 1.0,
-        status: CallStatus::Ok as i32,
-        error: String::new(),
-        request_body: format!("request {i} ").repeat(i + 1),
-        response_body: if i.is_multiple_of(4) {
-            String::new()
-        } else {
-            format!("응답 {i}")
-        },
-        job_id: format!("job-{i}"),
-        trace_id: String::new(),
-        started_at: Some(now_in_whole_micros()),
-    }
+/// Every call of `calls`, read back over `GetCall` (as an admin).
+async fn read_back<'a>(
+    client: &AnalyticsServiceClient<ecoscan_common::client::TracedChannel>,
+    calls: impl Iterator<Item = &'a LlmCall>,
+) -> Vec<LlmCall> {
+    futures::future::join_all(calls.map(|c| {
+        let mut client = client.clone();
+        let call_id = c.call_id.clone();
+        async move {
+            client
+                .get_call(ecoscan_common::client::as_admin(GetCallRequest { call_id }))
+                .await
+                .unwrap()
+                .into_inner()
+                .call
+                .unwrap()
+        }
+    }))
+    .await
 }
 
-/// Calls are stored to the microsecond.
-fn now_in_whole_micros() -> ecoscan_proto::Timestamp {
-    let mut ts = ecoscan_proto::now();
-    ts.nanos -= ts.nanos % 1_000;
-    ts
+fn call(i: usize) -> LlmCall {
+    let response = if i.is_multiple_of(4) {
+        String::new()
+    } else {
+        format!("응답 {i}")
+    };
+    support::llm_call(i, format!("request {i} ").repeat(i + 1), response)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,20 +111,7 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
         .await
         .unwrap()
         .into_inner();
-    let read_back = futures::future::join_all(calls.iter().map(|c| {
-        let mut client = client.clone();
-        let call_id = c.call_id.clone();
-        async move {
-            client
-                .get_call(ecoscan_common::client::as_admin(GetCallRequest { call_id }))
-                .await
-                .unwrap()
-                .into_inner()
-                .call
-                .unwrap()
-        }
-    }))
-    .await;
+    let read_back = read_back(&client, calls.iter()).await;
     let usage = client
         .clone()
         .usage(ecoscan_common::client::as_admin(UsageRequest::default()))
@@ -260,20 +245,7 @@ async fn calls_recorded_while_s3_is_unreachable_land_exactly_once_after_it_retur
     assert_eq!(ids.len(), 310, "rows");
     assert_eq!(stored, sent);
     // ...and reads back whole, its bodies from S3.
-    let read_back = futures::future::join_all(before.iter().chain(&during).map(|c| {
-        let mut client = client.clone();
-        let call_id = c.call_id.clone();
-        async move {
-            client
-                .get_call(ecoscan_common::client::as_admin(GetCallRequest { call_id }))
-                .await
-                .unwrap()
-                .into_inner()
-                .call
-                .unwrap()
-        }
-    }))
-    .await;
+    let read_back = read_back(&client, before.iter().chain(&during)).await;
     for (back, sent) in read_back.iter().zip(before.iter().chain(&during)) {
         assert_eq!(back, sent, "call {} read back differently", sent.job_id);
     }

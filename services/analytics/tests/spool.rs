@@ -2,6 +2,8 @@
 //! body directory, both wrapped so a test can make them fail (for a while, for a number of
 //! calls, or for one kind of batch) — and no acknowledged call may be lost or stored twice.
 
+mod support;
+
 use std::{
     collections::HashSet,
     path::{Path, PathBuf},
@@ -22,7 +24,7 @@ use ecoscan_analytics::{
 use ecoscan_common::testing::{Spawned, sample, scrape, spawn};
 use ecoscan_objects::{LocalObjectStore, ObjectError, ObjectStore};
 use ecoscan_proto::v1::{
-    CallStatus, GetCallRequest, LlmCall, RecordRequest, RecordStreamRequest,
+    GetCallRequest, LlmCall, RecordRequest, RecordStreamRequest,
     analytics_service_client::AnalyticsServiceClient,
 };
 use tempfile::TempDir;
@@ -291,35 +293,12 @@ impl Service {
 }
 
 fn call(i: usize) -> LlmCall {
-    LlmCall {
-        call_id: uuid::Uuid::now_v7().to_string(),
-        service: "answer".into(),
-        provider: "mock".into(),
-        model: "mock-1".into(),
-        operation: "generate".into(),
-        input_tokens: 100,
-        output_tokens: 10,
-        latency_ms: 5.0,
-        ttft_ms: 1.0,
-        status: CallStatus::Ok as i32,
-        error: String::new(),
-        request_body: format!("request {i} ").repeat(i % 7 + 1),
-        response_body: if i.is_multiple_of(5) {
-            String::new()
-        } else {
-            format!("응답 {i}")
-        },
-        job_id: format!("job-{i}"),
-        trace_id: String::new(),
-        started_at: Some(now_in_whole_micros()),
-    }
-}
-
-/// Calls are stored to the microsecond.
-fn now_in_whole_micros() -> ecoscan_proto::Timestamp {
-    let mut ts = ecoscan_proto::now();
-    ts.nanos -= ts.nanos % 1_000;
-    ts
+    let response = if i.is_multiple_of(5) {
+        String::new()
+    } else {
+        format!("응답 {i}")
+    };
+    support::llm_call(i, format!("request {i} ").repeat(i % 7 + 1), response)
 }
 
 async fn record(client: &Client, c: LlmCall) -> Result<bool, tonic::Status> {

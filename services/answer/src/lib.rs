@@ -14,7 +14,7 @@ use service::AnswerSvc;
 use std::sync::Arc;
 
 use ecoscan_common::CancellationToken;
-use ecoscan_llm::{AnalyticsReporter, Llm};
+use ecoscan_llm::Llm;
 use ecoscan_proto::v1::answer_service_server::AnswerServiceServer;
 
 pub use error::Error;
@@ -28,14 +28,13 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let reporter = config
-        .analytics_url
-        .as_deref()
-        .map(AnalyticsReporter::new)
-        .transpose()?;
     let mut metrics = ecoscan_common::metrics::Metrics::new("answer");
-    let llm_metrics = ecoscan_llm::LlmMetrics::register(&mut metrics, reporter.as_ref());
-    let llm = Llm::new(config.llm, "answer", reporter)?.with_metrics(llm_metrics);
+    let llm = Llm::for_service(
+        config.llm,
+        "answer",
+        config.analytics_url.as_deref(),
+        &mut metrics,
+    )?;
     tracing::info!(provider = %llm.provider(), "answer service ready");
     let svc = AnswerServiceServer::new(AnswerSvc { llm: Arc::new(llm) })
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);

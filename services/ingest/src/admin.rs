@@ -12,8 +12,11 @@ use ecoscan_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    Stores, error::Error, event::event, metrics::IngestMetrics, service::result_of,
-    store::QueueEntry,
+    error::Error,
+    event::event,
+    metrics::IngestMetrics,
+    service::result_of,
+    store::{QueueEntry, Stores},
 };
 
 /// Dead letters per page when the caller does not say, and at most.

@@ -5,11 +5,71 @@ use std::{path::PathBuf, time::Duration};
 use ecoscan_common::config::{env_duration, env_opt, env_or};
 use ecoscan_objects::S3Config;
 
-use crate::{
-    fetch::Allowlist,
-    hub::HubConfig,
-    store::{postgres::is_postgres_url, redis::DEFAULT_FEED_SHARDS},
-};
+use crate::allowlist::Allowlist;
+
+/// Feed shards unless configured (`INGEST_FEED_SHARDS`): enough to spread jobs over the
+/// masters of a Cluster; every hub subscribes to all of them on one connection.
+pub const DEFAULT_FEED_SHARDS: u32 = 64;
+
+/// Events kept per job unless configured (`INGEST_EVENT_MAX_LEN`): a bound on a runaway
+/// job's memory, not a replay window. It is far above what any job appends (a scan has a few
+/// dozen events; with every stage and answer retry running to its deadline and the attempts
+/// all used, some ten thousand: answer deltas at most every 250 ms), so a resume from any
+/// point of a job's log finds every event after it; a finished job's log goes whole with its
+/// TTL (`INGEST_EVENT_TTL`).
+pub const DEFAULT_EVENT_MAX_LEN: usize = 100_000;
+
+/// How long the first append of a batch waits for others to join it by default
+/// (`INGEST_APPEND_LINGER`): under load many events share one script call, one round trip and
+/// one publish; idle, an append waits this long.
+pub const DEFAULT_APPEND_LINGER: Duration = Duration::from_millis(5);
+
+/// How the Redis event log is laid out and batches its appends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventLogSettings {
+    /// Before every key and channel (`INGEST_REDIS_PREFIX`; `""` in production, a test's own in
+    /// tests).
+    pub prefix: String,
+    /// Events kept per job, about.
+    pub max_len: usize,
+    /// Feed shards (the same in every process of a deployment).
+    pub shards: u32,
+    /// How long an append waits for others to share its round trip.
+    pub linger: Duration,
+}
+
+impl Default for EventLogSettings {
+    fn default() -> Self {
+        Self {
+            prefix: String::new(),
+            max_len: DEFAULT_EVENT_MAX_LEN,
+            shards: DEFAULT_FEED_SHARDS,
+            linger: DEFAULT_APPEND_LINGER,
+        }
+    }
+}
+
+/// Tuning of the hub and its watchers.
+#[derive(Clone, Debug)]
+pub struct HubConfig {
+    /// Messages a watcher may fall behind the hub before it catches up from the log instead.
+    pub watcher_buffer: usize,
+    /// A watcher that has heard nothing for this long reads the log anyway: a last guard
+    /// against any loss the feed could not announce.
+    pub idle_check: Duration,
+    /// Longest life of one watch stream; the caller reconnects with the last event id.
+    pub max_lifetime: Duration,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        Self {
+            watcher_buffer: 256,
+            idle_check: Duration::from_secs(30),
+            max_lifetime: Duration::from_secs(10 * 60),
+        }
+    }
+}
 
 /// Ingest settings. Environment variables (defaults in brackets):
 ///
@@ -121,8 +181,8 @@ impl Default for Config {
             fetch_concurrency: 16,
             fetch_allow: Allowlist::default(),
             event_ttl: Duration::from_secs(3600),
-            event_max_len: crate::store::events::DEFAULT_EVENT_MAX_LEN,
-            append_linger: crate::store::redis::DEFAULT_APPEND_LINGER,
+            event_max_len: DEFAULT_EVENT_MAX_LEN,
+            append_linger: DEFAULT_APPEND_LINGER,
             delta_interval: Duration::from_millis(250),
             hub: HubConfig::default(),
             sweep_interval: Duration::from_secs(30),
@@ -132,6 +192,16 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The Redis event log's settings, from the flat variables.
+    pub fn event_log(&self) -> EventLogSettings {
+        EventLogSettings {
+            prefix: self.redis_prefix.clone(),
+            max_len: self.event_max_len,
+            shards: self.feed_shards,
+            linger: self.append_linger,
+        }
+    }
+
     pub fn from_env() -> anyhow::Result<Self> {
         let d = Self::default();
         Self {
@@ -164,7 +234,7 @@ impl Config {
     pub fn with_stores_from_env(mut self) -> anyhow::Result<Self> {
         if let Some(url) = env_opt("INGEST_DATABASE_URL")
             .or_else(|| env_opt("DATABASE_URL"))
-            .filter(|u| is_postgres_url(u))
+            .filter(|u| ecoscan_sql::is_postgres(u))
         {
             self.database_url = url;
         }

@@ -227,22 +227,12 @@ pub(crate) fn progress_range(stage: Stage) -> (f32, f32) {
     }
 }
 
+/// A stage's short name (`vision`), as the API, the logs and the spans give it.
 pub(crate) fn stage_name(stage: Stage) -> &'static str {
-    match stage {
-        Stage::Vision => "vision",
-        Stage::Rule => "rule",
-        Stage::Answer => "answer",
-        Stage::Reward => "reward",
-        Stage::Done => "done",
-        Stage::Queued => "queued",
-        Stage::Unspecified => "unspecified",
-    }
+    ecoscan_proto::event::stage_name(stage as i32)
 }
 
-/// Whether `ev` is a job's final event (stage `done`): nothing follows it.
-pub fn is_final(ev: &ScanEvent) -> bool {
-    ev.stage == Stage::Done as i32
-}
+pub use ecoscan_proto::event::is_final;
 
 #[cfg(test)]
 mod tests {

@@ -30,33 +30,12 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::{
-    Stores,
     error::{Error, StoreError},
     event::{Watched, is_final, rebuilt_end, resync},
-    store::{EventId, FeedItem, Job},
+    store::{EventId, FeedItem, Job, Stores},
 };
 
-/// Tuning of the hub and its watchers.
-#[derive(Clone, Debug)]
-pub struct HubConfig {
-    /// Messages a watcher may fall behind the hub before it catches up from the log instead.
-    pub watcher_buffer: usize,
-    /// A watcher that has heard nothing for this long reads the log anyway: a last guard
-    /// against any loss the feed could not announce.
-    pub idle_check: Duration,
-    /// Longest life of one watch stream; the caller reconnects with the last event id.
-    pub max_lifetime: Duration,
-}
-
-impl Default for HubConfig {
-    fn default() -> Self {
-        Self {
-            watcher_buffer: 256,
-            idle_check: Duration::from_secs(30),
-            max_lifetime: Duration::from_secs(10 * 60),
-        }
-    }
-}
+pub use crate::config::HubConfig;
 
 /// What the hub hands a watcher.
 #[derive(Clone, Debug)]

@@ -4,6 +4,7 @@
 //! stage; `Watch` serves every job's events from one in-process hub.
 
 pub mod admin;
+mod allowlist;
 pub mod config;
 pub mod error;
 pub mod event;
@@ -16,7 +17,7 @@ pub mod service;
 pub mod store;
 pub mod sweeper;
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -28,105 +29,9 @@ use tokio::net::TcpListener;
 
 pub use config::Config;
 pub use error::Error;
+pub use store::Stores;
 
-use crate::store::{
-    EventLog, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue, ObjectStore, PgJobStore,
-    Queue, RedisEventLog, RedisQueue, S3ObjectStore, SqliteJobStore, postgres::is_postgres_url,
-    redis::consumer_name,
-};
-
-/// Bytes of recently stored images kept in memory for the vision stage (with S3).
-const RECENT_IMAGES_BYTES: usize = 64 * 1024 * 1024;
-
-/// Every store ingest uses.
-#[derive(Clone)]
-pub struct Stores {
-    pub jobs: Arc<dyn JobStore>,
-    pub events: Arc<dyn EventLog>,
-    pub queue: Arc<dyn Queue>,
-    pub objects: Arc<dyn ObjectStore>,
-}
-
-impl Stores {
-    /// The embedded stores: SQLite rows, a local object directory, in-memory log and queue.
-    pub async fn embedded(config: &Config) -> anyhow::Result<Self> {
-        Ok(Self {
-            jobs: Arc::new(SqliteJobStore::open(&config.database_url).await?),
-            events: Arc::new(MemoryEventLog::new(config.event_max_len)),
-            queue: Arc::new(MemoryQueue::new()),
-            objects: Arc::new(LocalObjectStore::open(&config.object_dir).await?),
-        })
-    }
-
-    /// The stores `config` selects, each on its own: PostgreSQL job rows for a `postgres://`
-    /// database URL (else SQLite), Redis event log and queue with `redis_url` (else in memory),
-    /// S3 images with `s3` (else the object directory).
-    pub async fn from_config(config: &Config) -> anyhow::Result<Self> {
-        let jobs: Arc<dyn JobStore> = if is_postgres_url(&config.database_url) {
-            tracing::info!("job rows in postgresql");
-            Arc::new(
-                PgJobStore::connect(&config.database_url)
-                    .await
-                    .context("failed to open the postgresql job store")?,
-            )
-        } else {
-            Arc::new(
-                SqliteJobStore::open(&config.database_url)
-                    .await
-                    .with_context(|| format!("failed to open {}", config.database_url))?,
-            )
-        };
-        let (events, queue): (Arc<dyn EventLog>, Arc<dyn Queue>) = match &config.redis {
-            Some(settings) => {
-                tracing::info!(
-                    cluster = settings.cluster,
-                    "event log and dispatch queue in redis"
-                );
-                let consumer = consumer_name();
-                let redis =
-                    ecoscan_redis::Redis::connect(settings, &format!("ecoscan-ingest:{consumer}"))
-                        .await
-                        .context("failed to connect to redis (REDIS_URL)")?;
-                let prefix = &config.redis_prefix;
-                (
-                    Arc::new(RedisEventLog::with_settings(
-                        &redis,
-                        prefix,
-                        config.event_max_len,
-                        config.feed_shards,
-                        config.append_linger,
-                    )),
-                    Arc::new(RedisQueue::open(&redis, prefix, &consumer).await?),
-                )
-            }
-            None => (
-                Arc::new(MemoryEventLog::new(config.event_max_len)),
-                Arc::new(MemoryQueue::new()),
-            ),
-        };
-        let objects: Arc<dyn ObjectStore> = match &config.s3 {
-            Some(s3) => {
-                tracing::info!(bucket = %s3.bucket, "images in s3");
-                let s3 = S3ObjectStore::connect(s3.clone())
-                    .await
-                    .context("failed to open the s3 object store (S3_ENDPOINT)")?;
-                // The vision stage reads back, seconds later and usually in this process, the
-                // photo intake just wrote: keep recent ones rather than fetch each twice.
-                Arc::new(ecoscan_objects::RecentWrites::new(
-                    Arc::new(s3),
-                    RECENT_IMAGES_BYTES,
-                ))
-            }
-            None => Arc::new(LocalObjectStore::open(&config.object_dir).await?),
-        };
-        Ok(Self {
-            jobs,
-            events,
-            queue,
-            objects,
-        })
-    }
-}
+use crate::store::{PgJobStore, SqliteJobStore, postgres::is_postgres_url};
 
 /// Applies the job store's migrations (PostgreSQL; SQLite's schema is created the same way)
 /// and returns: `ecoscan-ingest migrate`.

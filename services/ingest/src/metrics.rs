@@ -46,51 +46,18 @@ impl IngestMetrics {
         let this = Self::default();
         let backlog = Gauge::<i64>::default();
         let r = metrics.registry();
-        r.register(
-            "ingest_jobs_submitted",
-            "Scan jobs accepted (a repeat of an idempotency key is not counted)",
-            this.submitted.clone(),
-        );
-        r.register(
-            "ingest_submit_rejected",
-            "Scans refused at intake, by reason (overloaded or invalid)",
-            this.rejected.clone(),
-        );
-        r.register(
-            "ingest_jobs",
-            "Scan jobs finished, by status (succeeded or failed)",
-            this.jobs.clone(),
-        );
-        r.register(
-            "ingest_dispatch_lag_seconds",
-            "Time from enqueue to a worker's first claim of the job",
-            this.lag.clone(),
-        );
-        r.register(
-            "ingest_stage_duration_seconds",
-            "Time of a pipeline stage, retries included, by stage and outcome (ok, failed, store_error)",
-            this.stages.clone(),
-        );
-        r.register(
-            "ingest_jobs_dead_lettered",
-            "Jobs failed and set aside for an operator, by reason (attempts: tried too often; store: a record that cannot be read)",
-            this.dead_lettered.clone(),
-        );
-        r.register(
-            "ingest_jobs_requeued",
-            "Dead-lettered jobs an operator put back on the queue",
-            this.requeued.clone(),
-        );
-        r.register(
-            "ingest_workers_fenced",
-            "Workers stopped because their job was claimed again (a write with a stale lease epoch was refused)",
-            this.fenced.clone(),
-        );
-        r.register(
-            "ingest_dispatch_backlog",
-            "Jobs on the dispatch queue: waiting plus claimed and not yet acknowledged",
-            backlog.clone(),
-        );
+        ecoscan_common::register_series! {
+            r;
+            ("ingest_jobs_submitted", "Scan jobs accepted (a repeat of an idempotency key is not counted)", this.submitted.clone());
+            ("ingest_submit_rejected", "Scans refused at intake, by reason (overloaded or invalid)", this.rejected.clone());
+            ("ingest_jobs", "Scan jobs finished, by status (succeeded or failed)", this.jobs.clone());
+            ("ingest_dispatch_lag_seconds", "Time from enqueue to a worker's first claim of the job", this.lag.clone());
+            ("ingest_stage_duration_seconds", "Time of a pipeline stage, retries included, by stage and outcome (ok, failed, store_error)", this.stages.clone());
+            ("ingest_jobs_dead_lettered", "Jobs failed and set aside for an operator, by reason (attempts: tried too often; store: a record that cannot be read)", this.dead_lettered.clone());
+            ("ingest_jobs_requeued", "Dead-lettered jobs an operator put back on the queue", this.requeued.clone());
+            ("ingest_workers_fenced", "Workers stopped because their job was claimed again (a write with a stale lease epoch was refused)", this.fenced.clone());
+            ("ingest_dispatch_backlog", "Jobs on the dispatch queue: waiting plus claimed and not yet acknowledged", backlog.clone());
+        }
         metrics.gauge_fn(
             "ingest_hub_watchers",
             "Watch streams currently subscribed to the event hub",

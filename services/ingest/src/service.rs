@@ -15,14 +15,14 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    Config, Stores,
+    Config,
     error::Error,
     event::{Watched, event},
     fetch::ImageFetcher,
     hub::Hub,
     image,
     metrics::IngestMetrics,
-    store::{EventId, Job, NewJob, QueueEntry},
+    store::{EventId, Job, NewJob, QueueEntry, Stores},
 };
 
 pub struct ScanApi {

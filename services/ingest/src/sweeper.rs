@@ -10,7 +10,10 @@ use std::time::{Duration, SystemTime};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Stores, error::StoreError, store::QueueEntry};
+use crate::{
+    error::StoreError,
+    store::{QueueEntry, Stores},
+};
 
 /// Rows read per page, and pages per pass (the rest waits for the next pass).
 const PAGE: u32 = 1000;

@@ -8,7 +8,7 @@ use std::{collections::HashMap, time::Duration};
 
 use bytes::Bytes;
 use ecoscan_common::client::{as_admin, request_as};
-use ecoscan_ingest::store::{NewJob, QueueEntry};
+use ecoscan_ingest::store::QueueEntry;
 use ecoscan_proto::v1::{
     EventStatus, JobStatus, ListDeadLettersRequest, RequeueDeadLetterRequest, ScanEvent, Stage,
     scan_event::Payload,
@@ -19,21 +19,7 @@ use tonic::Code;
 /// A job row and its queue entry, as `Submit` leaves them, for an image stored at `image_key`
 /// (or not stored at all).
 async fn insert_queued(env: &Env, image_key: &str) -> String {
-    let (job, _) = env
-        .stores
-        .jobs
-        .insert(NewJob {
-            id: uuid::Uuid::now_v7().to_string(),
-            user_id: "u1".into(),
-            image_key: image_key.into(),
-            content_type: "image/png".into(),
-            hint: String::new(),
-            locale: "en".into(),
-            idempotency_key: None,
-            trace_carrier: HashMap::new(),
-        })
-        .await
-        .unwrap();
+    let (job, _) = env.stores.jobs.insert(new_job(image_key)).await.unwrap();
     enqueue(env, &job.id).await;
     job.id
 }
@@ -187,16 +173,7 @@ async fn a_job_delivered_more_often_than_the_limit_is_dead_lettered() {
     let (job, _) = env
         .stores
         .jobs
-        .insert(NewJob {
-            id: uuid::Uuid::now_v7().to_string(),
-            user_id: "u1".into(),
-            image_key: "images/ab/crashes".into(),
-            content_type: "image/png".into(),
-            hint: String::new(),
-            locale: "en".into(),
-            idempotency_key: None,
-            trace_carrier: HashMap::new(),
-        })
+        .insert(new_job("images/ab/crashes"))
         .await
         .unwrap();
     // Three workers claimed it and died (a job that crashes its worker every time).

@@ -14,7 +14,7 @@ use ecoscan_common::client::request_as;
 use ecoscan_ingest::{
     Stores,
     error::StoreError,
-    store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
+    store::{Lease, Queue, QueueEntry, jobs::Checkpoint},
 };
 use ecoscan_proto::v1::{
     DisposalRules, EventStatus, JobStatus, ScanEvent, Stage, SubmitRequest, WatchRequest,
@@ -35,16 +35,7 @@ async fn a_resumed_job_runs_only_the_stages_without_a_checkpoint() {
     let (job, _) = env
         .stores
         .jobs
-        .insert(NewJob {
-            id: uuid::Uuid::now_v7().to_string(),
-            user_id: "u1".into(),
-            image_key: "images/aa/photo".into(),
-            content_type: "image/png".into(),
-            hint: String::new(),
-            locale: "en".into(),
-            idempotency_key: None,
-            trace_carrier: HashMap::new(),
-        })
+        .insert(new_job("images/aa/photo"))
         .await
         .unwrap();
     env.stores

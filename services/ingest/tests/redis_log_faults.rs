@@ -4,7 +4,9 @@
 //! Each runs on a private `redis-server` (or three-master Cluster) of its own, never the
 //! shared one, with a hub and a watcher as ingest runs them.
 
-use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
+mod support;
+
+use std::{pin::Pin, sync::Arc, time::Duration};
 
 use ecoscan_common::CancellationToken;
 use ecoscan_ingest::{
@@ -12,8 +14,8 @@ use ecoscan_ingest::{
     event::Watched,
     hub::{Hub, HubConfig},
     store::{
-        EventId, EventLog, Job, JobStore, LocalObjectStore, MemoryQueue, NewJob, RUN_SPAN,
-        RedisEventLog, SqliteJobStore,
+        EventId, EventLog, Job, JobStore, LocalObjectStore, MemoryQueue, RUN_SPAN, RedisEventLog,
+        SqliteJobStore,
         redis::{DEFAULT_FEED_SHARDS, shard_of},
     },
 };
@@ -23,6 +25,7 @@ use ecoscan_redis::{
     testing::{PrivateCluster, PrivateRedis},
 };
 use futures::{Stream, StreamExt as _};
+use support::new_job;
 use tonic::Status;
 
 type Watch = Pin<Box<dyn Stream<Item = Result<Watched, Status>> + Send>>;
@@ -39,7 +42,15 @@ struct Setup {
 
 /// One feed shard, so a test knows the job's keys.
 fn log_on(redis: &Redis) -> RedisEventLog {
-    RedisEventLog::with_shards(redis, "t:", 1000, 1)
+    RedisEventLog::with_settings(
+        redis,
+        &ecoscan_ingest::store::redis::EventLogSettings {
+            prefix: "t:".into(),
+            max_len: 1000,
+            shards: 1,
+            ..Default::default()
+        },
+    )
 }
 
 impl Setup {
@@ -50,19 +61,7 @@ impl Setup {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let jobs: Arc<dyn JobStore> = Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap());
-        let (job, _) = jobs
-            .insert(NewJob {
-                id: uuid::Uuid::now_v7().to_string(),
-                user_id: "u1".into(),
-                image_key: "images/ab/abcdef".into(),
-                content_type: "image/png".into(),
-                hint: String::new(),
-                locale: "ko".into(),
-                idempotency_key: None,
-                trace_carrier: HashMap::new(),
-            })
-            .await
-            .unwrap();
+        let (job, _) = jobs.insert(new_job("images/ab/abcdef")).await.unwrap();
         let stores = Stores {
             jobs,
             events: Arc::new(log_on(&redis)),
@@ -91,6 +90,22 @@ impl Setup {
     async fn writer(&self, name: &str) -> RedisEventLog {
         let redis = Redis::connect(&self.server.settings(), name).await.unwrap();
         log_on(&redis)
+    }
+
+    /// A writer that appended the job's `queued` event, claimed it (epoch 1) and appended one
+    /// vision event saying `message`: seqs 1 and 2.
+    async fn claimed_writer(&self, name: &str, message: &str) -> RedisEventLog {
+        let writer = self.writer(name).await;
+        writer
+            .append(self.ev(Stage::Queued, "queued"))
+            .await
+            .unwrap();
+        writer.fence(&self.job.id, 1).await.unwrap();
+        writer
+            .append_as(self.ev(Stage::Vision, message), 1)
+            .await
+            .unwrap();
+        writer
     }
 
     fn ev(&self, stage: Stage, message: &str) -> ScanEvent {
@@ -140,16 +155,7 @@ async fn a_refused_event_never_reaches_a_watcher(
     allow: impl AsyncFnOnce(&Setup),
 ) {
     let setup = Setup::start().await;
-    let writer = setup.writer("test-worker").await;
-    writer
-        .append(setup.ev(Stage::Queued, "queued"))
-        .await
-        .unwrap();
-    writer.fence(&setup.job.id, 1).await.unwrap();
-    writer
-        .append_as(setup.ev(Stage::Vision, "first"), 1)
-        .await
-        .unwrap();
+    let writer = setup.claimed_writer("test-worker", "first").await;
     let mut watch = setup.hub.watch(setup.job.clone(), None, None);
     assert_eq!(next(&mut watch).await.seq, 1);
     assert_eq!(next(&mut watch).await.seq, 2);
@@ -291,16 +297,7 @@ async fn a_claim_after_redis_lost_the_log_does_not_silence_its_watchers() {
 #[tokio::test]
 async fn a_claimed_writer_that_finds_the_log_gone_numbers_a_new_run() {
     let setup = Setup::start().await;
-    let first = setup.writer("test-first-worker").await;
-    first
-        .append(setup.ev(Stage::Queued, "queued"))
-        .await
-        .unwrap();
-    first.fence(&setup.job.id, 1).await.unwrap();
-    first
-        .append_as(setup.ev(Stage::Vision, "lost"), 1)
-        .await
-        .unwrap();
+    setup.claimed_writer("test-first-worker", "lost").await;
     setup.command(&mut redis::cmd("FLUSHALL")).await;
     // Another process of the same claim's writer: it never fenced, so it knows no seq.
     let stranger = setup.writer("test-unfenced-writer").await;
@@ -323,10 +320,11 @@ async fn a_jobs_log_keeps_every_event_with_the_default_settings() {
     let config = Config::default();
     let log = RedisEventLog::with_settings(
         &redis,
-        "t:",
-        config.event_max_len,
-        config.feed_shards,
-        Duration::ZERO,
+        &ecoscan_ingest::store::redis::EventLogSettings {
+            prefix: "t:".into(),
+            linger: Duration::ZERO,
+            ..config.event_log()
+        },
     );
     let job = uuid::Uuid::now_v7().to_string();
     let events = 5_000;
@@ -361,19 +359,7 @@ async fn a_watcher_follows_its_job_when_the_feeds_slot_moves() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let jobs: Arc<dyn JobStore> = Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap());
-    let (job, _) = jobs
-        .insert(NewJob {
-            id: uuid::Uuid::now_v7().to_string(),
-            user_id: "u1".into(),
-            image_key: "images/ab/abcdef".into(),
-            content_type: "image/png".into(),
-            hint: String::new(),
-            locale: "ko".into(),
-            idempotency_key: None,
-            trace_carrier: HashMap::new(),
-        })
-        .await
-        .unwrap();
+    let (job, _) = jobs.insert(new_job("images/ab/abcdef")).await.unwrap();
     let log = Arc::new(RedisEventLog::open(&redis, "t:", 1000));
     let stores = Stores {
         jobs,

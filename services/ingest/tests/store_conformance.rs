@@ -9,7 +9,6 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use bytes::Bytes;
 use ecoscan_common::CancellationToken;
 use ecoscan_ingest::{
     Stores,
@@ -17,8 +16,8 @@ use ecoscan_ingest::{
     hub::{Hub, HubConfig, HubItem},
     store::{
         EventId, EventLog, Feed, FeedItem, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue,
-        NewJob, ObjectStore, PgJobStore, Queue, QueueEntry, RUN_SPAN, RedisEventLog, RedisQueue,
-        SqliteJobStore, jobs::Checkpoint,
+        NewJob, PgJobStore, Queue, QueueEntry, RUN_SPAN, RedisEventLog, RedisQueue, SqliteJobStore,
+        jobs::Checkpoint,
     },
     sweeper::sweep_once,
 };
@@ -644,30 +643,6 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
     );
 }
 
-async fn object_store_conformance(objects: Arc<dyn ObjectStore>) {
-    objects
-        .put("images/ab/one", Bytes::from_static(b"\x89PNG"))
-        .await
-        .unwrap();
-    assert_eq!(
-        objects.get("images/ab/one").await.unwrap().unwrap(),
-        Bytes::from_static(b"\x89PNG")
-    );
-    objects
-        .put("images/ab/one", Bytes::from_static(b"two"))
-        .await
-        .unwrap();
-    assert_eq!(
-        objects.get("images/ab/one").await.unwrap().unwrap(),
-        Bytes::from_static(b"two")
-    );
-    assert!(objects.get("images/ab/missing").await.unwrap().is_none());
-    assert!(
-        objects.put("../escape", Bytes::new()).await.is_err(),
-        "keys cannot leave the store"
-    );
-}
-
 #[tokio::test]
 async fn memory_event_log_conforms() {
     event_log_conformance(Arc::new(MemoryEventLog::new(100))).await;
@@ -697,11 +672,8 @@ async fn sqlite_job_store_conforms() {
     job_store_conformance(Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap())).await;
 }
 
-#[tokio::test]
-async fn local_object_store_conforms() {
-    let dir = tempfile::tempdir().unwrap();
-    object_store_conformance(Arc::new(LocalObjectStore::open(dir.path()).await.unwrap())).await;
-}
+// The object store (local directory and S3) has its suite where it is defined:
+// `services/objects/tests/conformance.rs`.
 
 // ---------------------------------------------------------------------------------------------
 // Production implementations, against the servers `infra/services.sh` starts.
@@ -1015,7 +987,15 @@ async fn redis_event_log_claims_go_on_from_the_logs_end() {
 async fn redis_event_log_says_when_redis_refuses_an_append() {
     let scope = RedisScope::new().await;
     // One shard, so the test knows the key.
-    let log = RedisEventLog::with_shards(&scope.redis, &scope.prefix, 100, 1);
+    let log = RedisEventLog::with_settings(
+        &scope.redis,
+        &ecoscan_ingest::store::redis::EventLogSettings {
+            prefix: scope.prefix.clone(),
+            max_len: 100,
+            shards: 1,
+            ..Default::default()
+        },
+    );
     let job = uuid::Uuid::now_v7().to_string();
     let key = format!("{}scan:{{s0}}:{job}:events", scope.prefix);
     // The job's stream key holds something else (say, an operator's slip): the append is

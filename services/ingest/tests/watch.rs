@@ -188,8 +188,8 @@ async fn a_resume_with_an_id_of_another_job_or_a_malformed_id_is_invalid_argumen
     }
 }
 
-#[tokio::test]
-async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_its_row() {
+/// A job run to its end, whose log then expired: the environment, the job and its events.
+async fn a_finished_job_whose_log_expired() -> (Env, String, Vec<ScanEvent>) {
     let env = start(None, |_| {}).await;
     let job = submit_png(&env).await;
     let events = watch_all(&env, &job).await;
@@ -205,6 +205,12 @@ async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_
         .expire("another-job", Duration::ZERO)
         .await
         .unwrap();
+    (env, job, events)
+}
+
+#[tokio::test]
+async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_its_row() {
+    let (env, job, events) = a_finished_job_whose_log_expired().await;
     let done = events.last().unwrap();
     for after in ["", events[2].event_id.as_str()] {
         let (msgs, error) = watch_msgs(&env, &job, after, Duration::from_secs(5))
@@ -244,20 +250,7 @@ async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_
 async fn a_job_whose_row_has_no_end_position_keeps_the_watchers_own_after_its_log_expired() {
     // A row finished before the end's position was recorded (an earlier version): nothing
     // is left to name a position, so the end keeps the watcher's own.
-    let env = start(None, |_| {}).await;
-    let job = submit_png(&env).await;
-    let events = watch_all(&env, &job).await;
-    env.stores
-        .events
-        .expire(&job, Duration::ZERO)
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    env.stores
-        .events
-        .expire("another-job", Duration::ZERO)
-        .await
-        .unwrap();
+    let (env, job, events) = a_finished_job_whose_log_expired().await;
     let db = sqlx::SqlitePool::connect(&format!(
         "sqlite://{}",
         env.dir.path().join("ingest.db").display()
@@ -469,13 +462,7 @@ async fn an_end_rebuilt_before_the_log_takes_its_final_event_stands_where_that_e
     let jobs = &env.stores.jobs;
     jobs.insert(ecoscan_ingest::store::NewJob {
         id: job.clone(),
-        user_id: "u1".into(),
-        image_key: "none".into(),
-        content_type: "image/png".into(),
-        hint: String::new(),
-        locale: "en".into(),
-        idempotency_key: None,
-        trace_carrier: Default::default(),
+        ..new_job("none")
     })
     .await
     .unwrap();

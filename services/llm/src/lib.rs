@@ -103,6 +103,19 @@ impl Llm {
         })
     }
 
+    /// The client a service runs with: reporting every call to analytics at `analytics_url`
+    /// when given, its series registered in `metrics`.
+    pub fn for_service(
+        config: LlmConfig,
+        service: &'static str,
+        analytics_url: Option<&str>,
+        metrics: &mut ecoscan_common::metrics::Metrics,
+    ) -> anyhow::Result<Self> {
+        let reporter = analytics_url.map(AnalyticsReporter::new).transpose()?;
+        let llm_metrics = LlmMetrics::register(metrics, reporter.as_ref());
+        Ok(Self::new(config, service, reporter)?.with_metrics(llm_metrics))
+    }
+
     /// Records every call in `metrics` (see [`LlmMetrics::register`]). Only the first call of
     /// this on a client (or any of its clones) takes effect.
     #[must_use]

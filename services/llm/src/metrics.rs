@@ -26,26 +26,13 @@ impl LlmMetrics {
             ttft: seconds_family(),
         };
         let registry = metrics.registry();
-        registry.register(
-            "llm_calls",
-            "Model calls finished, by provider, model, operation and status (ok or the error kind)",
-            this.calls.clone(),
-        );
-        registry.register(
-            "llm_tokens",
-            "Tokens of finished model calls, by direction (input or output)",
-            this.tokens.clone(),
-        );
-        registry.register(
-            "llm_call_duration_seconds",
-            "Model call latency, from request to the last token",
-            this.duration.clone(),
-        );
-        registry.register(
-            "llm_time_to_first_token_seconds",
-            "Time from request to the first streamed token (streaming calls)",
-            this.ttft.clone(),
-        );
+        ecoscan_common::register_series! {
+            registry;
+            ("llm_calls", "Model calls finished, by provider, model, operation and status (ok or the error kind)", this.calls.clone());
+            ("llm_tokens", "Tokens of finished model calls, by direction (input or output)", this.tokens.clone());
+            ("llm_call_duration_seconds", "Model call latency, from request to the last token", this.duration.clone());
+            ("llm_time_to_first_token_seconds", "Time from request to the first streamed token (streaming calls)", this.ttft.clone());
+        }
         let reporter = reporter.cloned();
         metrics.counter_fn(
             "llm_reports_dropped",

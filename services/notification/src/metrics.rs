@@ -50,36 +50,15 @@ impl NotificationMetrics {
         let this = Self::default();
         let backlog = Gauge::<i64>::default();
         let r = metrics.registry();
-        r.register(
-            "notification_delivered",
-            "Notifications delivered (published to live subscribers and marked delivered), by kind",
-            this.delivered.clone(),
-        );
-        r.register(
-            "notification_delivery_lag_seconds",
-            "Time from a scheduled notification's due time to its delivery",
-            this.lag.clone(),
-        );
-        r.register(
-            "notification_scheduled_backlog",
-            "Scheduled notifications not yet delivered (waiting plus claimed)",
-            backlog.clone(),
-        );
-        r.register(
-            "notification_reconciled",
-            "Scheduled notifications put back on the schedule after it lost them (reconcile sweeps and retried Schedule calls)",
-            this.reconciled.clone(),
-        );
-        r.register(
-            "notification_reconcile_duration_seconds",
-            "Duration of reconcile sweeps (failed ones included)",
-            this.reconcile_duration.clone(),
-        );
-        r.register(
-            "notification_reconcile_failures",
-            "Reconcile sweeps that failed (database or Redis unavailable); retried with backoff",
-            this.reconcile_failures.clone(),
-        );
+        ecoscan_common::register_series! {
+            r;
+            ("notification_delivered", "Notifications delivered (published to live subscribers and marked delivered), by kind", this.delivered.clone());
+            ("notification_delivery_lag_seconds", "Time from a scheduled notification's due time to its delivery", this.lag.clone());
+            ("notification_scheduled_backlog", "Scheduled notifications not yet delivered (waiting plus claimed)", backlog.clone());
+            ("notification_reconciled", "Scheduled notifications put back on the schedule after it lost them (reconcile sweeps and retried Schedule calls)", this.reconciled.clone());
+            ("notification_reconcile_duration_seconds", "Duration of reconcile sweeps (failed ones included)", this.reconcile_duration.clone());
+            ("notification_reconcile_failures", "Reconcile sweeps that failed (database or Redis unavailable); retried with backoff", this.reconcile_failures.clone());
+        }
         metrics.gauge_fn(
             "notification_subscribers",
             "Live Subscribe streams in this process",

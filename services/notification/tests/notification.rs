@@ -1,28 +1,23 @@
 //! NotificationService over a real socket, on a SQLite file in a temporary directory.
 
+mod support;
+
 use std::time::{Duration, SystemTime};
 
-use ecoscan_common::{
-    USER_ID_HEADER,
-    testing::{Spawned, assert_health_and_reflection, spawn},
-};
+use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_notification::{Config, serve};
 use ecoscan_proto::{
     Timestamp,
     v1::{
         CancelRequest, ListRequest, Notification, NotificationStatus, NotifyRequest,
-        ScheduleRequest, SubscribeRequest, SubscribeResponse,
-        notification_service_client::NotificationServiceClient,
+        ScheduleRequest, SubscribeRequest, notification_service_client::NotificationServiceClient,
     },
 };
+use support::{Client, PATIENCE, as_user, in_ms, next, subscribe};
 use tempfile::TempDir;
-use tonic::{Code, Request, Streaming};
+use tonic::{Code, Request};
 
 /// Generous bound for anything that should happen promptly; never a synchronisation sleep.
-const PATIENCE: Duration = Duration::from_secs(10);
-
-type Client = NotificationServiceClient<ecoscan_common::client::TracedChannel>;
-
 fn config(dir: &TempDir) -> Config {
     Config {
         database_url: format!(
@@ -41,12 +36,15 @@ async fn start_on(dir: &TempDir) -> (Spawned, Client) {
     (server, client)
 }
 
-/// `msg` as a call acting for `user` (the `x-user-id` metadata; empty when `user` is).
-fn as_user<T>(msg: T, user: &str) -> Request<T> {
-    let mut req = Request::new(msg);
-    req.metadata_mut()
-        .insert(USER_ID_HEADER, user.parse().unwrap());
-    req
+/// The notification `Notify` answers `req` with.
+async fn notify(client: &mut Client, req: Request<NotifyRequest>) -> Notification {
+    client
+        .notify(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .notification
+        .unwrap()
 }
 
 fn notify_req(user: &str, title: &str, dedupe: &str) -> Request<NotifyRequest> {
@@ -63,14 +61,6 @@ fn notify_body(title: &str, dedupe: &str) -> NotifyRequest {
     }
 }
 
-fn in_ms(ms: i64) -> Timestamp {
-    let mut ts = ecoscan_proto::timestamp(SystemTime::now());
-    let total = i64::from(ts.nanos) + ms * 1_000_000;
-    ts.seconds += total.div_euclid(1_000_000_000);
-    ts.nanos = i32::try_from(total.rem_euclid(1_000_000_000)).unwrap();
-    ts
-}
-
 fn schedule_req(user: &str, title: &str, due_at: Option<Timestamp>) -> Request<ScheduleRequest> {
     as_user(
         ScheduleRequest {
@@ -82,24 +72,6 @@ fn schedule_req(user: &str, title: &str, due_at: Option<Timestamp>) -> Request<S
         },
         user,
     )
-}
-
-async fn subscribe(client: &mut Client, user: &str) -> Streaming<SubscribeResponse> {
-    client
-        .subscribe(as_user(SubscribeRequest {}, user))
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn next(stream: &mut Streaming<SubscribeResponse>) -> Notification {
-    tokio::time::timeout(PATIENCE, stream.message())
-        .await
-        .expect("a notification arrived in time")
-        .unwrap()
-        .expect("the stream is still open")
-        .notification
-        .expect("the message carries a notification")
 }
 
 async fn list(client: &mut Client, user: &str, limit: u32) -> Vec<Notification> {
@@ -118,13 +90,7 @@ async fn a_notification_appears_in_the_inbox_and_on_an_open_stream() {
     let mut stream = subscribe(&mut client, "alice").await;
     let mut other = subscribe(&mut client, "bob").await;
 
-    let sent = client
-        .notify(notify_req("alice", "scan done", ""))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification
-        .unwrap();
+    let sent = notify(&mut client, notify_req("alice", "scan done", "")).await;
     let streamed = next(&mut stream).await;
     let inbox = list(&mut client, "alice", 0).await;
 
@@ -134,13 +100,7 @@ async fn a_notification_appears_in_the_inbox_and_on_an_open_stream() {
     assert_eq!(streamed, sent);
     assert_eq!(inbox, [sent]);
     // Bob's stream stays quiet: his next message is the one sent to him afterwards.
-    let for_bob = client
-        .notify(notify_req("bob", "for bob", ""))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification
-        .unwrap();
+    let for_bob = notify(&mut client, notify_req("bob", "for bob", "")).await;
     assert_eq!(next(&mut other).await, for_bob);
     server.stop().await.unwrap();
 }
@@ -151,34 +111,10 @@ async fn a_repeated_dedupe_key_returns_the_first_notification_and_is_not_republi
     let (_server, mut client) = start_on(&dir).await;
     let mut stream = subscribe(&mut client, "alice").await;
 
-    let first = client
-        .notify(notify_req("alice", "first", "job-1:done"))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification
-        .unwrap();
-    let repeat = client
-        .notify(notify_req("alice", "second", "job-1:done"))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification
-        .unwrap();
-    let other_user = client
-        .notify(notify_req("bob", "bob's", "job-1:done"))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification
-        .unwrap();
-    let marker = client
-        .notify(notify_req("alice", "marker", ""))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification
-        .unwrap();
+    let first = notify(&mut client, notify_req("alice", "first", "job-1:done")).await;
+    let repeat = notify(&mut client, notify_req("alice", "second", "job-1:done")).await;
+    let other_user = notify(&mut client, notify_req("bob", "bob's", "job-1:done")).await;
+    let marker = notify(&mut client, notify_req("alice", "marker", "")).await;
 
     assert_eq!(repeat, first);
     assert_ne!(other_user.id, first.id);
@@ -294,13 +230,7 @@ async fn cancel_answers_not_found_for_others_and_failed_precondition_once_delive
         .into_inner()
         .notification
         .unwrap();
-    let delivered = client
-        .notify(notify_req("alice", "now", ""))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification
-        .unwrap();
+    let delivered = notify(&mut client, notify_req("alice", "now", "")).await;
     let cancel = |id: &str, user: &str| as_user(CancelRequest { id: id.into() }, user);
 
     let other = client

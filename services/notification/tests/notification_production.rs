@@ -4,29 +4,18 @@
 
 mod support;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use ecoscan_common::{
-    USER_ID_HEADER,
-    testing::{Spawned, assert_health_and_reflection, spawn},
-};
+use ecoscan_common::testing::{Spawned, assert_health_and_reflection, spawn};
 use ecoscan_notification::{Config, serve};
-use ecoscan_proto::{
-    Timestamp,
-    v1::{
-        ListRequest, Notification, NotificationStatus, NotifyRequest, ScheduleRequest,
-        SubscribeRequest, SubscribeResponse,
-        notification_service_client::NotificationServiceClient,
-    },
+use ecoscan_proto::v1::{
+    ListRequest, NotificationStatus, NotifyRequest, ScheduleRequest,
+    notification_service_client::NotificationServiceClient,
 };
-use support::{PgSchema, RedisPrefix};
-use tonic::{Request, Streaming};
+use support::{Client, PATIENCE, PgSchema, RedisPrefix, as_user, in_ms, next, subscribe};
+use tonic::Request;
 
 /// Generous bound for anything that should happen promptly; never a synchronisation sleep.
-const PATIENCE: Duration = Duration::from_secs(10);
-
-type Client = NotificationServiceClient<ecoscan_common::client::TracedChannel>;
-
 struct Backends {
     pg: PgSchema,
     redis: RedisPrefix,
@@ -73,14 +62,6 @@ impl Backends {
     }
 }
 
-/// `msg` as a call acting for `user` (the `x-user-id` metadata).
-fn as_user<T>(msg: T, user: &str) -> Request<T> {
-    let mut req = Request::new(msg);
-    req.metadata_mut()
-        .insert(USER_ID_HEADER, user.parse().unwrap());
-    req
-}
-
 fn notify_req(user: &str, title: &str) -> Request<NotifyRequest> {
     as_user(
         NotifyRequest {
@@ -92,32 +73,6 @@ fn notify_req(user: &str, title: &str) -> Request<NotifyRequest> {
         },
         user,
     )
-}
-
-fn in_ms(ms: i64) -> Timestamp {
-    let mut ts = ecoscan_proto::timestamp(SystemTime::now());
-    let total = i64::from(ts.nanos) + ms * 1_000_000;
-    ts.seconds += total.div_euclid(1_000_000_000);
-    ts.nanos = i32::try_from(total.rem_euclid(1_000_000_000)).unwrap();
-    ts
-}
-
-async fn subscribe(client: &mut Client, user: &str) -> Streaming<SubscribeResponse> {
-    client
-        .subscribe(as_user(SubscribeRequest {}, user))
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn next(stream: &mut Streaming<SubscribeResponse>) -> Notification {
-    tokio::time::timeout(PATIENCE, stream.message())
-        .await
-        .expect("a notification arrived in time")
-        .unwrap()
-        .expect("the stream is still open")
-        .notification
-        .expect("the message carries a notification")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

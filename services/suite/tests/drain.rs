@@ -10,7 +10,6 @@ mod support;
 use std::time::Duration;
 
 use ecoscan_proto::v1::JobStatus;
-use sqlx::Row;
 use support::{
     processes::{Cluster, Service},
     stores::TestStores,
@@ -100,13 +99,7 @@ async fn an_ingest_replica_drains_on_sigterm_without_failing_a_scan() {
     for (job, events) in &watched {
         common::assert_whole_stream(job, events);
     }
-    let statuses: Vec<i32> = sqlx::query("SELECT status FROM scan_jobs")
-        .fetch_all(&pg)
-        .await
-        .expect("statuses")
-        .iter()
-        .map(|r| r.get("status"))
-        .collect();
+    let statuses = support::stores::job_statuses(&pg).await;
     assert_eq!(statuses.len(), JOBS);
     assert!(
         statuses.iter().all(|s| *s == JobStatus::Succeeded as i32),

@@ -190,30 +190,12 @@ async fn two_scans_of_the_same_category_grant_the_character_once_and_notify_the_
         second["reward"]["character"]["code"]
     );
 
-    let owned: Value = suite
-        .http
-        .get(suite.url("/api/v1/characters/me"))
-        .header("x-user-id", "carol")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let owned: Value = suite.get_json_as("/api/v1/characters/me", "carol").await;
     let characters = owned["characters"].as_array().expect("characters array");
     assert_eq!(characters.len(), 1, "{owned:#}");
 
     // The owner has one scan_completed notification per scan; nobody else has any.
-    let inbox: Value = suite
-        .http
-        .get(suite.url("/api/v1/notifications"))
-        .header("x-user-id", "carol")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let inbox: Value = suite.get_json_as("/api/v1/notifications", "carol").await;
     let notes = inbox["notifications"]
         .as_array()
         .expect("notifications array");
@@ -223,16 +205,7 @@ async fn two_scans_of_the_same_category_grant_the_character_once_and_notify_the_
         .collect();
     assert_eq!(scan_notes.len(), 2, "{inbox:#}");
     assert!(scan_notes.iter().any(|n| n["job_id"] == first["job_id"]));
-    let others: Value = suite
-        .http
-        .get(suite.url("/api/v1/notifications"))
-        .header("x-user-id", "dave")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let others: Value = suite.get_json_as("/api/v1/notifications", "dave").await;
     assert!(
         others["notifications"]
             .as_array()
@@ -506,16 +479,7 @@ async fn a_scan_whose_model_is_unreachable_ends_with_an_error_event_and_a_failed
     let admin = suite.token("ops", true);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let usage: Value = suite
-            .http
-            .get(suite.url("/api/v1/analytics/usage"))
-            .bearer_auth(&admin)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let usage: Value = suite.usage(&admin).await;
         let errors: u64 = usage["rows"]
             .as_array()
             .into_iter()

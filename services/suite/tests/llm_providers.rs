@@ -245,16 +245,7 @@ async fn a_scan_reaches_ready_through_litellm_with_streamed_deltas_and_usage_in_
     let admin = suite.token("ops", true);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let usage: Value = suite
-            .http
-            .get(suite.url("/api/v1/analytics/usage"))
-            .bearer_auth(&admin)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let usage: Value = suite.usage(&admin).await;
         let rows = usage["rows"].as_array().cloned().unwrap_or_default();
         let row = |service: &str, model: &str| {
             rows.iter()

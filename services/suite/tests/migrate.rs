@@ -51,17 +51,7 @@ async fn applied(conn: &mut PgConnection, schema: &str) -> Vec<(String, i64)> {
 
 #[tokio::test]
 async fn migrate_brings_every_service_schema_up_to_date_once() {
-    let base = std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
-    let schema = format!("m_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = PgConnection::connect(&base).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable at {base} ({e}); start it with infra/services.sh")
-    });
-    sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}options[search_path]={schema}");
+    let (mut conn, schema, url) = own_schema().await;
 
     let run = |url: String| tokio::task::spawn_blocking(move || migrate(&url));
     let first = run(url.clone()).await.unwrap();

@@ -152,13 +152,7 @@ async fn run(stores: TestStores) {
     assert_eq!(seen, JOBS * CLIENTS_PER_JOB);
 
     // Every job ended once: succeeded in its row, one done event in its log.
-    let statuses: Vec<i32> = sqlx::query("SELECT status FROM scan_jobs")
-        .fetch_all(&pg)
-        .await
-        .expect("statuses")
-        .iter()
-        .map(|r| r.get("status"))
-        .collect();
+    let statuses = support::stores::job_statuses(&pg).await;
     assert_eq!(statuses.len(), JOBS);
     assert!(
         statuses.iter().all(|s| *s == JobStatus::Succeeded as i32),

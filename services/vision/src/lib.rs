@@ -15,7 +15,7 @@ use service::{Inner, Vision};
 use std::sync::Arc;
 
 use ecoscan_common::CancellationToken;
-use ecoscan_llm::{AnalyticsReporter, Llm};
+use ecoscan_llm::Llm;
 use ecoscan_proto::v1::vision_service_server::VisionServiceServer;
 
 pub use error::Error;
@@ -29,14 +29,13 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let reporter = config
-        .analytics_url
-        .as_deref()
-        .map(AnalyticsReporter::new)
-        .transpose()?;
     let mut metrics = ecoscan_common::metrics::Metrics::new("vision");
-    let llm_metrics = ecoscan_llm::LlmMetrics::register(&mut metrics, reporter.as_ref());
-    let llm = Llm::new(config.llm, "vision", reporter)?.with_metrics(llm_metrics);
+    let llm = Llm::for_service(
+        config.llm,
+        "vision",
+        config.analytics_url.as_deref(),
+        &mut metrics,
+    )?;
     let vision = Vision {
         inner: Arc::new(Inner {
             llm,

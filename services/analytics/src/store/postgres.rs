@@ -13,10 +13,7 @@ const MAX_CONNECTIONS: u32 = 10;
 /// The analytics schema's migrations, tracked in their own table so services sharing one
 /// database (through `DATABASE_URL`) never mistake each other's versions for theirs.
 pub fn migrator() -> Migrator {
-    ecoscan_sql::embedded(
-        "_analytics_migrations",
-        include!(concat!(env!("OUT_DIR"), "/migrations.rs")),
-    )
+    ecoscan_sql::migrator!("_analytics_migrations")
 }
 
 /// [`super::CallStore`] on PostgreSQL.

@@ -31,9 +31,9 @@ use ecoscan_proto::v1::{
 use tokio::task::JoinSet;
 
 use crate::{
-    Config, Stores,
+    Config,
     metrics::IngestMetrics,
-    store::{Lease, Queue},
+    store::{Lease, Queue, Stores},
 };
 
 /// One shared channel per stage service.

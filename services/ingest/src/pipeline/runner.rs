@@ -19,13 +19,12 @@ use super::{
     stages::{Calls, STAGES, StageDef, StageError, StageMsg, next, payload, record},
 };
 use crate::{
-    Stores,
     error::StoreError,
     event::{
         delta, event, failed, progress_range, restarted, stage_error, stage_name,
         terminal_event_from_row,
     },
-    store::{Job, Lease, jobs::Checkpoint},
+    store::{Job, Lease, Stores, jobs::Checkpoint},
 };
 
 /// A stage failed for good; the job fails with this.

@@ -3,8 +3,6 @@
 
 use std::{
     collections::HashMap,
-    fmt,
-    str::FromStr,
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -15,57 +13,9 @@ use tokio::sync::broadcast;
 
 use crate::error::StoreError;
 
-/// An event's position in its job's log, `<milliseconds>-<sequence>` like a Redis stream id, so
-/// the same ids work whichever log stores them. Ordered. Both logs give a job's events the ids
-/// `<T>-<seq>`, where `T` is the job's own time (the millisecond of its UUIDv7 id) and `seq` the
-/// event's 1-based number: ids are dense and say where an event is in its job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EventId {
-    pub ms: u64,
-    pub n: u64,
-}
-
-impl EventId {
-    /// The id of `job_id`'s event number `seq`: `<T>-<seq>`, `T` the millisecond timestamp in
-    /// the job's UUIDv7 id (0 for ids that are not UUIDv7, as in some tests).
-    pub fn of(job_id: &str, seq: u64) -> Self {
-        let ms = uuid::Uuid::parse_str(job_id)
-            .ok()
-            .and_then(|u| u.get_timestamp())
-            .map_or(0, |t| {
-                let (secs, nanos) = t.to_unix();
-                secs * 1000 + u64::from(nanos) / 1_000_000
-            });
-        Self { ms, n: seq }
-    }
-}
-
-impl fmt::Display for EventId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.ms, self.n)
-    }
-}
-
-impl FromStr for EventId {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || {
-            format!(
-                "event id {s:?} is malformed; expected <milliseconds>-<sequence>, e.g. 1732950000000-0"
-            )
-        };
-        let (ms, n) = s.split_once('-').ok_or_else(bad)?;
-        if ms.is_empty() || n.is_empty() || !ms.bytes().chain(n.bytes()).all(|b| b.is_ascii_digit())
-        {
-            return Err(bad());
-        }
-        Ok(Self {
-            ms: ms.parse().map_err(|_| bad())?,
-            n: n.parse().map_err(|_| bad())?,
-        })
-    }
-}
+/// An event's position in its job's log (`<T>-<seq>`): the event vocabulary every part of the
+/// suite shares ([`ecoscan_proto::event`]).
+pub use ecoscan_proto::event::EventId;
 
 /// Seqs one run of a job's log can use. A claim that finds its job's log gone although the
 /// job may have had events (Redis lost it: a restart without persistence, `FLUSHALL`, a
@@ -77,13 +27,7 @@ impl FromStr for EventId {
 /// of claims.
 pub const RUN_SPAN: u64 = 1_000_000_000;
 
-/// Events kept per job unless configured (`INGEST_EVENT_MAX_LEN`): a bound on a runaway
-/// job's memory, not a replay window. It is far above what any job appends (a scan has a few
-/// dozen events; with every stage and answer retry running to its deadline and the attempts
-/// all used, some ten thousand: answer deltas at most every 250 ms), so a resume from any
-/// point of a job's log finds every event after it; a finished job's log goes whole with its
-/// TTL (`INGEST_EVENT_TTL`).
-pub const DEFAULT_EVENT_MAX_LEN: usize = 100_000;
+pub use crate::config::DEFAULT_EVENT_MAX_LEN;
 
 /// What a log's feed delivers.
 #[derive(Debug, Clone, PartialEq)]

@@ -19,10 +19,7 @@ const MAX_CONNECTIONS: u32 = 16;
 /// Ingest's migrations, tracked in their own table so services sharing one database never
 /// mistake each other's versions for theirs.
 pub fn migrator() -> Migrator {
-    ecoscan_sql::embedded(
-        "_ingest_migrations",
-        include!(concat!(env!("OUT_DIR"), "/migrations.rs")),
-    )
+    ecoscan_sql::migrator!("_ingest_migrations")
 }
 
 /// True for the URLs that select PostgreSQL.

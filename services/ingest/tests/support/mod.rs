@@ -317,6 +317,20 @@ pub async fn start_with(
     }
 }
 
+/// A new job of `u1` for the image under `image_key` (a fresh id, the rest plain).
+pub fn new_job(image_key: &str) -> NewJob {
+    NewJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        user_id: "u1".into(),
+        image_key: image_key.into(),
+        content_type: "image/png".into(),
+        hint: String::new(),
+        locale: "en".into(),
+        idempotency_key: None,
+        trace_carrier: HashMap::new(),
+    }
+}
+
 /// Submits the test PNG as `u1` and returns the job id.
 pub async fn submit_png(env: &Env) -> String {
     env.ingest

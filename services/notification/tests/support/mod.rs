@@ -3,6 +3,16 @@
 //! Test helpers: a private PostgreSQL schema per test (shared with every SQL store), and
 //! what this crate's tests need besides.
 
+use std::time::{Duration, SystemTime};
+
+use ecoscan_common::USER_ID_HEADER;
+use ecoscan_proto::Timestamp;
+use ecoscan_proto::v1::{
+    Notification, SubscribeRequest, SubscribeResponse,
+    notification_service_client::NotificationServiceClient,
+};
+use tonic::{Request, Streaming};
+
 pub use ecoscan_sql::testing::PgSchema;
 
 /// Where the tests find Redis unless `TEST_REDIS_URL` says otherwise.
@@ -60,4 +70,47 @@ impl Drop for RedisPrefix {
             eprintln!("failed to delete test keys {}*: {deleted:?}", self.prefix);
         }
     }
+}
+
+/// How long a test waits for a notification to arrive.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The service's client, as the tests call it.
+pub type Client = NotificationServiceClient<ecoscan_common::client::TracedChannel>;
+
+/// `msg` as a call acting for `user` (the `x-user-id` metadata; empty when `user` is).
+pub fn as_user<T>(msg: T, user: &str) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert(USER_ID_HEADER, user.parse().unwrap());
+    req
+}
+
+/// A time `ms` milliseconds from now (before now when negative).
+pub fn in_ms(ms: i64) -> Timestamp {
+    let mut ts = ecoscan_proto::timestamp(SystemTime::now());
+    let total = i64::from(ts.nanos) + ms * 1_000_000;
+    ts.seconds += total.div_euclid(1_000_000_000);
+    ts.nanos = i32::try_from(total.rem_euclid(1_000_000_000)).unwrap();
+    ts
+}
+
+/// `user`'s live notifications.
+pub async fn subscribe(client: &mut Client, user: &str) -> Streaming<SubscribeResponse> {
+    client
+        .subscribe(as_user(SubscribeRequest {}, user))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The stream's next notification, within [`PATIENCE`].
+pub async fn next(stream: &mut Streaming<SubscribeResponse>) -> Notification {
+    tokio::time::timeout(PATIENCE, stream.message())
+        .await
+        .expect("a notification arrived in time")
+        .unwrap()
+        .expect("the stream is still open")
+        .notification
+        .expect("the message carries a notification")
 }

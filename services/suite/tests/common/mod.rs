@@ -17,6 +17,32 @@ pub struct TestSuite {
 }
 
 impl TestSuite {
+    /// `GET path` as `user` (`X-User-Id`), as JSON.
+    pub async fn get_json_as(&self, path: &str, user: &str) -> serde_json::Value {
+        self.http
+            .get(self.url(path))
+            .header("x-user-id", user)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// `GET /api/v1/analytics/usage` for the caller of `token` (an admin's), as JSON.
+    pub async fn usage(&self, token: &str) -> serde_json::Value {
+        self.http
+            .get(self.url("/api/v1/analytics/usage"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub async fn start() -> Self {
         Self::start_with(|_| {}).await
     }

@@ -400,19 +400,7 @@ impl Cluster {
             if let Some(addr) = read_addr(&addr_file) {
                 break addr;
             }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "`ecoscan serve {name}` ({label}) exited with {status} before listening; its log:\n{}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "`ecoscan serve {name}` ({label}) did not listen within {START_TIMEOUT:?}; its log:\n{}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-            }
+            still_starting(&mut child, deadline, &log_path, name, label, "listen");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         // Listening is not serving: a service binds first, then opens its stores (a database
@@ -436,19 +424,7 @@ impl Cluster {
             if answered {
                 break;
             }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "`ecoscan serve {name}` ({label}) exited with {status} before serving; its log:\n{}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "`ecoscan serve {name}` ({label}) did not serve within {START_TIMEOUT:?}; its log:\n{}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-            }
+            still_starting(&mut child, deadline, &log_path, name, label, "serve");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         (child, addr)
@@ -470,5 +446,32 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// Panics, with the process's log, when `child` exited or `deadline` passed before it began
+/// to `what` (listen, serve).
+fn still_starting(
+    child: &mut Child,
+    deadline: Instant,
+    log_path: &std::path::Path,
+    name: &str,
+    label: &str,
+    what: &str,
+) {
+    let log = || std::fs::read_to_string(log_path).unwrap_or_default();
+    if let Ok(Some(status)) = child.try_wait() {
+        panic!(
+            "`ecoscan serve {name}` ({label}) exited with {status} before it began to {what}; \
+             its log:\n{}",
+            log()
+        );
+    }
+    if Instant::now() > deadline {
+        let _ = child.kill();
+        panic!(
+            "`ecoscan serve {name}` ({label}) did not {what} within {START_TIMEOUT:?}; its log:\n{}",
+            log()
+        );
     }
 }

@@ -285,6 +285,18 @@ impl TestStores {
     }
 }
 
+/// The status of every job row (`JobStatus` values).
+pub async fn job_statuses(pg: &PgPool) -> Vec<i32> {
+    use sqlx::Row;
+    sqlx::query("SELECT status FROM scan_jobs")
+        .fetch_all(pg)
+        .await
+        .expect("statuses")
+        .iter()
+        .map(|r| r.get("status"))
+        .collect()
+}
+
 /// Reward's stored decisions by job: `(user, eligible, newly granted, character code)`.
 pub async fn reward_decisions(
     pg: &PgPool,

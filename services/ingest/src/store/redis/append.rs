@@ -71,10 +71,6 @@ return out
 static APPEND_SCRIPT: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(APPEND_BATCH));
 
-/// How long the first append of a batch waits for others to join it by default
-/// (`INGEST_APPEND_LINGER`): under load many events share one script call, one round trip and
-/// one publish; idle, an append waits this long.
-pub const DEFAULT_APPEND_LINGER: Duration = Duration::from_millis(5);
 /// Events in one batch at most.
 pub(super) const MAX_BATCH: usize = 256;
 

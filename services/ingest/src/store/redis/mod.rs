@@ -66,7 +66,6 @@ use ecoscan_redis::{
     redis::{self, streams::StreamRangeReply},
 };
 
-pub use self::append::DEFAULT_APPEND_LINGER;
 use self::append::{MAX_BATCH, PendingAppend, run_batches};
 use self::feed::{FENCE_MARKER, RedisFeed, decode_event, encode_message};
 use self::names::stream_ms;
@@ -76,9 +75,7 @@ use self::scripts::{FENCE_SCRIPT, RESTART_LOG, run_base};
 use super::events::{EventId, EventLog, Feed};
 use crate::error::StoreError;
 
-/// Feed shards unless configured (`INGEST_FEED_SHARDS`): enough to spread jobs over the
-/// masters of a Cluster; every hub subscribes to all of them on one connection.
-pub const DEFAULT_FEED_SHARDS: u32 = 64;
+pub use crate::config::{DEFAULT_APPEND_LINGER, DEFAULT_FEED_SHARDS, EventLogSettings};
 
 /// Jobs whose last sequence number this process remembers, at most (a bound, not a tuning
 /// knob: entries leave when a job finishes).
@@ -99,38 +96,34 @@ pub struct RedisEventLog {
 
 impl RedisEventLog {
     /// The log under `prefix` (`""` in production; tests use their own), keeping about
-    /// `max_len` events per job, over [`DEFAULT_FEED_SHARDS`] feed shards.
+    /// `max_len` events per job, with the other settings' defaults.
     pub fn open(redis: &Redis, prefix: &str, max_len: usize) -> Self {
-        Self::with_shards(redis, prefix, max_len, DEFAULT_FEED_SHARDS)
+        Self::with_settings(
+            redis,
+            &EventLogSettings {
+                prefix: prefix.to_owned(),
+                max_len,
+                ..EventLogSettings::default()
+            },
+        )
     }
 
-    /// [`Self::open`] with `shards` feed shards. Every process of one deployment must use the
-    /// same number: it decides where a job's keys live.
-    pub fn with_shards(redis: &Redis, prefix: &str, max_len: usize, shards: u32) -> Self {
-        Self::with_settings(redis, prefix, max_len, shards, DEFAULT_APPEND_LINGER)
-    }
-
-    /// [`Self::with_shards`] with appends gathered for `linger` before each script call.
-    pub fn with_settings(
-        redis: &Redis,
-        prefix: &str,
-        max_len: usize,
-        shards: u32,
-        linger: Duration,
-    ) -> Self {
+    /// The log laid out and batching as `settings` say. Every process of one deployment must
+    /// use the same prefix and number of shards: they decide where a job's keys live.
+    pub fn with_settings(redis: &Redis, settings: &EventLogSettings) -> Self {
         let (appends, rx) = tokio::sync::mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(run_batches(
             redis.conn(),
             publish_command(redis.is_cluster()),
-            max_len.max(1),
-            linger,
+            settings.max_len.max(1),
+            settings.linger,
             rx,
         ));
         Self {
             redis: redis.clone(),
             conn: redis.conn(),
-            prefix: prefix.to_owned(),
-            shards: shards.max(1),
+            prefix: settings.prefix.clone(),
+            shards: settings.shards.max(1),
             appends,
             seqs: std::sync::Mutex::default(),
         }
