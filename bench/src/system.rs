@@ -186,17 +186,9 @@ pub async fn redis_spent() -> Option<RedisSpent> {
     let first = settings.urls.first()?.clone();
     let mut nodes = vec![first.clone()];
     if settings.cluster {
-        let mut conn = redis::Client::open(first.as_str())
-            .ok()?
-            .get_multiplexed_async_connection()
-            .await
-            .ok()?;
-        let text: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query_async(&mut conn)
-            .await
-            .ok()?;
-        nodes = text
+        let mut conn = redis_connect(&first).await?;
+        nodes = redis_text(&mut conn, "CLUSTER", "NODES")
+            .await?
             .lines()
             .filter(|l| l.split(' ').nth(2).is_some_and(|f| f.contains("master")))
             .filter_map(|l| l.split(' ').nth(1)?.split('@').next().map(str::to_owned))
@@ -205,26 +197,14 @@ pub async fn redis_spent() -> Option<RedisSpent> {
     }
     let mut total = RedisSpent::default();
     for node in nodes {
-        let mut conn = redis::Client::open(node.as_str())
-            .ok()?
-            .get_multiplexed_async_connection()
-            .await
-            .ok()?;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .ok()?;
+        let mut conn = redis_connect(&node).await?;
+        let info = redis_text(&mut conn, "INFO", "commandstats").await?;
         for (cmd, calls, usec) in parse_commandstats(&info) {
             let e = total.commands.entry(cmd).or_insert((0, 0));
             e.0 += calls;
             e.1 += usec;
         }
-        let cpu: String = redis::cmd("INFO")
-            .arg("cpu")
-            .query_async(&mut conn)
-            .await
-            .ok()?;
+        let cpu = redis_text(&mut conn, "INFO", "cpu").await?;
         total.cpu_secs += ["used_cpu_sys_main_thread", "used_cpu_user_main_thread"]
             .iter()
             .filter_map(|k| {
@@ -239,6 +219,24 @@ pub async fn redis_spent() -> Option<RedisSpent> {
             .sum::<f64>();
     }
     Some(total)
+}
+
+/// A connection to the Redis at `url`; `None` when it does not answer.
+async fn redis_connect(url: &str) -> Option<redis::aio::MultiplexedConnection> {
+    redis::Client::open(url)
+        .ok()?
+        .get_multiplexed_async_connection()
+        .await
+        .ok()
+}
+
+/// What `command arg` (`INFO cpu`) answers on `conn`, as text; `None` when it does not answer.
+async fn redis_text(
+    conn: &mut redis::aio::MultiplexedConnection,
+    command: &str,
+    arg: &str,
+) -> Option<String> {
+    redis::cmd(command).arg(arg).query_async(conn).await.ok()
 }
 
 /// `cmdstat_xadd:calls=3,usec=12,…` lines as (command, calls, usec).

@@ -742,3 +742,302 @@ async fn a_connection_that_stops_inside_its_http2_preface_is_closed_within_the_h
         );
     }
 }
+
+/// A minimal HTTP/2 client over a raw socket, for what a library client cannot be made to do
+/// (leave pings unanswered): the preface, empty SETTINGS, and one `GET` as a HEADERS frame.
+mod raw_h2 {
+    use tokio::{
+        io::{AsyncReadExt as _, AsyncWriteExt as _},
+        net::TcpStream,
+    };
+
+    pub const PING: u8 = 6;
+    pub const GOAWAY: u8 = 7;
+    const HEADERS: u8 = 1;
+    const SETTINGS: u8 = 4;
+
+    /// A frame as read: its type, flags and payload.
+    pub struct Frame {
+        pub kind: u8,
+        pub flags: u8,
+        pub stream: u32,
+        pub payload: Vec<u8>,
+    }
+
+    pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// Connects, and sends the preface, SETTINGS and `GET path` on stream 1.
+    pub async fn get(addr: &str, path: &str) -> TcpStream {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        out.extend(frame(SETTINGS, 0, 0, &[]));
+        // HPACK without Huffman: :method GET, :scheme http (static table), :path and
+        // :authority as literals with an indexed name.
+        let mut block = vec![0x82, 0x86, 0x44, path.len() as u8];
+        block.extend_from_slice(path.as_bytes());
+        block.extend([0x41, addr.len() as u8]);
+        block.extend_from_slice(addr.as_bytes());
+        // END_STREAM | END_HEADERS
+        out.extend(frame(HEADERS, 0x5, 1, &block));
+        s.write_all(&out).await.unwrap();
+        s
+    }
+
+    /// The next frame, or `None` at the connection's end (or a reset).
+    pub async fn next(s: &mut TcpStream) -> Option<Frame> {
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).await.ok()?;
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).await.ok()?;
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        // The server's SETTINGS are acknowledged, as any client does.
+        if head[3] == SETTINGS && head[4] & 1 == 0 {
+            s.write_all(&frame(SETTINGS, 1, 0, &[])).await.ok()?;
+        }
+        Some(Frame {
+            kind: head[3],
+            flags: head[4],
+            stream,
+            payload,
+        })
+    }
+
+    /// Reads until the response's HEADERS on stream 1; false if the connection ends first.
+    pub async fn response(s: &mut TcpStream) -> bool {
+        while let Some(f) = next(s).await {
+            if f.kind == HEADERS && f.stream == 1 {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Reads frames until the connection ends, answering PINGs when `answer_pings`; returns
+/// whether a GOAWAY came first, or `None` if it was still open after `within`.
+async fn until_closed(
+    s: &mut tokio::net::TcpStream,
+    answer_pings: bool,
+    within: Duration,
+) -> Option<bool> {
+    let read = async {
+        let mut goaway = false;
+        while let Some(f) = raw_h2::next(s).await {
+            goaway |= f.kind == raw_h2::GOAWAY;
+            if answer_pings && f.kind == raw_h2::PING && f.flags & 1 == 0 {
+                let ack = raw_h2::frame(raw_h2::PING, 1, 0, &f.payload);
+                if s.write_all(&ack).await.is_err() {
+                    break;
+                }
+            }
+        }
+        goaway
+    };
+    tokio::time::timeout(within, read).await.ok()
+}
+
+#[tokio::test]
+async fn an_http2_connection_that_holds_no_stream_is_closed_after_the_idle_timeout() {
+    let env = start_with(|c| Config {
+        limits: Limits {
+            idle_timeout: Duration::from_secs(2),
+            // No ping can end it first.
+            h2_keepalive_interval: Duration::from_secs(600),
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let addr = env.base.trim_start_matches("http://").to_owned();
+    let mut s = raw_h2::get(&addr, "/healthz").await;
+    assert!(raw_h2::response(&mut s).await, "no answer to the request");
+
+    // Then nothing more: a connection that answers every ping, and is still closed.
+    let closed = until_closed(&mut s, true, Duration::from_secs(30)).await;
+    assert_eq!(
+        closed,
+        Some(true),
+        "an idle HTTP/2 connection was not sent away (GOAWAY, then the end) within 30 s"
+    );
+}
+
+#[tokio::test]
+async fn an_http2_peer_that_stops_answering_pings_is_closed() {
+    let env = start_with(|c| Config {
+        limits: Limits {
+            // Idle is not what ends it here.
+            idle_timeout: Duration::from_secs(600),
+            h2_keepalive_interval: Duration::from_secs(1),
+            h2_keepalive_timeout: Duration::from_secs(2),
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let addr = env.base.trim_start_matches("http://").to_owned();
+    let mut s = raw_h2::get(&addr, "/healthz").await;
+    assert!(raw_h2::response(&mut s).await, "no answer to the request");
+
+    let closed = until_closed(&mut s, false, Duration::from_secs(30)).await;
+    assert!(
+        closed.is_some(),
+        "a peer that answered no ping still held its connection after 30 s"
+    );
+}
+
+#[tokio::test]
+async fn connections_past_an_addresss_cap_are_closed_at_once_and_the_others_keep_their_service() {
+    use tokio::io::AsyncReadExt as _;
+    let env = start_with(|c| Config {
+        limits: Limits {
+            max_connections_per_ip: 3,
+            ..Limits::default()
+        },
+        ..c
+    })
+    .await;
+    let addr = env.base.trim_start_matches("http://").to_owned();
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    // One request on a kept-alive connection: the status line of its answer.
+    async fn ask(s: &mut tokio::net::TcpStream, request: &str) -> String {
+        if s.write_all(request.as_bytes()).await.is_err() {
+            return String::new();
+        }
+        let mut buf = vec![0u8; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(15), s.read(&mut buf)).await;
+        match read {
+            Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            Ok(Err(_)) => String::new(),
+            Err(_) => "(no answer within 15 s)".into(),
+        }
+    }
+
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        assert_eq!(ask(&mut s, &request).await, "HTTP/1.1 200 OK");
+        held.push(s);
+    }
+    // A fourth from the same address, with a whole request: closed unanswered.
+    let mut extra = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    assert_eq!(
+        ask(&mut extra, &request).await,
+        "",
+        "past the cap, yet answered"
+    );
+
+    // The three keep their service, and a closed one frees its place.
+    for s in &mut held {
+        assert_eq!(ask(s, &request).await, "HTTP/1.1 200 OK");
+    }
+    drop(held.pop());
+    let mut next = None;
+    for _ in 0..50 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        if ask(&mut s, &request).await == "HTTP/1.1 200 OK" {
+            next = Some(s);
+            break;
+        }
+        // The server notices the closed connection on its next read.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        next.is_some(),
+        "a place freed by a closed connection was never given again"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_key_set_refresh_never_holds_up_tokens_whose_key_is_known() {
+    use tokio::sync::Notify;
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(Notify::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+    let app = axum::Router::new().route(
+        "/jwks.json",
+        axum::routing::get({
+            let (fetches, release) = (fetches.clone(), release.clone());
+            move || {
+                let (fetches, release) = (fetches.clone(), release.clone());
+                async move {
+                    // Every fetch after the first hangs until the test lets it go.
+                    if fetches.fetch_add(1, Ordering::SeqCst) > 0 {
+                        release.notified().await;
+                    }
+                    axum::Json(json!({"keys": [{
+                        "kty": "EC", "crv": "P-256", "kid": "k1", "use": "sig", "alg": "ES256",
+                        "x": JWK_X, "y": JWK_Y,
+                    }]}))
+                }
+            }
+        }),
+    );
+    let _server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let env = start_with(|c| Config {
+        auth: AuthConfig {
+            jwks_url: Some(url),
+            issuer: Some(ISSUER.into()),
+            audience: Some(AUDIENCE.into()),
+            trust_header: TrustHeader::Off,
+            jwks_max_age: Duration::from_millis(200),
+            jwks_min_refresh: Duration::from_millis(100),
+            ..AuthConfig::default()
+        },
+        ..c
+    })
+    .await;
+    let known = es256(&claims("grace", json!({})), "k1");
+    assert_eq!(
+        get(&env, "/api/v1/characters/me", Some(&known))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A token naming an unknown key starts a refresh, which hangs at the provider.
+    let unknown = es256(&claims("grace", json!({})), "k9");
+    let waiting = {
+        let (http, url) = (env.http.clone(), env.url("/api/v1/characters/me"));
+        tokio::spawn(async move { http.get(url).bearer_auth(unknown).send().await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fetches.load(Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the unknown key started no refresh"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Meanwhile a token with a known key is answered, the refresh still hanging: taken from
+    // the keys in hand, not from behind the fetch.
+    let asked = Instant::now();
+    let res = get(&env, "/api/v1/characters/me", Some(&known)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // A fetch gives up after 5 s: an answer that waited for it would come after that.
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(
+        !waiting.is_finished(),
+        "the refresh ended before the known key's answer: this test proved nothing"
+    );
+    release.notify_waiters();
+    let refused = waiting.await.unwrap().unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+}

@@ -220,7 +220,7 @@ async fn main() -> anyhow::Result<()> {
         .measure(p95_runs)
         .figure({
             let f = Figure::new("max sustained, RecordStream", Some(streamed.rate()), "/s");
-            if on_s3 { f.at_least(5000.0) } else { f }
+            if on_s3 { f.at_least(20_000.0) } else { f }
         })
         .figure(Figure::new("max sustained, Record", Some(unary.rate()), "/s"))
         .header(
@@ -265,9 +265,9 @@ async fn main() -> anyhow::Result<()> {
                 args.stream_calls,
                 kinds(&streamed.errors)
             ),
-            "≥ 5,000/s with bodies in S3",
+            "≥ 20,000/s with bodies in S3",
             if on_s3 {
-                Verdict::of(streamed.rate() >= 5000.0)
+                Verdict::of(streamed.rate() >= 20_000.0)
             } else {
                 Verdict::Info
             },
@@ -282,12 +282,8 @@ async fn main() -> anyhow::Result<()> {
                 args.in_flight,
                 kinds(&unary.errors)
             ),
-            "≥ 5,000/s with bodies in S3",
-            if on_s3 {
-                Verdict::of(unary.rate() >= 5000.0)
-            } else {
-                Verdict::Info
-            },
+            "(the design's ≥ 20,000/s is for RecordStream, which callers use)",
+            Verdict::Info,
         )
         .info(
             "group commit over the whole run",
@@ -353,10 +349,30 @@ impl Run {
     fn rate(&self) -> f64 {
         self.acked as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// Counts one round's outcome: the calls it got acknowledged and its latency, or, when it
+    /// failed, its `calls` as errors under the status code.
+    fn count(&mut self, outcome: Result<usize, tonic::Status>, calls: usize, latency: Duration) {
+        match outcome {
+            Ok(acked) => {
+                self.acked += acked;
+                self.latencies.push(latency);
+            }
+            Err(s) => *self.errors.entry(code(&s)).or_default() += calls,
+        }
+    }
 }
 
 fn code(s: &tonic::Status) -> String {
     ecoscan_common::codes::code_name(s.code()).to_owned()
+}
+
+/// The tally of a run once every one of its `tasks` is done, timed from `start`.
+async fn finish(mut tasks: JoinSet<()>, run: &Mutex<Run>, start: Instant) -> Run {
+    while tasks.join_next().await.is_some() {}
+    let mut r = std::mem::take(&mut *run.lock().await);
+    r.elapsed = start.elapsed();
+    r
 }
 
 /// Open loop: a call is due every 1/rate s; each is sent on its own task at its due time and
@@ -376,20 +392,38 @@ async fn fixed_rate(client: &Client, bodies: &Arc<Bodies>, rate: u32, duration: 
         tasks.spawn(async move {
             let outcome = client.record(RecordRequest { call: Some(call) }).await;
             let latency = due.elapsed();
-            let mut r = run.lock().await;
-            match outcome {
-                Ok(_) => {
-                    r.acked += 1;
-                    r.latencies.push(latency);
-                }
-                Err(s) => *r.errors.entry(code(&s)).or_default() += 1,
+            run.lock().await.count(outcome.map(|_| 1), 1, latency);
+        });
+    }
+    finish(tasks, &run, start.into_std()).await
+}
+
+/// Closed loop: `workers` tasks each make one round after another until `duration` ends.
+/// `round(w, n)` builds worker `w`'s `n`th round and returns it as a future of its outcome (the
+/// calls acknowledged) and the calls it carries; its latency runs from before it is built.
+async fn closed_loop<F, Fut>(workers: usize, duration: Duration, round: F) -> Run
+where
+    F: Fn(usize, usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = (Result<usize, tonic::Status>, usize)> + Send,
+{
+    let run = Arc::new(Mutex::new(Run::default()));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = JoinSet::new();
+    for w in 0..workers {
+        let (round, run) = (round.clone(), run.clone());
+        tasks.spawn(async move {
+            let mut n = 0;
+            while Instant::now() < end {
+                let sent = Instant::now();
+                let (outcome, calls) = round(w, n).await;
+                let mut r = run.lock().await;
+                r.count(outcome, calls, sent.elapsed());
+                n += 1;
             }
         });
     }
-    while tasks.join_next().await.is_some() {}
-    let mut r = std::mem::take(&mut *run.lock().await);
-    r.elapsed = start.elapsed();
-    r
+    finish(tasks, &run, start).await
 }
 
 /// Closed loop: `in_flight` workers each send one `Record` after another until `duration` ends.
@@ -399,38 +433,16 @@ async fn closed_loop_unary(
     in_flight: usize,
     duration: Duration,
 ) -> Run {
-    let run = Arc::new(Mutex::new(Run::default()));
-    let start = Instant::now();
-    let end = start + duration;
-    let mut tasks = JoinSet::new();
-    for w in 0..in_flight {
-        let (client, run, bodies) = (client.clone(), run.clone(), bodies.clone());
-        tasks.spawn(async move {
-            let mut i = w;
-            while Instant::now() < end {
-                let sent = Instant::now();
-                let outcome = client
-                    .clone()
-                    .record(RecordRequest {
-                        call: Some(bodies.call(i)),
-                    })
-                    .await;
-                let mut r = run.lock().await;
-                match outcome {
-                    Ok(_) => {
-                        r.acked += 1;
-                        r.latencies.push(sent.elapsed());
-                    }
-                    Err(s) => *r.errors.entry(code(&s)).or_default() += 1,
-                }
-                i += in_flight;
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    let mut r = std::mem::take(&mut *run.lock().await);
-    r.elapsed = start.elapsed();
-    r
+    let (client, bodies) = (client.clone(), bodies.clone());
+    closed_loop(in_flight, duration, move |w, n| {
+        let mut client = client.clone();
+        let call = bodies.call(w + n * in_flight);
+        async move {
+            let outcome = client.record(RecordRequest { call: Some(call) }).await;
+            (outcome.map(|_| 1), 1)
+        }
+    })
+    .await
 }
 
 /// Closed loop: `streams` workers each open one `RecordStream` after another, `calls` calls
@@ -442,41 +454,23 @@ async fn closed_loop_streams(
     calls: usize,
     duration: Duration,
 ) -> Run {
-    let run = Arc::new(Mutex::new(Run::default()));
-    let start = Instant::now();
-    let end = start + duration;
-    let mut tasks = JoinSet::new();
-    for w in 0..streams {
-        let (client, run, bodies) = (client.clone(), run.clone(), bodies.clone());
-        tasks.spawn(async move {
-            let mut n = 0usize;
-            while Instant::now() < end {
-                let sent = Instant::now();
-                let first = (w + n * streams) * calls;
-                let batch: Vec<RecordStreamRequest> = (first..first + calls)
-                    .map(|i| RecordStreamRequest {
-                        call: Some(bodies.call(i)),
-                    })
-                    .collect();
-                let outcome = client
-                    .clone()
-                    .record_stream(futures::stream::iter(batch))
-                    .await;
-                let mut r = run.lock().await;
-                match outcome {
-                    Ok(resp) => {
-                        let resp = resp.into_inner();
-                        r.acked += usize::try_from(resp.recorded + resp.duplicates).unwrap_or(0);
-                        r.latencies.push(sent.elapsed());
-                    }
-                    Err(s) => *r.errors.entry(code(&s)).or_default() += calls,
-                }
-                n += 1;
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    let mut r = std::mem::take(&mut *run.lock().await);
-    r.elapsed = start.elapsed();
-    r
+    let (client, bodies) = (client.clone(), bodies.clone());
+    closed_loop(streams, duration, move |w, n| {
+        let mut client = client.clone();
+        let first = (w + n * streams) * calls;
+        let batch: Vec<RecordStreamRequest> = (first..first + calls)
+            .map(|i| RecordStreamRequest {
+                call: Some(bodies.call(i)),
+            })
+            .collect();
+        async move {
+            let outcome = client.record_stream(futures::stream::iter(batch)).await;
+            let acked = outcome.map(|resp| {
+                let resp = resp.into_inner();
+                usize::try_from(resp.recorded + resp.duplicates).unwrap_or(0)
+            });
+            (acked, calls)
+        }
+    })
+    .await
 }

@@ -3,12 +3,15 @@
 //!
 //! Runs the suite in this process and finishes one scan; then 64 HTTP/1.1 keep-alive
 //! connections, each sending its next request as soon as the previous answer is read (a closed
-//! loop), fetch that scan's result for `--duration` after `--warmup`. Then it starts Debian's
-//! nginx as a child process (2 workers, the same 2 cores, access log off) serving the gateway's
-//! exact answer as a file, runs the same load against it, stops it, and reports both rates and
-//! their ratio (the design's target: the gateway at least 25 % of nginx's rate). The load
-//! generator is a minimal HTTP/1.1 client in this process: it shares the 2 cores with whatever
-//! it measures, as `wrk` would.
+//! loop), fetch that scan's result for `--duration` after `--warmup`: a finished result, which
+//! the gateway serves from its result cache once ingest has checked the caller owns it. Then
+//! the same against a second suite whose model never answers in time, for a scan still
+//! running (`202` + `Retry-After`: a call to ingest every time). Then it starts Debian's nginx
+//! as a child process (2 workers, the same 2 cores, access log off) serving the gateway's exact
+//! finished answer as a file, runs the same load against it, stops it, and reports the rates
+//! and the ratios (the design's targets: a finished result at least 50 % of nginx's rate, a
+//! pending one at least 25 %). The load generator is a minimal HTTP/1.1 client in this
+//! process: it shares the 2 cores with whatever it measures, as `wrk` would.
 //!
 //! ```sh
 //! cargo run --release -p ecoscan-bench --bin gateway-throughput
@@ -35,8 +38,10 @@ use tokio::{
 };
 
 const USER: &str = "bench-throughput";
-/// The design's target: the gateway's rate at least this share of nginx's, in percent.
-const TARGET_PERCENT: f64 = 25.0;
+/// The design's targets: the gateway's rate for a finished result, and for a pending one, at
+/// least these shares of nginx's, in percent.
+const FINISHED_TARGET_PERCENT: f64 = 50.0;
+const PENDING_TARGET_PERCENT: f64 = 25.0;
 /// Longest one request may take before its connection counts an error and reconnects.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -99,26 +104,43 @@ async fn main() -> anyhow::Result<()> {
         args.duration.as_secs_f64(),
         args.connections
     );
-    let gw = load(gateway, gateway_request, &args).await?;
+    let gw = load(gateway, gateway_request, 200, &args).await?;
     shutdown.cancel();
     drop(running);
+
+    // A scan that stays running for the whole phase: the model takes an hour.
+    let pending_dir = tempfile::tempdir().context("failed to create a temporary data directory")?;
+    let (running, shutdown) = ecoscan_bench::start_suite(pending_dir.path(), |c| {
+        c.llm.mock_latency = Duration::from_secs(3600);
+    })
+    .await?;
+    let gateway = running.addrs.gateway;
+    let pending_id = submitted_scan(gateway).await?;
+    let pending_request = request(gateway, &format!("/api/v1/scan/{pending_id}"));
+    eprintln!("gateway: a pending scan's result, the same load");
+    let pending = load(gateway, pending_request, 202, &args).await?;
+    shutdown.cancel();
+    drop(running);
+    drop(pending_dir);
 
     let www = tempfile::tempdir().context("failed to create nginx's directory")?;
     let nginx = Nginx::start(&nginx_bin, www.path(), &body).await?;
     eprintln!("nginx: the same load on {}", nginx.addr);
-    let ng = load(nginx.addr, request(nginx.addr, "/result.json"), &args).await;
+    let ng = load(nginx.addr, request(nginx.addr, "/result.json"), 200, &args).await;
     let nginx_answer = nginx.answer;
     nginx.stop().await;
     let mut ng = ng?;
     drop(www);
 
-    let percent = gw
-        .rate()
-        .zip(ng.rate())
-        .filter(|(_, n)| *n > 0.0)
-        .map(|(g, n)| g * 100.0 / n);
+    let of_nginx = |t: &Tally| {
+        t.rate()
+            .zip(ng.rate())
+            .filter(|(_, n)| *n > 0.0)
+            .map(|(g, n)| g * 100.0 / n)
+    };
+    let (percent, pending_percent) = (of_nginx(&gw), of_nginx(&pending));
     let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
-    let mut gw = gw;
+    let (mut gw, mut pending) = (gw, pending);
     report
         .measure(Figure::new(
             "gateway GET /api/v1/scan/{id}",
@@ -126,11 +148,20 @@ async fn main() -> anyhow::Result<()> {
             "req/s",
         ))
         .measure(Figure::new(
+            "gateway GET /api/v1/scan/{id}, pending (202)",
+            pending.rate(),
+            "req/s",
+        ))
+        .measure(Figure::new(
             "nginx, static file of the same size",
             ng.rate(),
             "req/s",
         ))
-        .measure(Figure::new("gateway / nginx", percent, "%").at_least(TARGET_PERCENT))
+        .measure(Figure::new("gateway / nginx", percent, "%").at_least(FINISHED_TARGET_PERCENT))
+        .measure(
+            Figure::new("gateway pending / nginx", pending_percent, "%")
+                .at_least(PENDING_TARGET_PERCENT),
+        )
         .measure(Figure::new(
             "gateway latency p50",
             ms(gw.samples.percentile(50.0)),
@@ -139,6 +170,11 @@ async fn main() -> anyhow::Result<()> {
         .measure(Figure::new(
             "gateway latency p99",
             ms(gw.samples.percentile(99.0)),
+            "ms",
+        ))
+        .measure(Figure::new(
+            "gateway pending latency p99",
+            ms(pending.samples.percentile(99.0)),
             "ms",
         ))
         .measure(Figure::new(
@@ -154,7 +190,7 @@ async fn main() -> anyhow::Result<()> {
         .header(
             "settings",
             format!(
-                "closed loop, {} HTTP/1.1 keep-alive connections, {} s measured after {} s of warm-up per target; the gateway first (the result of one finished scan, header X-User-Id), then nginx",
+                "closed loop, {} HTTP/1.1 keep-alive connections, {} s measured after {} s of warm-up per target; the gateway first (the result of one finished scan, header X-User-Id), then a second suite's gateway (a scan still running), then nginx",
                 args.connections,
                 args.duration.as_secs_f64(),
                 args.warmup.as_secs_f64()
@@ -180,15 +216,34 @@ async fn main() -> anyhow::Result<()> {
             "a minimal HTTP/1.1 client in this process, sharing the 2 cores with the suite (gateway, ingest, stores) in the first phase and with nginx in the second",
         )
         .header("gateway phase", gw.describe())
+        .header("gateway pending phase", pending.describe())
         .header("nginx phase", ng.describe());
-    if gw.errors + ng.errors > 0 {
+    if gw.errors + pending.errors + ng.errors > 0 {
         report.note(format!(
-            "Errors (non-200 answers, timeouts, broken connections): gateway {}, nginx {}.",
-            gw.errors, ng.errors
+            "Errors (unexpected statuses, timeouts, broken connections): gateway {}, pending {}, nginx {}.",
+            gw.errors, pending.errors, ng.errors
         ));
     }
     report.print();
     Ok(())
+}
+
+/// Submits a scan with `POST /api/v1/scan` (answered at once with its id) and returns the id.
+async fn submitted_scan(gateway: SocketAddr) -> anyhow::Result<String> {
+    let res: serde_json::Value = reqwest::Client::new()
+        .post(format!("http://{gateway}/api/v1/scan"))
+        .header("content-type", "application/json")
+        .header("x-user-id", USER)
+        .body(ecoscan_bench::scan_body(2, "plastic bottle"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    res.get("job_id")
+        .and_then(|v| v.as_str())
+        .map(str::to_owned)
+        .context("POST /api/v1/scan answered no job_id")
 }
 
 /// `GET path` with the header the gateway needs on loopback (nginx ignores it).
@@ -270,7 +325,7 @@ async fn send(stream: &mut TcpStream, buf: &mut Vec<u8>, request: &[u8]) -> anyh
 /// What the connections of one phase counted.
 #[derive(Default)]
 struct Tally {
-    /// Answers of status 200 that completed in the measured window.
+    /// Answers of the expected status that completed in the measured window.
     ok: usize,
     errors: usize,
     reconnects: usize,
@@ -304,8 +359,13 @@ impl Tally {
 }
 
 /// The closed loop against `addr`: `args.connections` connections for the warm-up and the
-/// measured window.
-async fn load(addr: SocketAddr, request: Arc<[u8]>, args: &Args) -> anyhow::Result<Tally> {
+/// measured window; answers of status `expect` count.
+async fn load(
+    addr: SocketAddr,
+    request: Arc<[u8]>,
+    expect: u16,
+    args: &Args,
+) -> anyhow::Result<Tally> {
     let start = Instant::now();
     let measure_from = start + args.warmup;
     let end = measure_from + args.duration;
@@ -326,7 +386,7 @@ async fn load(addr: SocketAddr, request: Arc<[u8]>, args: &Args) -> anyhow::Resu
     let tasks: Vec<_> = (0..args.connections)
         .map(|_| {
             let request = request.clone();
-            tokio::spawn(connection(addr, request, measure_from, end))
+            tokio::spawn(connection(addr, request, expect, measure_from, end))
         })
         .collect();
     let mut total = Tally {
@@ -353,6 +413,7 @@ async fn load(addr: SocketAddr, request: Arc<[u8]>, args: &Args) -> anyhow::Resu
 async fn connection(
     addr: SocketAddr,
     request: Arc<[u8]>,
+    expect: u16,
     measure_from: Instant,
     end: Instant,
 ) -> anyhow::Result<Tally> {
@@ -375,7 +436,7 @@ async fn connection(
         let done = Instant::now();
         let counted = done >= measure_from && done <= end;
         match outcome {
-            Ok(Ok(a)) if a.status == 200 => {
+            Ok(Ok(a)) if a.status == expect => {
                 if counted {
                     tally.ok += 1;
                     tally.samples.push(done - t);

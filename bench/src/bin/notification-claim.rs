@@ -164,7 +164,7 @@ async fn run(
                 p50.map(|d| d.as_secs_f64() * 1000.0),
                 "ms",
             )
-            .at_most(4.0),
+            .at_most(2.5),
         )
         .header(
             "settings",
@@ -195,8 +195,8 @@ async fn run(
                 args.batch
             ),
             format!("{} / {}", fmt_opt(p50), fmt_opt(latencies.percentile(99.0))),
-            "p50 ≤ 4 ms",
-            Verdict::of(p50.is_some_and(|p| p <= Duration::from_millis(4))),
+            "p50 ≤ 2.5 ms",
+            Verdict::of(p50.is_some_and(|p| p <= Duration::from_micros(2500))),
         )
         .info(
             "claim p90 / max",

@@ -349,8 +349,8 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
                 watchers.map_or_else(|| "?".to_owned(), thousands),
                 r.connect_secs
             ),
-            "20,000",
-            Verdict::of(r.connected >= 20_000 && r.connected == args.clients),
+            "19,488 (the design's figure: what 20,000 open files leave)",
+            Verdict::of(r.connected >= 19_488 && r.connected == args.clients),
         );
     #[allow(clippy::cast_precision_loss)]
     report
@@ -360,7 +360,7 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
                 Some(r.connected as f64),
                 "",
             )
-            .at_least(20_000.0),
+            .at_least(19_488.0),
         )
         .figure(
             Figure::new("server RSS growth per client", Some(kib_connected), "KiB").at_most(16.0),

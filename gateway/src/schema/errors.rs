@@ -85,41 +85,45 @@ error_responses! {
     GatewayTimeout: "A backend did not answer within its deadline (`DEADLINE_EXCEEDED`).";
 }
 
-/// The errors every operation that calls a backend for a caller documents: a request refused
-/// as malformed, no usable credentials, and a failure inside the gateway or behind it.
-#[derive(IntoResponses)]
-#[allow(
-    dead_code,
-    reason = "never built: it only lists responses for `#[utoipa::path]`"
-)]
-pub(crate) enum CommonErrors {
-    #[response(status = 400)]
-    BadRequest(#[ref_response] BadRequest),
-    #[response(status = 401)]
-    Unauthorized(#[ref_response] Unauthorized),
-    #[response(status = 500)]
-    Internal(#[ref_response] Internal),
-    #[response(status = 503)]
-    Unavailable(#[ref_response] Unavailable),
-    #[response(status = 504)]
-    GatewayTimeout(#[ref_response] GatewayTimeout),
+/// Sets of the components above that operations name together in `responses(...)`: each
+/// variant is the component of the same name at its status. Written once here so a set cannot
+/// name a component under another status than the one its variant says.
+macro_rules! error_sets {
+    ($($(#[$meta:meta])* $set:ident { $($status:literal => $name:ident),* $(,)? })*) => {$(
+        $(#[$meta])*
+        #[derive(IntoResponses)]
+        #[allow(
+            dead_code,
+            reason = "never built: it only lists responses for `#[utoipa::path]`"
+        )]
+        pub(crate) enum $set {
+            $(
+                #[response(status = $status)]
+                $name(#[ref_response] $name),
+            )*
+        }
+    )*};
 }
 
-/// What the operations that take a body, and are rate-limited per user, document beside
-/// [`CommonErrors`]: a body too slow, too large or of a type they do not take, and too many
-/// requests.
-#[derive(IntoResponses)]
-#[allow(
-    dead_code,
-    reason = "never built: it only lists responses for `#[utoipa::path]`"
-)]
-pub(crate) enum BodyErrors {
-    #[response(status = 408)]
-    RequestTimeout(#[ref_response] RequestTimeout),
-    #[response(status = 413)]
-    PayloadTooLarge(#[ref_response] PayloadTooLarge),
-    #[response(status = 415)]
-    UnsupportedMediaType(#[ref_response] UnsupportedMediaType),
-    #[response(status = 429)]
-    TooManyRequests(#[ref_response] TooManyRequests),
+error_sets! {
+    /// The errors every operation that calls a backend for a caller documents: a request
+    /// refused as malformed, no usable credentials, and a failure inside the gateway or behind
+    /// it.
+    CommonErrors {
+        400 => BadRequest,
+        401 => Unauthorized,
+        500 => Internal,
+        503 => Unavailable,
+        504 => GatewayTimeout,
+    }
+
+    /// What the operations that take a body, and are rate-limited per user, document beside
+    /// [`CommonErrors`]: a body too slow, too large or of a type they do not take, and too many
+    /// requests.
+    BodyErrors {
+        408 => RequestTimeout,
+        413 => PayloadTooLarge,
+        415 => UnsupportedMediaType,
+        429 => TooManyRequests,
+    }
 }

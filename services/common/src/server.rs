@@ -2,7 +2,7 @@
 //! and v1alpha), a span per RPC whose parent comes from the caller's `traceparent`, graceful
 //! shutdown, and TLS or mutual TLS when the process has it configured ([`crate::tls`]).
 
-use std::{sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -227,18 +227,24 @@ pub const ALLOW_PLAINTEXT_VAR: &str = "GRPC_ALLOW_PLAINTEXT_BIND";
 /// be read and replayed within their minute.
 fn refuse_open_plaintext(listener: &TcpListener, tls: bool) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
-    if tls || addr.ip().is_loopback() {
-        return Ok(());
-    }
-    let allowed = crate::config::env_opt("GRPC_ALLOW_PLAINTEXT_BIND")
+    let allowed = crate::config::env_opt(ALLOW_PLAINTEXT_VAR)
         .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
+    plaintext_bind(addr, tls, allowed)?;
+    if !tls && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "serving plaintext gRPC beyond loopback ({ALLOW_PLAINTEXT_VAR}=true)");
+    }
+    Ok(())
+}
+
+/// Whether a server may listen on `addr`: with TLS anywhere, in plaintext on loopback only,
+/// unless the operator said (`allowed`) that only trusted peers reach its network.
+fn plaintext_bind(addr: SocketAddr, tls: bool, allowed: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
-        allowed,
+        tls || allowed || addr.ip().is_loopback(),
         "refusing to serve plaintext gRPC on {addr}, beyond loopback: set GRPC_TLS_CERT and \
          GRPC_TLS_KEY (and GRPC_TLS_CA for mutual TLS), listen on 127.0.0.1, or set \
          {ALLOW_PLAINTEXT_VAR}=true if only trusted peers can reach this network"
     );
-    tracing::warn!(%addr, "serving plaintext gRPC beyond loopback ({ALLOW_PLAINTEXT_VAR}=true)");
     Ok(())
 }
 
@@ -372,6 +378,33 @@ pub fn call_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod plaintext_bind_tests {
+    use super::plaintext_bind;
+
+    #[test]
+    fn plaintext_grpc_stays_on_loopback_unless_tls_or_the_operator_allows_it() {
+        for open in [
+            "0.0.0.0:50051",
+            "[::]:50051",
+            "10.1.2.3:50051",
+            "192.168.0.9:1",
+        ] {
+            let addr = open.parse().unwrap();
+            let refused = plaintext_bind(addr, false, false).unwrap_err().to_string();
+            assert!(
+                refused.contains("GRPC_ALLOW_PLAINTEXT_BIND"),
+                "{open}: {refused}"
+            );
+            plaintext_bind(addr, true, false).expect("TLS may listen anywhere");
+            plaintext_bind(addr, false, true).expect("the operator allowed it");
+        }
+        for inside in ["127.0.0.1:50051", "127.0.0.2:9", "[::1]:50051"] {
+            plaintext_bind(inside.parse().unwrap(), false, false).expect(inside);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -192,13 +192,14 @@ pub(crate) fn stage_error(stage: Stage, status: &tonic::Status) -> ErrorInfo {
     use tonic::Code;
     let name = stage_name(stage);
     let plain = match status.code() {
-        Code::InvalidArgument
-        | Code::FailedPrecondition
-        | Code::NotFound
-        | Code::OutOfRange
-        | Code::PermissionDenied
-        | Code::Unauthenticated
-        | Code::AlreadyExists => status.message(),
+        // Vision judges the person's own photo, in words written for them; every other
+        // refusal is between our services, and its text (a service's address, a setting's
+        // name) is for the operator: the log and the trace keep it.
+        Code::InvalidArgument if stage == Stage::Vision => status.message(),
+        Code::FailedPrecondition => {
+            "it is not set up to do this right now; try again later, and if it keeps failing, \
+             report the scan's id"
+        }
         Code::Unavailable => {
             "a service or model it needs is unavailable right now; try again later"
         }
@@ -263,6 +264,38 @@ mod tests {
                 error.message
             );
         }
+        // A refusal between services names them (an address, a setting); people get a plain
+        // sentence instead.
+        let misconfigured = tonic::Status::failed_precondition(
+            "rule service at http://rule.internal:50052 returned an empty taxonomy",
+        );
+        let error = stage_error(Stage::Vision, &misconfigured);
+        assert!(
+            !error.message.contains("rule.internal"),
+            "{}",
+            error.message
+        );
+        assert_eq!(error.code, "FAILED_PRECONDITION");
+        for code in [
+            tonic::Code::NotFound,
+            tonic::Code::PermissionDenied,
+            tonic::Code::Unauthenticated,
+            tonic::Code::AlreadyExists,
+        ] {
+            let status = tonic::Status::new(code, "identity for http://answer:50053 refused");
+            let error = stage_error(Stage::Answer, &status);
+            assert!(
+                !error.message.contains("http"),
+                "{code:?}: {}",
+                error.message
+            );
+        }
+        let internal = tonic::Status::invalid_argument("classification missing in request");
+        assert!(
+            !stage_error(Stage::Answer, &internal)
+                .message
+                .contains("classification")
+        );
         // A verdict on the person's input is for the person.
         let verdict = tonic::Status::invalid_argument("the photo shows no object");
         assert_eq!(

@@ -8,7 +8,7 @@ use std::{collections::HashMap, time::Duration};
 
 use bytes::Bytes;
 use ecoscan_common::client::{as_admin, request_as};
-use ecoscan_ingest::store::QueueEntry;
+use ecoscan_ingest::{Config, store::QueueEntry};
 use ecoscan_proto::v1::{
     EventStatus, JobStatus, ListDeadLettersRequest, RequeueDeadLetterRequest, ScanEvent, Stage,
     scan_event::Payload,
@@ -35,6 +35,18 @@ async fn enqueue(env: &Env, job_id: &str) {
         })
         .await
         .unwrap();
+}
+
+/// Ingest on `stages` (its config changed by `tweak`) with one scan of the test PNG, watched
+/// to its end: the harness, the job's id and every event of the job.
+async fn scan_through(
+    stages: Stages,
+    tweak: impl FnOnce(&mut Config),
+) -> (Env, String, Vec<ScanEvent>) {
+    let env = start_with(stages, tweak, |s| s).await;
+    let job_id = submit_png(&env).await;
+    let events = watch_all(&env, &job_id).await;
+    (env, job_id, events)
 }
 
 fn error_of(event: &ScanEvent) -> &ecoscan_proto::v1::ErrorInfo {
@@ -165,17 +177,7 @@ async fn a_job_whose_image_is_gone_is_dead_lettered_and_an_operator_can_requeue_
 #[tokio::test]
 async fn a_job_delivered_more_often_than_the_limit_is_dead_lettered() {
     let env = start(None, |c| c.max_attempts = 3).await;
-    env.stores
-        .objects
-        .put("images/ab/crashes", Bytes::from_static(PNG))
-        .await
-        .unwrap();
-    let (job, _) = env
-        .stores
-        .jobs
-        .insert(new_job("images/ab/crashes"))
-        .await
-        .unwrap();
+    let job = insert_with_image(&env, "images/ab/crashes").await;
     // Three workers claimed it and died (a job that crashes its worker every time).
     for _ in 0..3 {
         env.stores.jobs.claim(&job.id).await.unwrap().unwrap();
@@ -205,17 +207,11 @@ async fn a_stage_stream_that_stalls_is_cut_by_its_idle_deadline() {
         answer_stalls: true,
         ..Stages::new(None)
     };
-    let env = start_with(
-        stages,
-        |c| {
-            c.stage_idle_timeout = Duration::from_millis(300);
-            c.stage_retries = 1;
-        },
-        |s| s,
-    )
+    let (env, job_id, events) = scan_through(stages, |c| {
+        c.stage_idle_timeout = Duration::from_millis(300);
+        c.stage_retries = 1;
+    })
     .await;
-    let job_id = submit_png(&env).await;
-    let events = watch_all(&env, &job_id).await;
     let last = events.last().unwrap();
     let error = error_of(last);
     assert_eq!(error.code, "DEADLINE_EXCEEDED", "{events:#?}");
@@ -234,17 +230,11 @@ async fn a_stage_that_keeps_sending_is_cut_by_its_total_deadline() {
         answer_delay: Duration::from_secs(2),
         ..Stages::new(None)
     };
-    let env = start_with(
-        stages,
-        |c| {
-            c.stage_timeout = Duration::from_millis(400);
-            c.stage_retries = 0;
-        },
-        |s| s,
-    )
+    let (env, _, events) = scan_through(stages, |c| {
+        c.stage_timeout = Duration::from_millis(400);
+        c.stage_retries = 0;
+    })
     .await;
-    let job_id = submit_png(&env).await;
-    let events = watch_all(&env, &job_id).await;
     let error = error_of(events.last().unwrap());
     assert_eq!(error.code, "DEADLINE_EXCEEDED", "{events:#?}");
     assert_eq!(env.stages.count("answer"), 1);

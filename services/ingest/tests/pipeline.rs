@@ -27,17 +27,7 @@ use tonic::Code;
 async fn a_resumed_job_runs_only_the_stages_without_a_checkpoint() {
     let env = start(None, |_| {}).await;
     // A job that got through vision and rule before its worker died.
-    env.stores
-        .objects
-        .put("images/aa/photo", Bytes::from_static(PNG))
-        .await
-        .unwrap();
-    let (job, _) = env
-        .stores
-        .jobs
-        .insert(new_job("images/aa/photo"))
-        .await
-        .unwrap();
+    let job = insert_with_image(&env, "images/aa/photo").await;
     env.stores
         .jobs
         .mark_running(&job.id, 0, Stage::Rule)

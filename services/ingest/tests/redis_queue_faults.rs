@@ -9,7 +9,7 @@ mod support;
 use std::{collections::HashMap, time::Duration};
 
 use ecoscan_common::client::request_as;
-use ecoscan_ingest::store::QueueEntry;
+use ecoscan_ingest::store::{Job, QueueEntry};
 use ecoscan_proto::v1::{JobStatus, ScanEvent, Stage, WatchRequest};
 use ecoscan_redis::testing::PrivateRedis;
 use support::*;
@@ -29,6 +29,26 @@ async fn eventually<F: AsyncFn() -> bool>(within: Duration, what: &str, check: F
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// [`eventually`] for the rows of all of `jobs` at once: until `check` holds for every one.
+async fn eventually_every_job(
+    env: &Env,
+    jobs: &[String],
+    within: Duration,
+    what: &str,
+    check: impl Fn(&Job) -> bool,
+) {
+    eventually(within, what, async || {
+        for id in jobs {
+            let row = env.stores.jobs.get(id).await.unwrap().unwrap();
+            if !check(&row) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
 }
 
 /// A job that has two queue entries: the worker of one is fenced off by the claim of the
@@ -160,36 +180,24 @@ async fn every_unfinished_job_resumes_at_once_after_redis_lost_its_data() {
         .iter()
         .map(|id| tokio::spawn(follow(env.ingest.clone(), id.clone())))
         .collect();
-    eventually(
+    eventually_every_job(
+        &env,
+        &jobs,
         Duration::from_secs(60),
         "every job reaches its answer stage",
-        async || {
-            for id in &jobs {
-                let row = env.stores.jobs.get(id).await.unwrap().unwrap();
-                if row.stage != Stage::Answer {
-                    return false;
-                }
-            }
-            true
-        },
+        |row| row.stage == Stage::Answer,
     )
     .await;
 
     redis.kill();
     redis.start_again().await;
 
-    eventually(
+    eventually_every_job(
+        &env,
+        &jobs,
         Duration::from_secs(60),
         "every job finishes after Redis lost its data, without the sweeper's grace",
-        async || {
-            for id in &jobs {
-                let row = env.stores.jobs.get(id).await.unwrap().unwrap();
-                if row.status != JobStatus::Succeeded {
-                    return false;
-                }
-            }
-            true
-        },
+        |row| row.status == JobStatus::Succeeded,
     )
     .await;
     for (id, watcher) in jobs.iter().zip(watchers) {

@@ -5,13 +5,38 @@ use std::{fmt, str::FromStr, time::Duration};
 use anyhow::{Context, anyhow};
 use ecoscan_common::config::{STORES_VAR, env_duration, env_opt, env_or};
 
-/// Which backend answers the calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Provider {
-    /// No model: deterministic answers chosen from the request, marked as mock.
-    Mock,
-    /// Any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, LiteLLM).
-    OpenAi,
+/// A setting whose value is one of a few names: the enum, and a `FromStr` that takes each
+/// variant's name case-insensitively and around white space and refuses any other value with
+/// the names to use instead (`$what` names the setting in that error). One table per setting
+/// keeps the names it takes and the names its error lists from drifting apart.
+macro_rules! named_setting {
+    ($(#[$meta:meta])* pub enum $name:ident ($what:literal) {
+        $($(#[$variant_meta:meta])* $text:literal => $variant:ident,)*
+    }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$variant_meta])* $variant,)*
+        }
+
+        impl FromStr for $name {
+            type Err = anyhow::Error;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                choose(s, $what, &[$(($text, Self::$variant)),*])
+            }
+        }
+    };
+}
+
+named_setting! {
+    /// Which backend answers the calls.
+    pub enum Provider("provider") {
+        /// No model: deterministic answers chosen from the request, marked as mock.
+        "mock" => Mock,
+        /// Any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, LiteLLM).
+        "openai" => OpenAi,
+    }
 }
 
 impl Provider {
@@ -30,16 +55,20 @@ impl fmt::Display for Provider {
     }
 }
 
-impl FromStr for Provider {
-    type Err = anyhow::Error;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "mock" => Ok(Provider::Mock),
-            "openai" => Ok(Provider::OpenAi),
-            other => Err(anyhow!("unknown provider {other:?} (use mock or openai)")),
-        }
+/// One of a setting's `choices` by name, case-insensitively and around white space; any
+/// other value is refused with the names to use instead (`what` names the setting).
+fn choose<T: Copy>(s: &str, what: &str, choices: &[(&str, T)]) -> anyhow::Result<T> {
+    let value = s.trim().to_ascii_lowercase();
+    if let Some((_, choice)) = choices.iter().find(|(name, _)| *name == value) {
+        return Ok(*choice);
     }
+    let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+    let names = match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    Err(anyhow!("unknown {what} {value:?} (use {names})"))
 }
 
 /// LLM client settings.
@@ -212,53 +241,29 @@ fn refuse_mock_in_production(stores: Option<&str>, provider: Provider) -> anyhow
     Ok(())
 }
 
-/// How a classification asks for JSON (`LLM_RESPONSE_FORMAT`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ResponseFormat {
-    /// `response_format: {type: json_schema, …}` with the taxonomy as enums (OpenAI, vLLM,
-    /// recent Ollama and llama.cpp servers, LiteLLM).
-    JsonSchema,
-    /// `response_format: {type: json_object}`: any JSON object; the prompt describes the shape.
-    JsonObject,
-    /// No `response_format` at all, for servers that reject the field; the prompt asks for
-    /// JSON and the reader finds it in the text.
-    None,
-}
-
-impl FromStr for ResponseFormat {
-    type Err = anyhow::Error;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "json_schema" => Ok(Self::JsonSchema),
-            "json_object" => Ok(Self::JsonObject),
-            "none" => Ok(Self::None),
-            other => Err(anyhow!(
-                "unknown response format {other:?} (use json_schema, json_object or none)"
-            )),
-        }
+named_setting! {
+    /// How a classification asks for JSON (`LLM_RESPONSE_FORMAT`).
+    pub enum ResponseFormat("response format") {
+        /// `response_format: {type: json_schema, …}` with the taxonomy as enums (OpenAI, vLLM,
+        /// recent Ollama and llama.cpp servers, LiteLLM).
+        "json_schema" => JsonSchema,
+        /// `response_format: {type: json_object}`: any JSON object; the prompt describes the
+        /// shape.
+        "json_object" => JsonObject,
+        /// No `response_format` at all, for servers that reject the field; the prompt asks for
+        /// JSON and the reader finds it in the text.
+        "none" => None,
     }
 }
 
-/// Whether the trace context goes to the provider (`LLM_PROPAGATE_TRACE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PropagateTrace {
-    Always,
-    Never,
-    /// Only to loopback and cluster-internal hosts: a third party learns nothing of our traces.
-    Auto,
-}
-
-impl FromStr for PropagateTrace {
-    type Err = anyhow::Error;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "true" => Ok(Self::Always),
-            "false" => Ok(Self::Never),
-            "auto" => Ok(Self::Auto),
-            other => Err(anyhow!("unknown value {other:?} (use true, false or auto)")),
-        }
+named_setting! {
+    /// Whether the trace context goes to the provider (`LLM_PROPAGATE_TRACE`).
+    pub enum PropagateTrace("value") {
+        "true" => Always,
+        "false" => Never,
+        /// Only to loopback and cluster-internal hosts: a third party learns nothing of our
+        /// traces.
+        "auto" => Auto,
     }
 }
 
@@ -326,6 +331,23 @@ mod tests {
             PropagateTrace::Auto
         );
         assert!("yes".parse::<PropagateTrace>().is_err());
+    }
+
+    #[test]
+    fn an_unknown_setting_value_is_refused_with_the_names_to_use() {
+        let refused = |err: anyhow::Error| err.to_string();
+        assert_eq!(
+            refused(" Anthropic".parse::<Provider>().unwrap_err()),
+            "unknown provider \"anthropic\" (use mock or openai)"
+        );
+        assert_eq!(
+            refused("json".parse::<ResponseFormat>().unwrap_err()),
+            "unknown response format \"json\" (use json_schema, json_object or none)"
+        );
+        assert_eq!(
+            refused("yes".parse::<PropagateTrace>().unwrap_err()),
+            "unknown value \"yes\" (use true, false or auto)"
+        );
     }
 
     #[test]

@@ -96,6 +96,25 @@ async fn wait_for_calls(recorder: &Recorder, n: usize) -> Vec<LlmCall> {
     }
 }
 
+/// A mock model that reports its calls to `reporter` as the vision service's.
+fn mock_reporting_to(reporter: &AnalyticsReporter) -> Llm {
+    Llm::new(
+        LlmConfig {
+            mock_latency: Duration::from_millis(5),
+            ..LlmConfig::default()
+        },
+        "vision",
+        Some(reporter.clone()),
+    )
+    .unwrap()
+}
+
+/// A loopback port nothing listens on (it was free a moment ago).
+fn dead_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
 fn input() -> ClassifyInput {
     ClassifyInput {
         job_id: "job-42".into(),
@@ -116,23 +135,11 @@ fn input() -> ClassifyInput {
 async fn successful_and_failed_calls_are_both_reported() {
     let (server, recorder) = start_recorder().await;
     let reporter = AnalyticsReporter::new(&server.uri()).unwrap();
-    let mock = Llm::new(
-        LlmConfig {
-            mock_latency: Duration::from_millis(5),
-            ..LlmConfig::default()
-        },
-        "vision",
-        Some(reporter.clone()),
-    )
-    .unwrap();
-    let dead_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let mock = mock_reporting_to(&reporter);
     let failing = Llm::new(
         LlmConfig {
             provider: Provider::OpenAi,
-            base_url: format!("http://127.0.0.1:{dead_port}/v1"),
+            base_url: format!("http://127.0.0.1:{}/v1", dead_port()),
             max_retries: 0,
             ..LlmConfig::default()
         },
@@ -205,15 +212,7 @@ async fn a_full_buffer_drops_and_counts_instead_of_blocking() {
 async fn settled_returns_once_analytics_acknowledged_every_report_so_far() {
     let (server, recorder) = start_recorder().await;
     let reporter = AnalyticsReporter::new(&server.uri()).unwrap();
-    let llm = Llm::new(
-        LlmConfig {
-            mock_latency: Duration::from_millis(5),
-            ..LlmConfig::default()
-        },
-        "vision",
-        Some(reporter.clone()),
-    )
-    .unwrap();
+    let llm = mock_reporting_to(&reporter);
     for _ in 0..3 {
         llm.classify(input()).await.unwrap();
     }
@@ -226,11 +225,7 @@ async fn settled_returns_once_analytics_acknowledged_every_report_so_far() {
 
 #[tokio::test]
 async fn settled_gives_up_after_its_bound_while_analytics_is_unreachable() {
-    let dead_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let reporter = AnalyticsReporter::new(&format!("http://127.0.0.1:{dead_port}")).unwrap();
+    let reporter = AnalyticsReporter::new(&format!("http://127.0.0.1:{}", dead_port())).unwrap();
     reporter.report(LlmCall::default());
     // The background task is still retrying: the wait ends at its bound, with false.
     assert!(!reporter.settled(Duration::from_millis(300)).await);

@@ -292,6 +292,56 @@ impl PrivateCluster {
         Settings::cluster(self.urls())
     }
 
+    /// SIGKILLs the master that owns the slot of `key` and starts it again on the same port
+    /// with its cluster configuration (`nodes.conf` survives, as it does on a real node) but
+    /// no data, as a master without persistence comes back after a crash; returns once the
+    /// cluster answers `cluster_state:ok` again, with the node's URL.
+    pub async fn restart_owner_of_empty(&mut self, key: &str) -> String {
+        let mut ids = Vec::new();
+        let mut conns = Vec::new();
+        for server in &self.servers {
+            let client = redis::Client::open(server.url()).expect("valid URL");
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect to a cluster node");
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async(&mut conn)
+                .await
+                .expect("CLUSTER MYID");
+            ids.push(id);
+            conns.push(conn);
+        }
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut conns[0])
+            .await
+            .expect("CLUSTER KEYSLOT");
+        let slots: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conns[0])
+            .await
+            .expect("CLUSTER SLOTS");
+        let owner = owner_of(&slots, slot).expect("a master owns the slot");
+        let i = ids
+            .iter()
+            .position(|id| *id == owner)
+            .expect("the owner is one of the cluster's nodes");
+        drop(conns);
+        let server = &mut self.servers[i];
+        server.stop();
+        assert!(
+            server.spawn().await,
+            "cluster node could not start again on port {}; its log:\n{}",
+            server.port,
+            server.log()
+        );
+        self.wait_ok().await;
+        self.servers[i].url()
+    }
+
     /// Moves the slot of `key` (a key or a shard channel) to another master, as an operator
     /// resharding does (`redis-cli --cluster reshard` runs the same steps): `CLUSTER SETSLOT
     /// … IMPORTING` on the target, `… MIGRATING` on the owner, `MIGRATE` of the slot's keys,

@@ -274,6 +274,15 @@ fn rule_binary(dir: &Path, cert: &str, key: &str, ca: &str) -> Child {
         .expect("start ecoscan-rule")
 }
 
+/// What `ecoscan-rule` writes to stderr when it refuses to start with the test PKI written to
+/// `dir` and `GRPC_TLS_*` naming `cert`, `key` and `ca` there.
+fn refusal(dir: &Path, cert: &str, key: &str, ca: &str) -> String {
+    write_pki(dir, &TestCa::new("ecoscan test CA"));
+    let out = rule_binary(dir, cert, key, ca).wait_with_output().unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Kills the child when the test ends, however it ends.
 struct KillOnDrop(Child);
 
@@ -327,13 +336,7 @@ async fn the_binary_serves_mutual_tls_with_the_files_the_variables_name() {
 #[test]
 fn the_binary_refuses_to_start_with_a_key_that_is_not_its_certificates() {
     let dir = tempfile::tempdir().unwrap();
-    write_pki(dir.path(), &TestCa::new("ecoscan test CA"));
-
-    let out = rule_binary(dir.path(), "cert.pem", "other-key.pem", "ca.pem")
-        .wait_with_output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refusal(dir.path(), "cert.pem", "other-key.pem", "ca.pem");
     let expected = format!(
         "GRPC_TLS_KEY file {} is not the private key of the certificate in GRPC_TLS_CERT file {}",
         dir.path().join("other-key.pem").display(),
@@ -345,13 +348,7 @@ fn the_binary_refuses_to_start_with_a_key_that_is_not_its_certificates() {
 #[test]
 fn the_binary_refuses_to_start_with_an_unreadable_ca() {
     let dir = tempfile::tempdir().unwrap();
-    write_pki(dir.path(), &TestCa::new("ecoscan test CA"));
-
-    let out = rule_binary(dir.path(), "cert.pem", "key.pem", "missing-ca.pem")
-        .wait_with_output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refusal(dir.path(), "cert.pem", "key.pem", "missing-ca.pem");
     let expected = format!(
         "cannot read GRPC_TLS_CA file {}",
         dir.path().join("missing-ca.pem").display()

@@ -1,9 +1,20 @@
 //! How every ecoscan service opens its SQL store: a SQLite file for the embedded suite, or
 //! PostgreSQL with versioned migrations in production; and what differs between the two
 //! ([`Dialect`]), so that a store's queries are written once, generic over the database. The
-//! stores themselves (their traits and queries) live beside the service that owns the data.
+//! stores themselves (their traits and queries) live beside the service that owns the data,
+//! written with [`sql_store!`] for a store's type and [`db_span`] for the span of each of its
+//! operations (Redis stores use the latter too).
 
+mod macros;
 pub mod testing;
+
+pub use ecoscan_sql_macros::db_span;
+
+/// What the macros name in the crates that use them.
+#[doc(hidden)]
+pub mod __private {
+    pub use sqlx::Pool;
+}
 
 use std::{
     collections::HashMap,

@@ -118,3 +118,32 @@ async fn failures_end_with_a_non_zero_status_and_say_why() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("404"), "{}", text(&out.stderr));
 }
+
+/// `ecoscan <args>` with neither `--user` nor `--token`: what a person types after `ecoscan up`.
+async fn ecoscan_as_is(suite: &TestSuite, args: &[&str]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ecoscan"));
+    cmd.args(args)
+        .args(["--gateway", &suite.url(""), "--data-dir"])
+        .arg(suite.data_dir.path())
+        .env_remove("ECOSCAN_TOKEN")
+        .env("RUST_LOG", "warn");
+    tokio::task::spawn_blocking(move || cmd.output().expect("ecoscan runs"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn with_no_user_or_token_the_cli_takes_the_token_ecoscan_up_left_and_nothing_else() {
+    // Tokens only, as `ecoscan up` runs by default: no header names anyone.
+    let suite =
+        TestSuite::start_with(|c| c.gateway_trust_header = ecoscan_gateway::TrustHeader::Off).await;
+
+    let out = ecoscan_as_is(&suite, &["characters", "--json"]).await;
+    assert!(!out.status.success(), "no token anywhere, yet it answered");
+    let err = text(&out.stderr);
+    assert!(err.contains("no token given and none in"), "{err}");
+
+    ecoscan::write_local_token(suite.data_dir.path()).expect("write the local token");
+    let out = ecoscan_as_is(&suite, &["characters", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

@@ -632,3 +632,38 @@ async fn tokens_act_for_their_user_and_jobs_are_visible_to_their_owner_only() {
         .unwrap();
     assert_eq!(res.status(), 401);
 }
+
+#[tokio::test]
+async fn a_host_given_to_the_suite_exposes_the_gateway_alone() {
+    // 127.0.0.2 stands for a public address: another address than the services' loopback, on
+    // which nothing of this test is reachable from outside the machine.
+    let host: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let suite = TestSuite::start_with(|c| c.host = host).await;
+    let a = &suite.running.addrs;
+
+    assert_eq!(
+        a.gateway.ip(),
+        host,
+        "the gateway is where it was asked to be"
+    );
+    for (name, addr) in [
+        ("gateway admin", a.gateway_admin),
+        ("ingest", a.ingest),
+        ("vision", a.vision),
+        ("rule", a.rule),
+        ("answer", a.answer),
+        ("reward", a.reward),
+        ("analytics", a.analytics),
+        ("notification", a.notification),
+    ] {
+        assert_eq!(
+            addr.ip(),
+            std::net::IpAddr::from([127, 0, 0, 1]),
+            "{name} listens on {addr}, beyond the machine's own loopback"
+        );
+    }
+    let res = reqwest::get(format!("http://{}/healthz", a.gateway))
+        .await
+        .expect("the gateway answers on its host");
+    assert_eq!(res.status(), 200);
+}

@@ -133,10 +133,10 @@ impl Layout {
             Fault::KillIngest,
             Fault::KillGateway,
         ];
-        match self {
-            Self::Single(_) => faults.push(Fault::RedisRestartEmpty),
-            Self::Cluster(_) => faults.push(Fault::MoveSlot),
+        if let Self::Cluster(_) = self {
+            faults.push(Fault::MoveSlot);
         }
+        faults.push(Fault::RedisRestartEmpty);
         faults
     }
 }
@@ -415,13 +415,14 @@ async fn run(layout: Layout) {
     tokio::time::sleep(rng.between(Duration::from_secs(3), Duration::from_secs(5))).await;
     for fault in &faults {
         let at = started.elapsed();
-        let redis = match &mut layout {
-            Layout::Single(r) => Some(r),
-            Layout::Cluster(_) => None,
+        let (redis, redis_cluster) = match &mut layout {
+            Layout::Single(r) => (Some(r), None),
+            Layout::Cluster(c) => (None, Some(c)),
         };
         let mut targets = Targets {
             cluster: &mut cluster,
             redis,
+            redis_cluster,
             nodes: &nodes,
             observer: &observer,
             lease: LEASE,
@@ -538,6 +539,24 @@ async fn run(layout: Layout) {
             let name = format!("#{c} {:?}", h.kind);
             violations.extend(contract::check(&name, h, store));
         }
+    }
+    // A run that did not do what it set out to proves less than it says: every fault of the
+    // plan is injected, and the model cuts at least one answer stream (its first).
+    for fault in &not_injected {
+        violations.push(Violation {
+            job: "-".into(),
+            client: "faults".into(),
+            rule: "fault-injected",
+            detail: format!("{fault} could not be injected (see the timeline)"),
+        });
+    }
+    if model.calls.cut.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        violations.push(Violation {
+            job: "-".into(),
+            client: "model".into(),
+            rule: "model-cut",
+            detail: "no answer stream was cut mid-answer".into(),
+        });
     }
     let mut by_rule: BTreeMap<&str, usize> = BTreeMap::new();
     for v in &violations {

@@ -20,8 +20,21 @@ use common::{Sse, TestSuite, image_form, read_sse, wait_result};
 use ecoscan_llm::{LlmConfig, Provider};
 use serde_json::Value;
 
-/// The LiteLLM release `infra/test.sh` installs (keep the two equal).
+/// The LiteLLM release `infra/test.sh` installs (held equal by
+/// [`the_litellm_release_is_the_one_the_test_command_installs`]).
 const LITELLM_VERSION: &str = "1.106.12";
+
+#[test]
+fn the_litellm_release_is_the_one_the_test_command_installs() {
+    let script =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra/test.sh"))
+            .expect("infra/test.sh");
+    let installed = script
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("LITELLM_VERSION="))
+        .expect("infra/test.sh sets LITELLM_VERSION");
+    assert_eq!(installed, LITELLM_VERSION);
+}
 
 const VISION_ANSWER: &str = r#"{"major":"재활용폐기물","middle":"무색페트병","minor":"음료PET병","item_name":"a clear soda bottle","confidence":0.93,"situation_tags":["내용물_있음"]}"#;
 const ANSWER_TEXT: &str = "Empty the bottle and rinse it. Peel off the label, squash it flat and put the cap back on. Put it out with clear PET bottles.";
@@ -62,16 +75,17 @@ impl Drop for LiteLlm {
 }
 
 impl LiteLlm {
-    /// Starts the proxy with `models` (YAML `model_list` entries), or `None` (after saying
-    /// why) when LiteLLM is not installed.
-    async fn start(models: &str) -> Option<Self> {
-        let Some(command) = litellm_command() else {
-            eprintln!(
-                "SKIPPED: LiteLLM is not installed (infra/test.sh installs litellm[proxy]=={LITELLM_VERSION}; \
-                 or set ECOSCAN_LITELLM to the litellm command)"
-            );
-            return None;
-        };
+    /// Starts the proxy with `models` (YAML `model_list` entries). Panics, saying how to
+    /// install it, when LiteLLM is not installed: like the Redis and PostgreSQL tests, a test
+    /// of a real peer that skipped would pass without testing anything.
+    async fn start(models: &str) -> Self {
+        let command = litellm_command().unwrap_or_else(|| {
+            panic!(
+                "LiteLLM is not installed: infra/test.sh installs litellm[proxy]=={LITELLM_VERSION} \
+                 into a virtualenv under ~/.cache/ecoscan-tools; or set ECOSCAN_LITELLM to a \
+                 litellm command"
+            )
+        });
         let dir = tempfile::tempdir().unwrap();
         // Nothing leaves the machine: no callbacks, no telemetry, the model-cost map from the
         // package instead of the network, LiteLLM's own retries off (ours are under test), and
@@ -114,7 +128,7 @@ impl LiteLlm {
             _dir: dir,
         };
         proxy.wait_ready().await;
-        Some(proxy)
+        proxy
     }
 
     async fn wait_ready(&mut self) {
@@ -205,9 +219,7 @@ async fn a_scan_reaches_ready_through_litellm_with_streamed_deltas_and_usage_in_
         mock_model("vision-mock", VISION_ANSWER),
         mock_model("answer-mock", ANSWER_TEXT)
     );
-    let Some(litellm) = LiteLlm::start(&models).await else {
-        return;
-    };
+    let litellm = LiteLlm::start(&models).await;
     let suite = TestSuite::start_with(|c| c.llm = litellm.llm("vision-mock", "answer-mock")).await;
 
     let events = scan(&suite, "alice").await;
@@ -312,9 +324,7 @@ async fn an_upstream_retry_hint_forwarded_by_litellm_is_honoured() {
         "  - model_name: limited\n    litellm_params:\n      model: openai/upstream-1\n      \
          api_key: sk-none\n      api_base: {upstream}\n      max_retries: 0\n"
     );
-    let Some(litellm) = LiteLlm::start(&models).await else {
-        return;
-    };
+    let litellm = LiteLlm::start(&models).await;
     let config = LlmConfig {
         retry_budget: Duration::from_secs(1),
         ..litellm.llm("limited", "limited")

@@ -7,7 +7,7 @@
 //! - analytics stopped: scans still run to `ready` (model-call reports are not on the scan's
 //!   path), usage answers 503;
 //! - ingest stopped: submitting a scan answers 503, the caller's characters (reward) still
-//!   answer 200.
+//!   answer 200, and an event stream ends at once with a `retry:` hint for `EventSource`.
 
 mod common;
 mod support;
@@ -191,6 +191,23 @@ async fn with_ingest_stopped_scan_routes_are_503_with_retry_after_and_characters
         .await
         .expect("result request");
     assert_unavailable(res, "ingest").await;
+    let res = http
+        .get(cluster.gateway_url("/api/v1/scan/7d2f4c1e-0000-4000-8000-000000000000/events"))
+        .bearer_auth(&user)
+        .send()
+        .await
+        .expect("events request");
+    // An event stream is the exception: an `EventSource` that gets a 503 gives up for good,
+    // so the stream opens and ends at once with a `retry:` hint (never an `error` event,
+    // which is a job's end), and the browser comes back by itself.
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = tokio::time::timeout(Duration::from_secs(30), res.text())
+        .await
+        .expect("the stream ends at once")
+        .expect("its body");
+    assert!(body.contains("retry:"), "{body}");
+    assert!(body.contains("ingest is unavailable"), "{body}");
+    assert!(!body.contains("event: error"), "{body}");
 
     let res = http
         .get(cluster.gateway_url("/api/v1/characters/me"))

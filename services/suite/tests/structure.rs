@@ -2,7 +2,8 @@
 //! a service crate never depends on another service crate, the gateway reaches no store client
 //! (Redis, SQL, S3) even through a shared crate, no module of a service or of the gateway is
 //! over [`MAX_MODULE_LINES`] (benchmarks and tests only from the reviewed list below), and no
-//! two modules of a crate need each other ([`cycles`]).
+//! two modules of a crate need each other ([`cycles`]), and a module with children is a folder
+//! with its `mod.rs`.
 
 #[path = "structure/cycles.rs"]
 mod cycles;
@@ -137,7 +138,7 @@ fn the_gateway_reaches_no_store_client() {
 fn source_modules() -> Vec<PathBuf> {
     let root = root();
     let mut out = Vec::new();
-    let mut dirs: Vec<PathBuf> = ["services", "gateway", "bench"]
+    let mut dirs: Vec<PathBuf> = ["services", "gateway", "bench", "proto"]
         .iter()
         .map(PathBuf::from)
         .collect();
@@ -251,5 +252,28 @@ fn no_two_modules_of_a_crate_need_each_other() {
         circles.is_empty(),
         "modules that import each other (give what both need a leaf module of its own, or \
          move it to the side that owns it): {circles:#?}"
+    );
+}
+
+/// Modules that are both a file `foo.rs` and a folder `foo/`: a module with children is a
+/// folder with its `mod.rs`, the one style of the workspace.
+fn split_modules(modules: &[PathBuf]) -> Vec<String> {
+    modules
+        .iter()
+        .filter(|m| {
+            m.file_name()
+                .is_some_and(|n| n != "mod.rs" && n != "lib.rs" && n != "main.rs")
+        })
+        .filter(|m| root().join(m.with_extension("")).is_dir())
+        .map(|m| m.display().to_string())
+        .collect()
+}
+
+#[test]
+fn a_module_with_children_is_a_folder_with_its_mod_rs() {
+    let split = split_modules(&source_modules());
+    assert!(
+        split.is_empty(),
+        "modules written as foo.rs beside foo/ (move foo.rs to foo/mod.rs): {split:#?}"
     );
 }

@@ -4,7 +4,7 @@
 use std::{collections::HashSet, future::Future};
 
 use async_trait::async_trait;
-use ecoscan_sql::Dialect;
+use ecoscan_sql::{Dialect, db_span};
 use sqlx::{Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use super::{CallRow, CallStore, StoreError, UsageSample};
@@ -19,29 +19,10 @@ pub trait CallSql: Dialect {
     ) -> impl Future<Output = Result<HashSet<String>, sqlx::Error>> + Send;
 }
 
-/// [`CallStore`] on the SQL database `DB`; opened by [`super::sqlite`] or [`super::postgres`].
-#[derive(Debug)]
-pub struct SqlCallStore<DB: Dialect> {
-    pool: Pool<DB>,
-}
-
-impl<DB: Dialect> Clone for SqlCallStore<DB> {
-    fn clone(&self) -> Self {
-        Self {
-            pool: self.pool.clone(),
-        }
-    }
-}
-
-impl<DB: Dialect> SqlCallStore<DB> {
-    pub(super) fn new(pool: Pool<DB>) -> Self {
-        Self { pool }
-    }
-
-    /// Closes every connection.
-    pub async fn close(&self) {
-        self.pool.close().await;
-    }
+ecoscan_sql::sql_store! {
+    /// [`CallStore`] on the SQL database `DB`; opened by [`super::sqlite`] or
+    /// [`super::postgres`].
+    pub struct SqlCallStore<DB> { pool }
 }
 
 fn row_to_call<R: Row>(r: &R) -> Result<CallRow, sqlx::Error>
@@ -88,11 +69,11 @@ where
     for<'r> f64: Decode<'r, DB> + Type<DB>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
 {
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "INSERT llm_calls", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "INSERT", db.collection.name = "llm_calls", db.rows = rows.len() as i64),
-        err
+    #[db_span(
+        system = DB::SYSTEM,
+        op = "INSERT",
+        collection = "llm_calls",
+        fields(db.rows = rows.len() as i64)
     )]
     async fn insert_batch(&self, rows: &[CallRow]) -> Result<HashSet<String>, StoreError> {
         if rows.is_empty() {
@@ -101,12 +82,7 @@ where
         Ok(DB::insert_calls(&self.pool, rows).await?)
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT llm_calls", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "llm_calls"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "llm_calls")]
     async fn get(&self, call_id: &str) -> Result<Option<CallRow>, StoreError> {
         let row = sqlx::query(DB::sql("SELECT * FROM llm_calls WHERE call_id = $1"))
             .bind(call_id)
@@ -115,12 +91,7 @@ where
         Ok(row.as_ref().map(row_to_call).transpose()?)
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT llm_calls", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "llm_calls"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "llm_calls")]
     async fn usage_samples(
         &self,
         since_us: i64,

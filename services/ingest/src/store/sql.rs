@@ -2,6 +2,7 @@
 //! (the embedded default, [`super::sqlite`]) and on PostgreSQL ([`super::postgres`]). Times are
 //! microseconds since the Unix epoch, as in every ecoscan SQL store.
 
+use ecoscan_sql::db_span;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -146,11 +147,11 @@ where
     for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
     for<'q> Option<Vec<u8>>: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
 {
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "INSERT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "INSERT", db.collection.name = "scan_jobs", job.id = %job.id),
-        err
+    #[db_span(
+        system = DB::SYSTEM,
+        op = "INSERT",
+        collection = "scan_jobs",
+        fields(job.id = %job.id)
     )]
     async fn insert(&self, job: NewJob) -> Result<(Job, bool), StoreError> {
         let carrier = serde_json::to_string(&job.trace_carrier).unwrap_or_else(|_| "{}".into());
@@ -188,12 +189,7 @@ where
         Ok((existing, false))
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "scan_jobs", job.id = %id),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_jobs", fields(job.id = %id))]
     async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
         sqlx::query(DB::sql("SELECT * FROM scan_jobs WHERE id = $1"))
             .bind(id)
@@ -204,12 +200,7 @@ where
             .transpose()
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "scan_jobs"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_jobs")]
     async fn find_by_idempotency_key(
         &self,
         user_id: &str,
@@ -227,12 +218,7 @@ where
         .transpose()
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "scan_jobs", fields(job.id = %id))]
     async fn claim(&self, id: &str) -> Result<Option<Job>, StoreError> {
         sqlx::query(DB::sql(
             "UPDATE scan_jobs SET lease_epoch = lease_epoch + 1, attempts = attempts + 1, \
@@ -247,11 +233,11 @@ where
         .transpose()
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.stage = ?stage),
-        err
+    #[db_span(
+        system = DB::SYSTEM,
+        op = "UPDATE",
+        collection = "scan_jobs",
+        fields(job.id = %id, job.stage = ?stage)
     )]
     async fn mark_running(&self, id: &str, epoch: u64, stage: Stage) -> Result<(), StoreError> {
         let done = sqlx::query(DB::sql(
@@ -273,11 +259,11 @@ where
         Ok(())
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.checkpoint = checkpoint.name()),
-        err
+    #[db_span(
+        system = DB::SYSTEM,
+        op = "UPDATE",
+        collection = "scan_jobs",
+        fields(job.id = %id, job.checkpoint = checkpoint.name())
     )]
     async fn checkpoint(
         &self,
@@ -298,11 +284,11 @@ where
         Ok(())
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.status = ?status),
-        err
+    #[db_span(
+        system = DB::SYSTEM,
+        op = "UPDATE",
+        collection = "scan_jobs",
+        fields(job.id = %id, job.status = ?status)
     )]
     async fn finish(
         &self,
@@ -314,11 +300,11 @@ where
         self.end(id, epoch, status, error, false).await
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id, job.end_seq = seq),
-        err
+    #[db_span(
+        system = DB::SYSTEM,
+        op = "UPDATE",
+        collection = "scan_jobs",
+        fields(job.id = %id, job.end_seq = seq)
     )]
     async fn set_end_seq(&self, id: &str, seq: u64) -> Result<(), StoreError> {
         sqlx::query(DB::sql(
@@ -333,23 +319,13 @@ where
         Ok(())
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "scan_jobs", fields(job.id = %id))]
     async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError> {
         self.end(id, epoch, JobStatus::Failed, Some(error), true)
             .await
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "scan_jobs"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_jobs")]
     async fn dead_letters(
         &self,
         before: Option<SystemTime>,
@@ -368,12 +344,7 @@ where
         .collect()
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "scan_jobs", job.id = %id),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "scan_jobs", fields(job.id = %id))]
     async fn requeue(&self, id: &str) -> Result<Option<Job>, StoreError> {
         sqlx::query(DB::sql(
             "UPDATE scan_jobs SET status = $1, stage = $2, error = NULL, finished_at_us = NULL, \
@@ -391,12 +362,7 @@ where
         .transpose()
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "scan_jobs"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_jobs")]
     async fn unfinished(
         &self,
         created_before: SystemTime,

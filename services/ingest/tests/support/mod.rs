@@ -17,7 +17,7 @@ use ecoscan_common::{client::request_as, identity::caller, testing::spawn};
 use ecoscan_ingest::{
     Config, Stores,
     error::StoreError,
-    store::{Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
+    store::{Job, Lease, NewJob, Queue, QueueEntry, jobs::Checkpoint},
 };
 use ecoscan_proto::v1::{
     Answer, CancelRequest, CancelResponse, Character, Classification, ClassifyRequest,
@@ -329,6 +329,18 @@ pub fn new_job(image_key: &str) -> NewJob {
         idempotency_key: None,
         trace_carrier: HashMap::new(),
     }
+}
+
+/// A job row of `u1` for the test PNG, stored under `image_key` first: what `Submit` leaves
+/// before it enqueues, for tests that put the job in a state of their own before it runs.
+pub async fn insert_with_image(env: &Env, image_key: &str) -> Job {
+    env.stores
+        .objects
+        .put(image_key, Bytes::from_static(PNG))
+        .await
+        .unwrap();
+    let (job, _) = env.stores.jobs.insert(new_job(image_key)).await.unwrap();
+    job
 }
 
 /// Submits the test PNG as `u1` and returns the job id.

@@ -170,6 +170,25 @@ impl RedisScheduler {
         Ok(())
     }
 
+    /// Acknowledges `ids` (one id or a slice of them): out of both sets, atomically. Had a
+    /// lease run out meanwhile, the entry went back to the due set, and it needs no second round
+    /// either.
+    async fn remove(
+        &self,
+        ids: impl redis::ToRedisArgs + Send + Sync,
+    ) -> Result<(), SchedulerError> {
+        let _: () = redis::pipe()
+            .atomic()
+            .zrem(&self.inflight_key, &ids)
+            .ignore()
+            .zrem(&self.due_key, &ids)
+            .ignore()
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(SchedulerError::redis("acknowledge delivered notifications"))?;
+        Ok(())
+    }
+
     /// The earliest due time or lease deadline, if anything is waiting.
     async fn next_at(&self) -> Result<Option<i64>, SchedulerError> {
         let mut pipe = redis::pipe();
@@ -250,34 +269,14 @@ impl Scheduler for RedisScheduler {
     }
 
     async fn ack(&self, id: &str) -> Result<(), SchedulerError> {
-        // Out of both sets: had the lease run out meanwhile, the entry went back to the due set,
-        // and it needs no second round either.
-        let _: () = redis::pipe()
-            .atomic()
-            .zrem(&self.inflight_key, id)
-            .ignore()
-            .zrem(&self.due_key, id)
-            .ignore()
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(SchedulerError::redis("acknowledge delivered notifications"))?;
-        Ok(())
+        self.remove(id).await
     }
 
     async fn ack_many(&self, ids: &[String]) -> Result<(), SchedulerError> {
         if ids.is_empty() {
             return Ok(());
         }
-        let _: () = redis::pipe()
-            .atomic()
-            .zrem(&self.inflight_key, ids)
-            .ignore()
-            .zrem(&self.due_key, ids)
-            .ignore()
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(SchedulerError::redis("acknowledge delivered notifications"))?;
-        Ok(())
+        self.remove(ids).await
     }
 
     async fn wait(&self, max_wait: Duration) {

@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use ecoscan_sql::Dialect;
+use ecoscan_sql::db_span;
 use sqlx::{Decode, Encode, Executor, IntoArguments, Pool, QueryBuilder, Row, Type};
 
 use super::{CancelOutcome, NotificationRow, NotificationStore, Status, StoreError, sql_limit};
@@ -74,12 +75,7 @@ where
     for<'r> String: Decode<'r, DB> + Type<DB>,
     for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
 {
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "INSERT notifications", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "INSERT", db.collection.name = "notifications"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "INSERT", collection = "notifications")]
     async fn insert(&self, n: NotificationRow) -> Result<(NotificationRow, bool), StoreError> {
         // The conflict target names the dedupe index (on PostgreSQL a partial one, its predicate
         // included), so only a repeated dedupe key conflicts (ids are fresh v7 uuids); a
@@ -117,12 +113,7 @@ where
         Ok((from_row(&row)?, false))
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "notifications"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "notifications")]
     async fn mark_delivered(
         &self,
         id: &str,
@@ -142,11 +133,11 @@ where
         row.as_ref().map(from_row).transpose()
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "notifications", db.operation.batch.size = ids.len()),
-        err
+    #[db_span(
+        system = DB::SYSTEM,
+        op = "UPDATE",
+        collection = "notifications",
+        fields(db.operation.batch.size = ids.len())
     )]
     async fn mark_delivered_many(
         &self,
@@ -179,12 +170,7 @@ where
         Ok(delivered)
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "UPDATE notifications", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "UPDATE", db.collection.name = "notifications"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "notifications")]
     async fn cancel(&self, id: &str, user_id: &str) -> Result<CancelOutcome, StoreError> {
         let row = sqlx::query(DB::sql(
             "UPDATE notifications SET status = 'cancelled' \
@@ -211,12 +197,7 @@ where
         })
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT notifications", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "notifications"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "notifications")]
     async fn list(&self, user_id: &str, limit: u32) -> Result<Vec<NotificationRow>, StoreError> {
         let rows = sqlx::query(DB::sql(
             "SELECT * FROM notifications WHERE user_id = $1 \
@@ -246,12 +227,7 @@ where
         Ok(pending)
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT notifications", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "notifications"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "notifications")]
     async fn scheduled_page(
         &self,
         after: Option<(i64, &str)>,

@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use ecoscan_sql::Dialect;
+use ecoscan_sql::db_span;
 use sqlx::{Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use super::{Grant, OwnedRow, RewardStore, StoreError, StoredDecision};
@@ -73,11 +74,12 @@ where
         Ok(row.as_ref().map(decision_from_row).transpose()?)
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "INSERT reward_decisions, owned_characters", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "INSERT", db.collection.name = "reward_decisions", job.id = %g.job_id),
-        err
+    #[db_span(
+        system = DB::SYSTEM,
+        op = "INSERT",
+        collection = "reward_decisions",
+        name = "INSERT reward_decisions, owned_characters",
+        fields(job.id = %g.job_id)
     )]
     async fn grant(&self, g: Grant) -> Result<StoredDecision, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -135,12 +137,7 @@ where
         Ok(decision)
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SELECT owned_characters", otel.kind = "client", db.system = DB::SYSTEM, db.operation.name = "SELECT", db.collection.name = "owned_characters"),
-        err
-    )]
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "owned_characters")]
     async fn list_owned(&self, user_id: &str) -> Result<Vec<OwnedRow>, StoreError> {
         let rows = sqlx::query(DB::sql(
             "SELECT character_code, job_id, acquired_at_us FROM owned_characters \

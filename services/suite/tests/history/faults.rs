@@ -6,12 +6,14 @@ use std::time::{Duration, Instant};
 use super::observer::Observer;
 use crate::support::{
     processes::{Cluster, Service},
-    stores::PrivateRedis,
+    stores::{PrivateCluster, PrivateRedis},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Fault {
-    /// Writes paused, the log read, then SIGKILL and a restart empty on the same port.
+    /// Writes paused, the log read, then SIGKILL and a restart empty on the same port: the
+    /// one server, or on a Cluster the master that holds a running job's log (its
+    /// `nodes.conf` kept, as a real node keeps it).
     RedisRestartEmpty,
     /// `maxmemory` 1 byte with `noeviction`: every write refused with OOM, for a few seconds.
     RedisMaxmemory,
@@ -34,7 +36,7 @@ impl Fault {
     pub fn needs_job(self) -> Option<bool> {
         match self {
             Self::WrongType => Some(false),
-            Self::MoveSlot => Some(true),
+            Self::MoveSlot | Self::RedisRestartEmpty => Some(true),
             _ => None,
         }
     }
@@ -88,6 +90,7 @@ fn cmd(args: &[&str]) -> redis::Cmd {
 pub struct Targets<'a> {
     pub cluster: &'a mut Cluster,
     pub redis: Option<&'a mut PrivateRedis>,
+    pub redis_cluster: Option<&'a mut PrivateCluster>,
     pub nodes: &'a Nodes,
     pub observer: &'a Observer,
     pub lease: Duration,
@@ -127,6 +130,22 @@ pub async fn inject(
     t: &mut Targets<'_>,
 ) -> Result<(String, Option<(Instant, Instant)>), String> {
     match fault {
+        Fault::RedisRestartEmpty if t.redis_cluster.is_some() => {
+            let job = running_job(t.observer, t.taken, true)
+                .await
+                .ok_or("no running job")?;
+            let key = t.observer.log_key(&job);
+            for url in &t.nodes.urls {
+                on::<()>(url, &cmd(&["CLIENT", "PAUSE", "2000", "WRITE"])).await?;
+            }
+            t.observer.read_logs(true).await;
+            let cluster = t.redis_cluster.as_deref_mut().expect("checked above");
+            let url = cluster.restart_owner_of_empty(&key).await;
+            Ok((
+                format!("job {job}: its master {url} killed and restarted empty"),
+                None,
+            ))
+        }
         Fault::RedisRestartEmpty => {
             let redis = t
                 .redis

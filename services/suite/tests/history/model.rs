@@ -54,7 +54,7 @@ struct Script {
     /// Whether the previous answer call was cut: never two in a row, so a retried stage
     /// usually gets through.
     last_cut: Mutex<bool>,
-    /// One answer call in `cut_one_in` is cut (0: none).
+    /// The first answer call, and then one in `cut_one_in`, is cut (0: none).
     cut_one_in: u64,
     calls: Arc<Calls>,
 }
@@ -174,12 +174,16 @@ fn classify(body: &Value) -> Response {
 /// pieces and then the connection breaks (the body fails mid-stream, so the client sees the
 /// transfer end without its terminating chunk).
 fn answer(script: &Script) -> Response {
-    script.calls.answer.fetch_add(1, Ordering::Relaxed);
+    let call = script.calls.answer.fetch_add(1, Ordering::Relaxed);
     let cut_after = {
         let mut last_cut = script.last_cut.lock().expect("script lock");
         let mut rng = script.rng.lock().expect("script lock");
-        let cut =
-            script.cut_one_in > 0 && !*last_cut && rng.draw().is_multiple_of(script.cut_one_in);
+        // The first answer call is always cut, so every run has a retried answer stage;
+        // after it, one in `cut_one_in`.
+        let first = call == 0;
+        let cut = script.cut_one_in > 0
+            && !*last_cut
+            && (first || rng.draw().is_multiple_of(script.cut_one_in));
         *last_cut = cut;
         cut.then(|| 1 + (rng.draw() % (ANSWER_PIECES.len() as u64 - 2)) as usize)
     };

@@ -11,7 +11,7 @@ mod vision;
 
 use std::{future::Future, pin::Pin, time::Duration};
 
-use ecoscan_common::codes;
+use ecoscan_common::{client::request_as, codes};
 use ecoscan_proto::v1::{Progress, Stage, scan_event::Payload};
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
@@ -39,13 +39,15 @@ pub(super) type Messages = Pin<Box<dyn Stream<Item = Result<StageMsg, Status>> +
 /// A stage call being made: resolves to its messages once the service has answered.
 pub(super) type Call<'a> = Pin<Box<dyn Future<Output = Result<Messages, StageError>> + Send + 'a>>;
 
-/// A stage service's response stream as [`StageMsg`]s: `map` turns each response into its
-/// message (`None` for one that carries nothing).
+/// A streaming stage call's answer as [`StageMsg`]s: the call's failure, or its response
+/// stream with `map` turning each response into its message (`None` for one that carries
+/// nothing).
 fn messages<T: Send + 'static>(
-    stream: tonic::Streaming<T>,
+    response: Result<tonic::Response<tonic::Streaming<T>>, Status>,
     map: fn(T) -> Option<StageMsg>,
-) -> Messages {
-    Box::pin(stream.filter_map(move |m| m.map(map).transpose()))
+) -> Result<Messages, StageError> {
+    let stream = response?.into_inner();
+    Ok(Box::pin(stream.filter_map(move |m| m.map(map).transpose())))
 }
 
 /// What a stage call needs besides the job.
@@ -55,6 +57,14 @@ pub(super) struct Calls<'a> {
     pub objects: &'a dyn ObjectStore,
     /// The gRPC deadline of the call.
     pub deadline: Duration,
+}
+
+impl Calls<'_> {
+    /// `message` as the request of `job`'s stage call: under the call's deadline, made for the
+    /// job's user (the stage services act for them).
+    fn request<T>(&self, job: &Job, message: T) -> tonic::Request<T> {
+        request_as(message, self.deadline, &job.user_id)
+    }
 }
 
 /// One row of the stage table.

@@ -1,7 +1,6 @@
 //! Reward: the classification and rules in, the collectible character decision out (one
 //! unary call).
 
-use ecoscan_common::client::request_as;
 use ecoscan_proto::v1::{EvaluateRequest, Stage};
 use tonic::Status;
 
@@ -23,11 +22,9 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             classification: Some(input(&job.classification, "classification", Stage::Reward)?),
             rules: Some(input(&job.rules, "rules", Stage::Reward)?),
         };
-        let decision = calls
-            .clients
-            .reward
-            .clone()
-            .evaluate(request_as(req, calls.deadline, &job.user_id))
+        let mut client = calls.clients.reward.clone();
+        let decision = client
+            .evaluate(calls.request(job, req))
             .await
             .map_err(StageError::from)?
             .into_inner()

@@ -1,9 +1,8 @@
 //! Rule: the classification and the user's locale in, the local disposal rules out.
 
-use ecoscan_common::client::request_as;
 use ecoscan_proto::v1::{LookupRequest, Stage, lookup_response::Event};
 
-use super::{Call, Calls, StageDef, StageError, StageMsg, input, messages};
+use super::{Call, Calls, StageDef, StageMsg, input, messages};
 use crate::store::{Job, jobs::Checkpoint};
 
 pub(super) const STAGE: StageDef = StageDef {
@@ -20,19 +19,13 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             classification: Some(input(&job.classification, "classification", Stage::Rule)?),
             locale: job.locale.clone(),
         };
-        let stream = calls
-            .clients
-            .rule
-            .clone()
-            .lookup(request_as(req, calls.deadline, &job.user_id))
-            .await
-            .map_err(StageError::from)?
-            .into_inner();
-        Ok(messages(stream, |m| {
+        let mut client = calls.clients.rule.clone();
+        let response = client.lookup(calls.request(job, req)).await;
+        messages(response, |m| {
             m.event.map(|e| match e {
                 Event::Progress(p) => StageMsg::Progress(p),
                 Event::Rules(r) => StageMsg::Output(Box::new(Checkpoint::Rules(r))),
             })
-        }))
+        })
     })
 }

@@ -1,9 +1,8 @@
 //! Vision: the photo in, a classification out, with its progress on the way.
 
-use ecoscan_common::client::request_as;
 use ecoscan_proto::v1::{ClassifyRequest, Stage, classify_response::Event};
 
-use super::{Call, Calls, StageDef, StageError, StageMsg, messages};
+use super::{Call, Calls, StageDef, StageMsg, messages};
 use crate::error::StoreError;
 use crate::store::{Job, jobs::Checkpoint};
 
@@ -34,21 +33,15 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             content_type: job.content_type.clone(),
             hint: job.hint.clone(),
         };
-        let stream = calls
-            .clients
-            .vision
-            .clone()
-            .classify(request_as(req, calls.deadline, &job.user_id))
-            .await
-            .map_err(StageError::from)?
-            .into_inner();
-        Ok(messages(stream, |m| {
+        let mut client = calls.clients.vision.clone();
+        let response = client.classify(calls.request(job, req)).await;
+        messages(response, |m| {
             m.event.map(|e| match e {
                 Event::Progress(p) => StageMsg::Progress(p),
                 Event::Classification(c) => {
                     StageMsg::Output(Box::new(Checkpoint::Classification(c)))
                 }
             })
-        }))
+        })
     })
 }

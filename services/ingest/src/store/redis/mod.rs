@@ -57,6 +57,7 @@ mod names;
 mod queue;
 mod scripts;
 
+use ecoscan_sql::db_span;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -311,11 +312,11 @@ fn parse_id(id: &str) -> Result<EventId, StoreError> {
 
 #[async_trait]
 impl EventLog for RedisEventLog {
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "XADD scan events", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %event.job_id),
-        err
+    #[db_span(
+        system = "redis",
+        op = "EVALSHA",
+        name = "XADD scan events",
+        fields(job.id = %event.job_id)
     )]
     async fn append_as(&self, event: ScanEvent, epoch: u64) -> Result<ScanEvent, StoreError> {
         self.invoke(event, epoch, false)
@@ -323,11 +324,11 @@ impl EventLog for RedisEventLog {
             .ok_or_else(|| StoreError::Corrupt("the append script appended nothing".into()))
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "XADD scan events (final)", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %event.job_id),
-        err
+    #[db_span(
+        system = "redis",
+        op = "EVALSHA",
+        name = "XADD scan events (final)",
+        fields(job.id = %event.job_id)
     )]
     async fn append_final_as(
         &self,
@@ -337,12 +338,7 @@ impl EventLog for RedisEventLog {
         self.invoke(event, epoch, true).await
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SET scan fence", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %job_id),
-        err
-    )]
+    #[db_span(system = "redis", op = "EVALSHA", name = "SET scan fence", fields(job.id = %job_id))]
     async fn fence(&self, job_id: &str, epoch: u64) -> Result<(), StoreError> {
         // Whoever wrote the log last, this writer goes on from its end, which the script
         // returns with the raised fence.
@@ -393,11 +389,11 @@ impl EventLog for RedisEventLog {
         Ok(event)
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "XRANGE scan events", otel.kind = "client", db.system = "redis", db.operation.name = "XRANGE", job.id = %job_id),
-        err
+    #[db_span(
+        system = "redis",
+        op = "XRANGE",
+        name = "XRANGE scan events",
+        fields(job.id = %job_id)
     )]
     async fn read_after(
         &self,

@@ -1,6 +1,7 @@
 //! The dispatch queue on Redis: one stream, `scan:dispatch`, and its consumer group `ingest`
 //! (see the parent module's docs).
 
+use ecoscan_sql::db_span;
 use std::{
     collections::HashSet,
     time::{Duration, UNIX_EPOCH},
@@ -231,11 +232,11 @@ impl RedisQueue {
 
 #[async_trait]
 impl Queue for RedisQueue {
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "XADD scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XADD", job.id = %entry.job_id),
-        err
+    #[db_span(
+        system = "redis",
+        op = "XADD",
+        name = "XADD scan:dispatch",
+        fields(job.id = %entry.job_id)
     )]
     async fn enqueue(&self, entry: QueueEntry) -> Result<(), StoreError> {
         let carrier = serde_json::to_string(&entry.carrier).unwrap_or_else(|_| "{}".into());
@@ -314,11 +315,11 @@ impl Queue for RedisQueue {
         }
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "XACK scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XACK", job.id = %lease.entry.job_id),
-        err
+    #[db_span(
+        system = "redis",
+        op = "XACK",
+        name = "XACK scan:dispatch",
+        fields(job.id = %lease.entry.job_id)
     )]
     async fn ack(&self, lease: &Lease) -> Result<(), StoreError> {
         let (stream_id, _) = parse_lease_id(&lease.id)?;
@@ -349,11 +350,11 @@ impl Queue for RedisQueue {
         }
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "XACK scan:dispatch (held)", otel.kind = "client", db.system = "redis", db.operation.name = "EVALSHA", job.id = %lease.entry.job_id),
-        err
+    #[db_span(
+        system = "redis",
+        op = "EVALSHA",
+        name = "XACK scan:dispatch (held)",
+        fields(job.id = %lease.entry.job_id)
     )]
     async fn ack_held(&self, lease: &Lease) -> Result<bool, StoreError> {
         let (stream_id, delivered) = parse_lease_id(&lease.id)?;
@@ -412,11 +413,11 @@ impl Queue for RedisQueue {
         }
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "XCLAIM scan:dispatch", otel.kind = "client", db.system = "redis", db.operation.name = "XCLAIM", leases = leases.len()),
-        err
+    #[db_span(
+        system = "redis",
+        op = "XCLAIM",
+        name = "XCLAIM scan:dispatch",
+        fields(leases = leases.len())
     )]
     async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         if leases.is_empty() {
@@ -444,11 +445,11 @@ impl Queue for RedisQueue {
         }
     }
 
-    #[tracing::instrument(
-        name = "db",
-        skip_all,
-        fields(otel.name = "SET scan:dispatch:requeue", otel.kind = "client", db.system = "redis", db.operation.name = "SET", job.id = %job_id),
-        err
+    #[db_span(
+        system = "redis",
+        op = "SET",
+        name = "SET scan:dispatch:requeue",
+        fields(job.id = %job_id)
     )]
     async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
         // One key per job (any slot on a cluster); NX makes the first sweeper the only one.

@@ -14,7 +14,7 @@ use crate::error::StoreError;
 /// [`super::JobStore`] on SQLite.
 pub type SqliteJobStore = SqlJobStore<Sqlite>;
 
-const SCHEMA: &str = include_str!("../../migrations/0001_init.sql");
+const SCHEMA: &str = include_str!("../../../migrations/0001_init.sql");
 
 /// `user_version` of a database in the current layout. 0 is a new database or one made before
 /// versions were kept: table `jobs`, times in milliseconds in `*_at_ms` columns, and, in the
