@@ -28,7 +28,7 @@ use crate::{
     results::Finished,
     schema::{BodyErrors, CommonErrors, NotFound, ScanForm, ScanJson, TooManyRequests},
     sse::{self, doc::ScanEvents, error_info_json},
-    watch::Refused,
+    watch::{Refused, retryable},
 };
 use futures::StreamExt as _;
 
@@ -426,29 +426,47 @@ pub(crate) async fn events(
     }
     // Every client of a job shares one upstream watch; a resume from outside its replay
     // window gets a watch of its own.
+    // Ingest out of reach for a passing reason (restarting, its stores down) is no answer
+    // about the job: the stream opens and ends at once with the hint to come back, as when
+    // ingest goes away mid-stream. A 503 would be worse for the clients this route serves:
+    // an `EventSource` that gets one gives up for good, and a resume at a finished job's end
+    // is promised its end, never a 5xx.
+    let come_back = |status: tonic::Status| -> sse::ScanEvents {
+        futures::stream::once(std::future::ready(Err(status))).boxed()
+    };
     let (stream, first) = match state
         .watches
         .subscribe(&caller, &id, (!after.is_empty()).then_some(after.as_str()))
         .await
     {
         Ok(sub) => (sub.into_stream().boxed(), None),
+        Err(Refused::Upstream(status)) if retryable(&status) => (come_back(status), None),
         Err(Refused::Upstream(status)) => return Err(ingest_error(status)),
         Err(Refused::OutsideWindow) => {
             let msg = WatchRequest {
                 job_id: id.clone(),
                 after_event_id: after,
             };
-            let stream = state
+            match state
                 .scan
                 .clone()
                 .watch(crate::auth::request(msg, SCAN_STREAM_DEADLINE, &caller))
                 .await
-                .map_err(ingest_error)?
-                .into_inner();
-            let mut stream =
-                sse::scan_stream(stream, |r| SharedEvent::from_parts(r.event, r.resync));
-            let first = sse::first_message(&mut stream, "ingest").await?;
-            (stream, first)
+            {
+                Ok(res) => {
+                    let mut stream = sse::scan_stream(res.into_inner(), |r| {
+                        SharedEvent::from_parts(r.event, r.resync)
+                    });
+                    match sse::first_item(&mut stream).await {
+                        Some(Ok(first)) => (stream, Some(first)),
+                        Some(Err(status)) if retryable(&status) => (come_back(status), None),
+                        Some(Err(status)) => return Err(ingest_error(status)),
+                        None => (stream, None),
+                    }
+                }
+                Err(status) if retryable(&status) => (come_back(status), None),
+                Err(status) => return Err(ingest_error(status)),
+            }
         }
     };
     Ok(sse::scan_events(

@@ -276,12 +276,24 @@ pub(crate) async fn first_message<T, S>(
 where
     S: Stream<Item = Result<T, Status>> + Unpin,
 {
-    // Polling a stream through `next` is cancel-safe: nothing is lost when the wait ends.
-    match tokio::time::timeout(FIRST_MESSAGE_WAIT, stream.next()).await {
-        Ok(Some(Ok(m))) => Ok(Some(m)),
-        Ok(Some(Err(status))) => Err(ApiError::upstream(service, status)),
-        Ok(None) | Err(_) => Ok(None),
+    match first_item(stream).await {
+        Some(Ok(m)) => Ok(Some(m)),
+        Some(Err(status)) => Err(ApiError::upstream(service, status)),
+        None => Ok(None),
     }
+}
+
+/// The stream's first item if it comes within a short wait; `None` when nothing came yet or
+/// the stream ended.
+pub(crate) async fn first_item<T, S>(stream: &mut S) -> Option<Result<T, Status>>
+where
+    S: Stream<Item = Result<T, Status>> + Unpin,
+{
+    // Polling a stream through `next` is cancel-safe: nothing is lost when the wait ends.
+    tokio::time::timeout(FIRST_MESSAGE_WAIT, stream.next())
+        .await
+        .ok()
+        .flatten()
 }
 
 fn respond<S>(events: S, shutdown: CancellationToken, lifetime: Duration) -> Response

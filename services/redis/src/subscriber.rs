@@ -8,7 +8,8 @@
 //! server drops on its own — on a Redis Cluster, the shard channels of a slot that moved to
 //! another master get an unrequested `sunsubscribe`, and the client library forgets them — is
 //! subscribed to again (on the slot's new owner), with a resync, since what was published
-//! meanwhile is lost.
+//! meanwhile is lost. On a Cluster, a node's connection that breaks (the node restarted) gets
+//! the whole subscription made again, every channel's subscription confirmed.
 
 use std::{
     sync::{
@@ -49,13 +50,26 @@ pub enum Delivery {
 /// Where the connection's pushes go: never blocks the connection.
 pub(crate) type PushSink = Arc<dyn Fn(PushInfo) -> Result<(), ()> + Send + Sync>;
 
-/// `tx` gets what the user reads; `dropped` the channels the server unsubscribed this
-/// connection from without being asked (this subscription never unsubscribes).
-fn sink(
+/// Where a subscription's connection reports: `tx` gets what the user reads; `dropped` the
+/// channels the server unsubscribed this connection from without being asked (this
+/// subscription never unsubscribes), and `broken` the generation of a connection that broke.
+#[derive(Clone)]
+struct Sinks {
     tx: mpsc::Sender<Delivery>,
     lost: Arc<AtomicBool>,
     dropped: mpsc::UnboundedSender<String>,
-) -> PushSink {
+    broken: mpsc::UnboundedSender<u64>,
+}
+
+/// The push sink of the subscription's connection number `generation`: a connection replaced
+/// since may still report its end, which is then no news.
+fn sink(sinks: Sinks, generation: u64) -> PushSink {
+    let Sinks {
+        tx,
+        lost,
+        dropped,
+        broken,
+    } = sinks;
     Arc::new(move |info: PushInfo| {
         let delivery = match info.kind {
             PushKind::Message | PushKind::SMessage => {
@@ -72,7 +86,9 @@ fn sink(
                 }
             }
             // A (re)subscription: whatever was published before it took effect was missed.
-            PushKind::Subscribe | PushKind::SSubscribe | PushKind::Disconnection => {
+            PushKind::Subscribe | PushKind::SSubscribe => Delivery::Resync,
+            PushKind::Disconnection => {
+                let _ = broken.send(generation);
                 Delivery::Resync
             }
             // The server dropped a channel (a Cluster slot moved away from this node): the
@@ -182,16 +198,24 @@ impl Subscriber {
         let (tx, rx) = mpsc::channel(BUFFER);
         let lost = Arc::new(AtomicBool::new(false));
         let (dropped_tx, dropped) = mpsc::unbounded_channel();
-        let push = sink(tx.clone(), lost.clone(), dropped_tx);
-        let conn = SubConn::open(&redis, &channels, push.clone()).await?;
+        let (broken_tx, broken) = mpsc::unbounded_channel();
+        let sinks = Sinks {
+            tx: tx.clone(),
+            lost: lost.clone(),
+            dropped: dropped_tx,
+            broken: broken_tx,
+        };
+        let conn = SubConn::open(&redis, &channels, sink(sinks.clone(), 0)).await?;
         let stop = CancellationToken::new();
         tokio::spawn(watch_health(
             Watched {
                 redis,
                 channels,
-                push,
+                sinks,
+                generation: 0,
                 tx,
                 dropped,
+                broken,
             },
             conn,
             stop.clone(),
@@ -217,10 +241,14 @@ impl Subscriber {
 struct Watched {
     redis: Redis,
     channels: Vec<String>,
-    push: PushSink,
+    sinks: Sinks,
+    /// The number of the connection in use.
+    generation: u64,
     tx: mpsc::Sender<Delivery>,
     /// Channels the server dropped (see [`sink`]), to subscribe to again.
     dropped: mpsc::UnboundedReceiver<String>,
+    /// A connection of the subscription broke (see [`sink`]): its generation.
+    broken: mpsc::UnboundedReceiver<u64>,
 }
 
 /// Pings the subscription's connection; one that does not answer is replaced by a new one,
@@ -239,6 +267,16 @@ async fn watch_health(mut w: Watched, mut conn: SubConn, stop: CancellationToken
                 .await,
                 Ok(Ok(()))
             ),
+            // On a Cluster the client library reconnects a node's connection by itself and
+            // subscribes again to the node's channels, but takes no answer from it: a master
+            // that just restarted refuses commands (CLUSTERDOWN) until it has spoken with the
+            // others, and its channels stay silent, without a word, until this process
+            // restarts. The whole subscription is made again instead, each SSUBSCRIBE
+            // checked, until every one is confirmed. (One server's connection manager checks
+            // its own resubscription.)
+            Some(generation) = w.broken.recv(), if matches!(conn, SubConn::Cluster(_)) => {
+                generation != w.generation
+            }
             Some(channel) = w.dropped.recv() => {
                 tracing::warn!(connection = redis.name(), channel = %channel, "redis dropped a subscribed channel (its slot moved); subscribing again");
                 match tokio::time::timeout(redis.response_timeout(), conn.resubscribe(&channel)).await {
@@ -262,7 +300,9 @@ async fn watch_health(mut w: Watched, mut conn: SubConn, stop: CancellationToken
         // subscription is in place (its confirmation says so again).
         let _ = w.tx.try_send(Delivery::Resync);
         loop {
-            match SubConn::open(&redis, &w.channels, w.push.clone()).await {
+            w.generation += 1;
+            let push = sink(w.sinks.clone(), w.generation);
+            match SubConn::open(&redis, &w.channels, push).await {
                 Ok(fresh) => {
                     conn = fresh;
                     break;

@@ -1,7 +1,9 @@
 //! A shard channel's slot moves to another master of a Redis Cluster while a subscriber
 //! listens: Redis tells the subscriber it is unsubscribed (an unrequested `sunsubscribe`),
 //! which the subscription takes for a lost feed: it says so (a resync, so its user catches up
-//! from the durable copy) and subscribes again, on the slot's new owner.
+//! from the durable copy) and subscribes again, on the slot's new owner. And a master that
+//! restarts: the client library's own resubscription left some of ingest's 64 shard channels
+//! silent for good; the subscription is made again, every channel confirmed.
 
 use std::time::Duration;
 
@@ -93,4 +95,55 @@ async fn a_subscription_follows_its_shard_channel_to_the_slots_new_owner() {
         "the other channel is still heard",
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_subscription_hears_its_shard_channel_again_after_its_master_restarted_empty() {
+    let mut cluster = PrivateCluster::start().await;
+    let redis = Redis::connect(&cluster.settings(), "test-node-restart")
+        .await
+        .unwrap();
+    // Every shard channel of ingest's feed, as its hub subscribes them.
+    let channels: Vec<String> = (0..64).map(|s| format!("t:{{s{s}}}:feed")).collect();
+    let channel = channels[2].clone();
+    let mut sub = redis.subscribe(channels).await.unwrap();
+    published_until_heard(
+        &redis,
+        &mut sub,
+        &channel,
+        "before",
+        Duration::from_secs(10),
+        "the subscription hears its channel",
+    )
+    .await;
+
+    // As when the node's data is read one last time before it goes: writes wait a moment.
+    for url in cluster.urls() {
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(2000)
+            .arg("WRITE")
+            .query_async::<()>(&mut c)
+            .await
+            .unwrap();
+    }
+    let node = cluster.restart_owner_of_empty(&channel).await;
+    let resynced = published_until_heard(
+        &redis,
+        &mut sub,
+        &channel,
+        "after",
+        Duration::from_secs(10),
+        &format!("the subscription hears its channel again after {node} restarted empty"),
+    )
+    .await;
+    assert!(
+        resynced,
+        "what was published while the node was down is lost: a resync says so"
+    );
 }

@@ -184,10 +184,18 @@ impl AnswerText {
 }
 
 fn in_outage(stored: &Stored, at: Instant) -> bool {
+    outage_over(stored, at).is_some()
+}
+
+/// When the process outage that `at` falls in (or follows by at most 2 s) was over: a
+/// connection that began then could be answered only once the process was back.
+fn outage_over(stored: &Stored, at: Instant) -> Option<Instant> {
     stored
         .outages
         .iter()
-        .any(|(from, to)| *from <= at && at <= *to + Duration::from_secs(2))
+        .filter(|(from, to)| *from <= at && at <= *to + Duration::from_secs(2))
+        .map(|(_, to)| *to)
+        .max()
 }
 
 /// Checks one client's history against the contract and the stores.
@@ -501,7 +509,8 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                 .events()
                 .find(|(_, e)| std::ptr::eq(*e, *end))
                 .map(|(c, _)| c.began);
-            let since = [stored.ended_at, conn].into_iter().flatten().max();
+            let back = conn.and_then(|c| outage_over(stored, c));
+            let since = [stored.ended_at, conn, back].into_iter().flatten().max();
             if let Some(since) = since {
                 let waited = end.at.saturating_duration_since(since);
                 if waited > end_within() {
