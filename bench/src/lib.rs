@@ -45,8 +45,8 @@ pub async fn start_suite(
     // The benchmarks measure the pipeline, not authentication: their clients name users in
     // X-User-Id (header mode, explicitly), and all of them come from 127.0.0.1, so the
     // per-address connection cap is the global one.
-    config.gateway_trust_header = ecoscan::TrustHeader::Loopback;
-    config.gateway_limits.max_connections_per_ip = usize::MAX;
+    config.gateway.auth.trust_header = ecoscan::TrustHeader::Loopback;
+    config.gateway.limits.max_connections_per_ip = usize::MAX;
     tweak(&mut config);
     let shutdown = CancellationToken::new();
     let running = ecoscan::start(config, shutdown.clone()).await?;

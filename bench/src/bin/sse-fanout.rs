@@ -167,11 +167,11 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
         c.llm.mock_jitter = args.model_jitter;
         // Every stream belongs to one user here (only a job's owner may watch it), so the
         // per-user limits meant for the public edge are lifted to the whole run's size.
-        c.gateway_limits.scans_per_minute = u32::try_from(args.jobs).unwrap_or(u32::MAX).max(60);
-        c.gateway_limits.max_sse_per_user = args.clients.max(64);
-        c.gateway_limits.max_sse = c.gateway_limits.max_sse.max(args.clients);
-        c.gateway_limits.max_connections =
-            c.gateway_limits.max_connections.max(args.clients + 1024);
+        c.gateway.limits.scans_per_minute = u32::try_from(args.jobs).unwrap_or(u32::MAX).max(60);
+        c.gateway.limits.max_sse_per_user = args.clients.max(64);
+        c.gateway.limits.max_sse = c.gateway.limits.max_sse.max(args.clients);
+        c.gateway.limits.max_connections =
+            c.gateway.limits.max_connections.max(args.clients + 1024);
     })
     .await?;
     let gateway = running.addrs.gateway;

@@ -191,6 +191,15 @@ fn default_body_limit(max_image_bytes: usize) -> usize {
 impl Config {
     /// Reads the variables listed on [`Config`], falling back to the defaults.
     pub fn from_env() -> anyhow::Result<Self> {
+        let config = Self::read_env()?;
+        config.validate().context("invalid gateway configuration")?;
+        Ok(config)
+    }
+
+    /// [`Config::from_env`] without its checks, for a caller that sets the rest itself (the
+    /// one-process suite: the services' addresses and the local tokens); the gateway checks
+    /// what it is given when it starts.
+    pub fn read_env() -> anyhow::Result<Self> {
         let d = Self::default();
         let max_image_bytes = env_or("GATEWAY_MAX_IMAGE_BYTES", d.max_image_bytes)?;
         let config = Self {
@@ -240,7 +249,6 @@ impl Config {
             result_cache_bytes: env_or("GATEWAY_RESULT_CACHE_BYTES", d.result_cache_bytes)?,
             result_cache_ttl: env_duration("GATEWAY_RESULT_CACHE_TTL", d.result_cache_ttl)?,
         };
-        config.validate().context("invalid gateway configuration")?;
         Ok(config)
     }
 

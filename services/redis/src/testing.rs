@@ -297,38 +297,8 @@ impl PrivateCluster {
     /// no data, as a master without persistence comes back after a crash; returns once the
     /// cluster answers `cluster_state:ok` again, with the node's URL.
     pub async fn restart_owner_of_empty(&mut self, key: &str) -> String {
-        let mut ids = Vec::new();
-        let mut conns = Vec::new();
-        for server in &self.servers {
-            let client = redis::Client::open(server.url()).expect("valid URL");
-            let mut conn = client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect to a cluster node");
-            let id: String = redis::cmd("CLUSTER")
-                .arg("MYID")
-                .query_async(&mut conn)
-                .await
-                .expect("CLUSTER MYID");
-            ids.push(id);
-            conns.push(conn);
-        }
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(&mut conns[0])
-            .await
-            .expect("CLUSTER KEYSLOT");
-        let slots: redis::Value = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut conns[0])
-            .await
-            .expect("CLUSTER SLOTS");
-        let owner = owner_of(&slots, slot).expect("a master owns the slot");
-        let i = ids
-            .iter()
-            .position(|id| *id == owner)
-            .expect("the owner is one of the cluster's nodes");
+        let (mut conns, ids) = self.masters().await;
+        let (_, i) = owner(&mut conns, &ids, key).await;
         drop(conns);
         let server = &mut self.servers[i];
         server.stop();
@@ -349,41 +319,8 @@ impl PrivateCluster {
     /// of the slot's shard channels that they are unsubscribed (`sunsubscribe`). Returns the
     /// slot and the URLs of its old and new owner.
     pub async fn move_slot_of(&self, key: &str) -> (u16, String, String) {
-        let mut conns = Vec::new();
-        for server in &self.servers {
-            let client = redis::Client::open(server.url()).expect("valid URL");
-            conns.push(
-                client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect to a cluster node"),
-            );
-        }
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(&mut conns[0])
-            .await
-            .expect("CLUSTER KEYSLOT");
-        let mut ids = Vec::new();
-        for conn in &mut conns {
-            let id: String = redis::cmd("CLUSTER")
-                .arg("MYID")
-                .query_async(conn)
-                .await
-                .expect("CLUSTER MYID");
-            ids.push(id);
-        }
-        let slots: redis::Value = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut conns[0])
-            .await
-            .expect("CLUSTER SLOTS");
-        let owner = owner_of(&slots, slot).expect("a master owns the slot");
-        let from = ids
-            .iter()
-            .position(|id| *id == owner)
-            .expect("the owner is one of the cluster's nodes");
+        let (mut conns, ids) = self.masters().await;
+        let (slot, from) = owner(&mut conns, &ids, key).await;
         let to = (from + 1) % conns.len();
         let setslot = |state: &str, id: &str| {
             let mut cmd = redis::cmd("CLUSTER");
@@ -443,6 +380,54 @@ impl PrivateCluster {
         }
         (slot, self.servers[from].url(), self.servers[to].url())
     }
+}
+
+impl PrivateCluster {
+    /// A connection to each master, and each master's id (`CLUSTER MYID`), in order.
+    async fn masters(&self) -> (Vec<redis::aio::MultiplexedConnection>, Vec<String>) {
+        let mut conns = Vec::new();
+        let mut ids = Vec::new();
+        for server in &self.servers {
+            let client = redis::Client::open(server.url()).expect("valid URL");
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect to a cluster node");
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async(&mut conn)
+                .await
+                .expect("CLUSTER MYID");
+            conns.push(conn);
+            ids.push(id);
+        }
+        (conns, ids)
+    }
+}
+
+/// The slot of `key` and the index (in `ids`) of the master that owns it.
+async fn owner(
+    conns: &mut [redis::aio::MultiplexedConnection],
+    ids: &[String],
+    key: &str,
+) -> (u16, usize) {
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(&mut conns[0])
+        .await
+        .expect("CLUSTER KEYSLOT");
+    let slots: redis::Value = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut conns[0])
+        .await
+        .expect("CLUSTER SLOTS");
+    let owner = owner_of(&slots, slot).expect("a master owns the slot");
+    let i = ids
+        .iter()
+        .position(|id| *id == owner)
+        .expect("the owner is one of the cluster's nodes");
+    (slot, i)
 }
 
 /// The id of the node serving `slot` in a `CLUSTER SLOTS` reply.

@@ -83,12 +83,10 @@ pub struct SuiteConfig {
     /// Jobs ingest runs at once (`INGEST_MAX_IN_FLIGHT`); `None`: ingest's default, the
     /// backlog limit.
     pub ingest_max_in_flight: Option<usize>,
-    /// The gateway's abuse limits (`GATEWAY_SCANS_PER_MINUTE`, `GATEWAY_MAX_SSE_PER_USER`, …).
-    pub gateway_limits: ecoscan_gateway::Limits,
-    /// The Jaeger UI the demo page links traces to (`GATEWAY_JAEGER_URL`).
-    pub gateway_jaeger_url: Option<String>,
-    /// Header mode (`GATEWAY_TRUST_USER_HEADER`): off unless asked for.
-    pub gateway_trust_header: ecoscan_gateway::TrustHeader,
+    /// The gateway's settings (every `GATEWAY_*` variable: limits, lifetimes, header mode,
+    /// CORS, the Jaeger link, …); the suite sets the services' addresses and its local tokens
+    /// itself.
+    pub gateway: ecoscan_gateway::Config,
 }
 
 impl SuiteConfig {
@@ -106,12 +104,7 @@ impl SuiteConfig {
                         .with_context(|| format!("invalid INGEST_MAX_IN_FLIGHT {v:?}"))
                 })
                 .transpose()?,
-            gateway_limits: ecoscan_gateway::Limits::from_env()?,
-            gateway_jaeger_url: ecoscan_common::config::env_opt("GATEWAY_JAEGER_URL"),
-            gateway_trust_header: ecoscan_common::config::env_or(
-                "GATEWAY_TRUST_USER_HEADER",
-                ecoscan_gateway::TrustHeader::Off,
-            )?,
+            gateway: ecoscan_gateway::Config::read_env()?,
         })
     }
 
@@ -123,9 +116,7 @@ impl SuiteConfig {
             data_dir: data_dir.to_path_buf(),
             llm: LlmConfig::default(),
             ingest_max_in_flight: None,
-            gateway_limits: ecoscan_gateway::Limits::default(),
-            gateway_jaeger_url: None,
-            gateway_trust_header: ecoscan_gateway::TrustHeader::Off,
+            gateway: ecoscan_gateway::Config::default(),
         }
     }
 }
@@ -194,9 +185,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         data_dir,
         llm,
         ingest_max_in_flight,
-        gateway_limits,
-        gateway_jaeger_url,
-        gateway_trust_header,
+        gateway: gateway_settings,
     } = config;
     // Every service serves and calls over TLS when GRPC_TLS_* is set: a bad file stops the
     // start here, once, rather than in each service.
@@ -352,12 +341,10 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
             hs256_secret: Some(local_token_secret(&data_dir)?),
             issuer: Some(LOCAL_ISSUER.to_owned()),
             audience: Some(LOCAL_AUDIENCE.to_owned()),
-            trust_header: gateway_trust_header,
+            trust_header: gateway_settings.auth.trust_header,
             ..Default::default()
         },
-        limits: gateway_limits,
-        jaeger_url: gateway_jaeger_url,
-        ..Default::default()
+        ..gateway_settings
     };
     let sd = shutdown.clone();
     tasks.spawn(async move {

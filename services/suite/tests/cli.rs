@@ -136,7 +136,8 @@ async fn ecoscan_as_is(suite: &TestSuite, args: &[&str]) -> Output {
 async fn with_no_user_or_token_the_cli_takes_the_token_ecoscan_up_left_and_nothing_else() {
     // Tokens only, as `ecoscan up` runs by default: no header names anyone.
     let suite =
-        TestSuite::start_with(|c| c.gateway_trust_header = ecoscan_gateway::TrustHeader::Off).await;
+        TestSuite::start_with(|c| c.gateway.auth.trust_header = ecoscan_gateway::TrustHeader::Off)
+            .await;
 
     let out = ecoscan_as_is(&suite, &["characters", "--json"]).await;
     assert!(!out.status.success(), "no token anywhere, yet it answered");

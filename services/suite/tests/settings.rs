@@ -103,3 +103,30 @@ fn a_misspelt_setting_stops_the_start_with_the_name_it_meant() {
         "{err}"
     );
 }
+
+#[test]
+fn ecoscan_up_takes_the_gateways_settings_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["up", "--data-dir", dir.path().to_str().unwrap()];
+    for port in [
+        "--gateway-port",
+        "--gateway-admin-port",
+        "--ingest-port",
+        "--vision-port",
+        "--rule-port",
+        "--answer-port",
+        "--reward-port",
+        "--analytics-port",
+        "--notification-port",
+    ] {
+        args.extend([port, "0"]);
+    }
+    // A value the gateway cannot run with: refused, so it was read (it used to be ignored).
+    let out = ecoscan(&args, &[("GATEWAY_SSE_MAX_LIFETIME", "0s")]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("GATEWAY_SSE_MAX_LIFETIME must be positive"),
+        "{err}"
+    );
+}

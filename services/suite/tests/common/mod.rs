@@ -60,7 +60,7 @@ impl TestSuite {
         config.llm.mock_latency = Duration::from_millis(150);
         // Most tests name their users in X-User-Id: header mode, explicitly (the default is
         // off; tokens work too).
-        config.gateway_trust_header = ecoscan_gateway::TrustHeader::Loopback;
+        config.gateway.auth.trust_header = ecoscan_gateway::TrustHeader::Loopback;
         tweak(&mut config);
         let shutdown = CancellationToken::new();
         let running = ecoscan::start(config, shutdown.clone())
