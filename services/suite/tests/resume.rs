@@ -280,6 +280,45 @@ async fn a_resume_with_an_id_of_another_job_or_a_malformed_id_is_a_400_with_a_me
     }
 }
 
+/// The real-ingest twin of the gateway's test of the same name: the first client of a job's
+/// feed resumes with another job's id (ingest refuses it, a moment later), and a second client
+/// of the same job, with an id of its own, joins that feed meanwhile: the refusal is the first
+/// client's alone (found by the history checker, seed 2 on the Cluster).
+#[tokio::test]
+async fn a_resume_refused_for_its_id_does_not_refuse_a_client_that_joined_its_feed() {
+    let stack = Stack::start(|_| {}).await;
+    let job = stack.submit().await;
+    let all = stack.follow(&job).await;
+    let mine = time_of(all[0].id.as_deref().unwrap()).to_owned();
+    let foreign = loop {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let other = stack.submit().await;
+        let theirs = stack.follow(&other).await;
+        if time_of(theirs[0].id.as_deref().unwrap()) != mine {
+            break theirs[1].id.clone().unwrap();
+        }
+    };
+    stack.feeds_gone().await;
+    let own_id = all[1].id.clone().unwrap();
+
+    // At once: whichever starts the feed, the other joins it from another position.
+    let (refused, joined) = tokio::join!(
+        stack.events(&job, Some(&foreign)),
+        stack.events(&job, Some(&own_id))
+    );
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(joined.status(), StatusCode::OK);
+    let rest = read_sse(joined).await;
+    let ids =
+        |events: &[Sse]| -> Vec<String> { events.iter().map(|e| e.id.clone().unwrap()).collect() };
+    assert_eq!(
+        ids(&rest),
+        ids(&all[2..]),
+        "exactly the events after its own id"
+    );
+    assert_eq!(rest.last().map(|e| e.event.as_str()), Some("ready"));
+}
+
 #[tokio::test]
 async fn a_gap_the_trimmed_log_cannot_fill_reaches_the_client_as_resync() {
     // A log that keeps 3 events of a job: a resume from the first event finds it trimmed.
