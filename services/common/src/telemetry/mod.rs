@@ -85,7 +85,7 @@ impl Drop for TelemetryGuard {
 /// (exported as `service.name = ecoscan-<service>`). Call it inside the Tokio runtime.
 pub fn init(service: &str) -> anyhow::Result<TelemetryGuard> {
     let provider = provider(service, export_enabled())?;
-    let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer("ecoscan"));
+    let otel = otel_layer().with_tracer(provider.tracer("ecoscan"));
     install(None, otel.with_filter(trace_filter()?).boxed())?;
     Ok(TelemetryGuard {
         providers: vec![provider],
@@ -107,12 +107,27 @@ pub fn init_routed(default: &str, routes: ServiceRoutes) -> anyhow::Result<Telem
         providers.push(p);
     }
     let tracer = routing::RoutingTracer::new(fallback.tracer("ecoscan"), tracers);
-    let otel = tracing_opentelemetry::layer().with_tracer(tracer);
+    let otel = otel_layer().with_tracer(tracer);
     install(
         Some(routing::ServiceLayer::new(Arc::new(routes))),
         otel.with_filter(trace_filter()?).boxed(),
     )?;
     Ok(TelemetryGuard { providers })
+}
+
+/// The OpenTelemetry layer without the two per-span extras it adds by default: the thread's id
+/// and name (an async span is polled on whichever worker thread is free, so the thread it was
+/// created on says nothing) and the busy/idle times, which cost a clock read and a lock on every
+/// poll of every instrumented future. Both were measurable in the `capacity` benchmark's
+/// profile; a span's start and end times stay.
+fn otel_layer<S>()
+-> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry::trace::noop::NoopTracer>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    tracing_opentelemetry::layer()
+        .with_threads(false)
+        .with_tracked_inactivity(false)
 }
 
 /// The span filter: `ECOSCAN_TRACE_FILTER`, else [`DEFAULT_TRACE_FILTER`].
@@ -190,7 +205,7 @@ pub fn init_for_tests() {
         };
         let _ = tracing_subscriber::registry()
             .with(
-                tracing_opentelemetry::layer()
+                otel_layer()
                     .with_tracer(provider.tracer("ecoscan"))
                     .with_filter(EnvFilter::new(DEFAULT_TRACE_FILTER)),
             )

@@ -6,7 +6,10 @@
 //!   (85 is what OpenAI charges for a low-detail image; the second term grows with the photo);
 //! - output tokens = ceil(answer text bytes / 4).
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use rand::Rng;
 use sha2::{Digest, Sha256};
@@ -28,11 +31,53 @@ pub fn marker(locale: Locale) -> &'static str {
 pub(crate) struct Mock {
     latency: Duration,
     jitter: f64,
+    /// The last taxonomy seen with its names normalized. Callers send the same taxonomy on
+    /// every call, and normalizing its Hangul names each time was the larger part of a mock
+    /// classification's CPU (a scan's `capacity` profile); one entry keeps it bounded.
+    normalized: Arc<Mutex<Option<NormalizedTaxonomy>>>,
+}
+
+/// A taxonomy and its paths' names normalized: minor, middle, English, major.
+#[derive(Debug)]
+struct NormalizedTaxonomy {
+    taxonomy: Vec<TaxonomyPath>,
+    names: Arc<[[String; 4]]>,
 }
 
 impl Mock {
     pub(crate) fn new(latency: Duration, jitter: f64) -> Self {
-        Self { latency, jitter }
+        Self {
+            latency,
+            jitter,
+            normalized: Arc::default(),
+        }
+    }
+
+    /// The normalized names of `taxonomy`'s paths, from the memo when it holds this taxonomy.
+    fn normalized(&self, taxonomy: &[TaxonomyPath]) -> Arc<[[String; 4]]> {
+        let mut memo = self
+            .normalized
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(m) = memo.as_ref().filter(|m| m.taxonomy == taxonomy) {
+            return m.names.clone();
+        }
+        let names: Arc<[[String; 4]]> = taxonomy
+            .iter()
+            .map(|p| {
+                [
+                    normalize(&p.minor),
+                    normalize(&p.middle),
+                    normalize(&p.name_en),
+                    normalize(&p.major),
+                ]
+            })
+            .collect();
+        *memo = Some(NormalizedTaxonomy {
+            taxonomy: taxonomy.to_vec(),
+            names: names.clone(),
+        });
+        names
     }
 
     /// A latency drawn uniformly from mean × (1 ± jitter).
@@ -46,7 +91,8 @@ impl Mock {
 
     /// Picks a path from the hint, or else from the image hash.
     pub(crate) fn classify(&self, input: &ClassifyInput) -> Option<ClassifyOutput> {
-        let (path, confidence) = match best_hint_match(&input.hint, &input.taxonomy) {
+        let names = self.normalized(&input.taxonomy);
+        let (path, confidence) = match best_hint_match(&input.hint, &input.taxonomy, &names) {
             Some(path) => (path, 0.9),
             None => (hash_pick(&input.image, &input.taxonomy)?, 0.5),
         };
@@ -155,12 +201,11 @@ impl Hint {
 /// How well `name` matches the hint, from 0 (not at all) to 1 (the same words). The whole
 /// hint is tried first; failing that, each hint word, weighted by its share of the hint, so that
 /// "페트병 내용물 있음" still finds the bottle.
-fn field_score(hint: &Hint, name: &str) -> f64 {
-    let n = normalize(name);
+fn field_score(hint: &Hint, n: &str) -> f64 {
     if n.is_empty() || hint.joined.is_empty() {
         return 0.0;
     }
-    let whole = text_score(&hint.joined, &n);
+    let whole = text_score(&hint.joined, n);
     if whole > 0.0 {
         return whole;
     }
@@ -170,7 +215,7 @@ fn field_score(hint: &Hint, name: &str) -> f64 {
     }
     hint.words
         .iter()
-        .map(|w| text_score(w, &n) * w.chars().count() as f64 / total as f64)
+        .map(|w| text_score(w, n) * w.chars().count() as f64 / total as f64)
         .sum()
 }
 
@@ -193,18 +238,23 @@ fn text_score(hint: &str, name: &str) -> f64 {
 
 /// The path whose item, middle, English or major name matches the hint best; ties go to the
 /// earlier path. Item names weigh most; the item score also breaks ties inside a category.
-fn best_hint_match<'a>(hint: &str, taxonomy: &'a [TaxonomyPath]) -> Option<&'a TaxonomyPath> {
+/// `names` are the paths' names normalized ([`Mock::normalized`]), in the same order.
+fn best_hint_match<'a>(
+    hint: &str,
+    taxonomy: &'a [TaxonomyPath],
+    names: &[[String; 4]],
+) -> Option<&'a TaxonomyPath> {
     let hint = Hint::new(hint);
     if hint.joined.is_empty() {
         return None;
     }
     let mut best: Option<(f64, &TaxonomyPath)> = None;
-    for path in taxonomy {
-        let minor = field_score(&hint, &path.minor);
+    for (path, [minor, middle, name_en, major]) in taxonomy.iter().zip(names) {
+        let minor = field_score(&hint, minor);
         let score = (3.0 * minor)
-            .max(2.0 * field_score(&hint, &path.middle))
-            .max(2.0 * field_score(&hint, &path.name_en))
-            .max(1.5 * field_score(&hint, &path.major))
+            .max(2.0 * field_score(&hint, middle))
+            .max(2.0 * field_score(&hint, name_en))
+            .max(1.5 * field_score(&hint, major))
             + 0.1 * minor;
         if best.is_none_or(|(s, _)| score > s) {
             best = Some((score, path));

@@ -1,5 +1,10 @@
 use super::*;
 
+/// The hint match as [`Mock::classify`] runs it, with the names normalized by a fresh mock.
+fn best_hint_match<'a>(hint: &str, t: &'a [TaxonomyPath]) -> Option<&'a TaxonomyPath> {
+    super::best_hint_match(hint, t, &Mock::new(Duration::ZERO, 0.0).normalized(t))
+}
+
 fn path(major: &str, middle: &str, minor: &str, en: &str) -> TaxonomyPath {
     TaxonomyPath {
         major: major.into(),
@@ -124,4 +129,26 @@ fn latency_stays_within_the_jitter_band() {
         let d = mock.draw_latency();
         assert!(d >= Duration::from_millis(80) && d <= Duration::from_millis(120));
     }
+}
+
+#[test]
+fn a_mock_that_saw_one_taxonomy_matches_against_the_next_one_it_is_given() {
+    let mock = Mock::new(Duration::ZERO, 0.0);
+    let input = |taxonomy: Vec<TaxonomyPath>| ClassifyInput {
+        image: bytes::Bytes::from_static(b"photo"),
+        hint: "투명 유리병".into(),
+        taxonomy,
+        ..ClassifyInput::default()
+    };
+    let paper = path("재활용폐기물", "종이", "신문지", "Paper");
+    let glass = path("재활용폐기물", "유리병", "투명유리병", "Glass bottles");
+    // Nothing matches the hint: the image hash picks the only path.
+    let first = mock.classify(&input(vec![paper.clone()])).expect("a path");
+    assert_eq!((first.minor.as_str(), first.confidence), ("신문지", 0.5));
+    // A memo of the first taxonomy answering for the second would miss the glass bottle.
+    let second = mock.classify(&input(vec![paper, glass])).expect("a path");
+    assert_eq!(
+        (second.minor.as_str(), second.confidence),
+        ("투명유리병", 0.9)
+    );
 }

@@ -39,8 +39,9 @@ pub const SERVICE_FIELD: &str = "ecoscan.service";
 /// Which spans belong to which service.
 #[derive(Clone, Debug, Default)]
 pub struct ServiceRoutes {
-    /// By crate: the first segment of a span's target (`ecoscan_ingest`).
-    crates: HashMap<String, &'static str>,
+    /// By crate: the first segment of a span's target (`ecoscan_ingest`). A short list compared
+    /// in order: every new span asks, and hashing its target cost more than comparing it.
+    crates: Vec<(String, &'static str)>,
     /// By fully-qualified gRPC service (`ecoscan.v1.ScanService`).
     rpc: HashMap<String, &'static str>,
     names: Vec<&'static str>,
@@ -52,7 +53,8 @@ impl ServiceRoutes {
     pub fn service(mut self, service: &'static str, crates: &[&str], rpc: &[&str]) -> Self {
         self.names.push(service);
         for c in crates {
-            self.crates.insert((*c).to_owned(), service);
+            self.crates.retain(|(k, _)| k != c);
+            self.crates.push(((*c).to_owned(), service));
         }
         for r in rpc {
             self.rpc.insert((*r).to_owned(), service);
@@ -71,7 +73,10 @@ impl ServiceRoutes {
 
     fn by_target(&self, target: &str) -> Option<&'static str> {
         let krate = target.split("::").next().unwrap_or(target);
-        self.crates.get(krate).copied()
+        self.crates
+            .iter()
+            .find(|(k, _)| k == krate)
+            .map(|(_, service)| *service)
     }
 }
 
