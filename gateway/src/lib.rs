@@ -106,8 +106,6 @@ struct Backend {
     channel: TracedChannel,
 }
 
-/// What every handler shares: configuration and one client per backend (each a shared,
-/// multiplexed HTTP/2 channel, so connections stay constant however many callers there are).
 /// What every handler and middleware shares. axum clones the state for each extractor of
 /// each request, so it is one `Arc`: cloning the four gRPC clients and the caches field by
 /// field was a tenth of the gateway's CPU serving finished results (`perf` under `wrk`).
@@ -122,7 +120,9 @@ impl std::ops::Deref for AppState {
     }
 }
 
-/// The gateway's shared parts, behind [`AppState`].
+/// The gateway's shared parts, behind [`AppState`]: configuration and one client per backend
+/// (each a shared, multiplexed HTTP/2 channel, so connections stay constant however many
+/// callers there are).
 pub(crate) struct Shared {
     config: Arc<Config>,
     scan: ScanServiceClient<TracedChannel>,

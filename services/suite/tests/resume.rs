@@ -119,6 +119,21 @@ impl Stack {
         events
     }
 
+    /// The id of an event of another job, one submitted in another millisecond than the job
+    /// whose events are `mine` (ids carry their job's time, so a job of the same millisecond
+    /// could pass for the same one).
+    async fn foreign_id(&self, mine: &[Sse]) -> String {
+        let mine = time_of(mine[0].id.as_deref().unwrap()).to_owned();
+        loop {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let other = self.submit().await;
+            let theirs = self.follow(&other).await;
+            if time_of(theirs[0].id.as_deref().unwrap()) != mine {
+                return theirs[1].id.clone().unwrap();
+            }
+        }
+    }
+
     /// Waits until the gateway holds no feed of any job (its last client is gone).
     async fn feeds_gone(&self) {
         let mut text = String::new();
@@ -260,17 +275,7 @@ async fn a_resume_with_an_id_of_another_job_or_a_malformed_id_is_a_400_with_a_me
     let stack = Stack::start(|_| {}).await;
     let job = stack.submit().await;
     let all = stack.follow(&job).await;
-    // Another job, submitted in another millisecond (ids carry their job's time).
-    let mine = time_of(all[0].id.as_deref().unwrap()).to_owned();
-    let other = loop {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let other = stack.submit().await;
-        let theirs = stack.follow(&other).await;
-        if time_of(theirs[0].id.as_deref().unwrap()) != mine {
-            break theirs;
-        }
-    };
-    let foreign = other[1].id.clone().unwrap();
+    let foreign = stack.foreign_id(&all).await;
     for bad in [foreign.as_str(), "abc", "1-2-3"] {
         let res = stack.events(&job, Some(bad)).await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
@@ -289,15 +294,7 @@ async fn a_resume_refused_for_its_id_does_not_refuse_a_client_that_joined_its_fe
     let stack = Stack::start(|_| {}).await;
     let job = stack.submit().await;
     let all = stack.follow(&job).await;
-    let mine = time_of(all[0].id.as_deref().unwrap()).to_owned();
-    let foreign = loop {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let other = stack.submit().await;
-        let theirs = stack.follow(&other).await;
-        if time_of(theirs[0].id.as_deref().unwrap()) != mine {
-            break theirs[1].id.clone().unwrap();
-        }
-    };
+    let foreign = stack.foreign_id(&all).await;
     stack.feeds_gone().await;
     let own_id = all[1].id.clone().unwrap();
 
