@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the running REST/SSE edge against the OpenAPI document it serves:
-#   1. builds the suite binary (`cargo build -p ecoscan`, cheap after `cargo test`) and starts
+#   1. builds the suite binary (`cargo build --workspace --bins`, the test command's own build) and starts
 #      `ecoscan up` on loopback, every service on a port of its own choosing (port 0), with its
 #      data in a temporary directory, and waits for the gateway's /readyz;
 #   2. mints a bearer token for it (`ecoscan token --user schemathesis --admin`);

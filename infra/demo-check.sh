@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Drives the demo page (gateway/static/index.html) in headless Chromium against `ecoscan up`:
-#   1. builds the suite binary (`cargo build -p ecoscan`, cheap after `cargo test`) and starts
+#   1. builds the suite binary (`cargo build --workspace --bins`, the test command's own build) and starts
 #      `ecoscan up` on loopback, every service on a port of its own choosing (port 0), its data
 #      in a temporary directory, with GATEWAY_JAEGER_URL set so the page shows a trace link;
 #   2. runs infra/demo-check.mjs (playwright-core driving Debian's /usr/bin/chromium): a scan

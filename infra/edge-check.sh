@@ -37,7 +37,8 @@ if [[ "$have" != "$PYJWT_VERSION $CRYPTOGRAPHY_VERSION" ]]; then
 fi
 
 say "building the suite binary"
-cargo build --locked --quiet -p ecoscan
+# The test command's own build (see infra/lib/suite.sh): nothing to recompile after it.
+cargo build --locked --quiet --workspace --bins
 ecoscan="${CARGO_TARGET_DIR:-$PWD/target}/debug/ecoscan"
 [[ -x "$ecoscan" ]] || die "no suite binary at $ecoscan after cargo build"
 

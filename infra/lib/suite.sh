@@ -9,7 +9,9 @@ SUITE_READY_TIMEOUT=${SUITE_READY_TIMEOUT:-60}
 
 suite_build() {
     say "building the suite binary"
-    cargo build --locked --quiet -p ecoscan
+    # The same build as the test command's (`--workspace --bins`): a narrower one (`-p ecoscan`)
+    # unifies fewer features, recompiles the crates whose features differ and replaces the binary.
+    cargo build --locked --quiet --workspace --bins
     ecoscan="${CARGO_TARGET_DIR:-$PWD/target}/debug/ecoscan"
     [[ -x "$ecoscan" ]] || die "no suite binary at $ecoscan after cargo build"
 }

@@ -207,13 +207,15 @@ async fn main() -> anyhow::Result<()> {
     let fixed_rate = fixed.acked as f64 / fixed.elapsed.as_secs_f64().max(1e-9);
     let max_rate = streamed.rate().max(unary.rate());
     let rate_label = format!("at {}/s, {:?} per run", args.rate, args.rate_duration);
-    let p99_runs = Figure::of_runs(&format!("latency p99 {rate_label}"), &p99s, "ms");
+    // The design's target: p99 ≤ 20 ms at 2,000/s in each run, so the worst run is the
+    // figure; the p95 is context (its median over the runs). At a lower offered rate, both are.
+    let p99_runs =
+        Figure::worst_of_runs(&format!("latency p99 {rate_label}, worst run"), &p99s, "ms");
     let p95_runs = Figure::of_runs(&format!("latency p95 {rate_label}"), &p95s, "ms");
-    // The targets hold at 2,000/s; at a lower offered rate the figures are context.
-    let (p99_runs, p95_runs) = if args.rate >= 2000 {
-        (p99_runs.at_most(20.0), p95_runs.at_most(20.0))
+    let p99_runs = if args.rate >= 2000 {
+        p99_runs.at_most(20.0)
     } else {
-        (p99_runs, p95_runs)
+        p99_runs
     };
     report
         .measure(p99_runs)
@@ -242,8 +244,10 @@ async fn main() -> anyhow::Result<()> {
                 fmt_opt(p95),
                 fmt_opt(fixed_lat.percentile(99.0))
             ),
-            "p95 ≤ 20 ms at 2,000/s",
-            Verdict::of(p95.is_some_and(|p| p <= Duration::from_millis(20)) && args.rate >= 2000),
+            "p99 ≤ 20 ms at 2,000/s in each run",
+            Verdict::of(
+                args.rate >= 2000 && !p99s.is_empty() && p99s.iter().all(|p| *p <= 20.0),
+            ),
         )
         .info(
             "achieved in the fixed-rate phase",

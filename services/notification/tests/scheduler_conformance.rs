@@ -54,6 +54,35 @@ async fn a_batch_ack_forgets_claimed_and_waiting_entries<S: Scheduler>(a: Arc<S>
     assert_eq!(b.claim_due(5_000, 10, lease).await.unwrap(), ["y"]);
 }
 
+async fn the_backlog_counts_waiting_and_claimed_entries_until_acknowledged<S: Scheduler>(
+    a: Arc<S>,
+    b: Arc<S>,
+) {
+    for i in 0..10 {
+        a.add(format!("n{i}"), i).await.unwrap();
+    }
+    let first = a.claim_due(100, 3, LEASE).await.unwrap();
+    let second = b.claim_due(100, 4, LEASE).await.unwrap();
+    assert_eq!((first.len(), second.len()), (3, 4));
+    assert_eq!(a.backlog().await.unwrap(), 10, "3 + 4 claimed, 3 waiting");
+
+    // One acknowledgement may span claims made by different replicas, and waiting entries.
+    let mixed: Vec<String> = [&first[..2], &second[..], &["n9".to_owned()][..]].concat();
+    b.ack_many(&mixed).await.unwrap();
+    assert_eq!(b.backlog().await.unwrap(), 3, "one claimed, two waiting");
+    a.ack(&first[2]).await.unwrap();
+    assert_eq!(a.claim_due(100, 10, LEASE).await.unwrap(), ["n7", "n8"]);
+    a.ack_many(&["n7".into(), "n8".into()]).await.unwrap();
+    assert_eq!(a.backlog().await.unwrap(), 0);
+    // Nothing comes back after the leases: every claim was acknowledged in full.
+    assert!(
+        b.claim_due(i64::MAX / 2, 10, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 async fn a_claim_takes_at_most_2000_and_the_next_one_the_rest<S: Scheduler>(a: Arc<S>, b: Arc<S>) {
     for i in 0..2_500 {
         a.add(format!("n{i:05}"), i).await.unwrap();
@@ -228,6 +257,7 @@ macro_rules! conformance {
 
 conformance!(
     a_batch_ack_forgets_claimed_and_waiting_entries,
+    the_backlog_counts_waiting_and_claimed_entries_until_acknowledged,
     only_due_entries_are_claimed_in_due_order,
     an_unacknowledged_claim_comes_back_after_its_lease,
     a_claim_takes_at_most_2000_and_the_next_one_the_rest,

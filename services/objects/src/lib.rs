@@ -1,10 +1,11 @@
 //! Object storage behind one small trait, for every service that keeps blobs (images, LLM
 //! request/response bodies): a local directory in the embedded suite, any S3-compatible endpoint
 //! (AWS S3, MinIO, moto, …) in production. Nothing outside this crate names aws-sdk-s3 types.
+//! The S3 client is the `s3` feature ([`s3`] says why it is not default).
 
 mod local;
 mod recent;
-mod s3;
+pub mod s3;
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -13,7 +14,9 @@ use bytes::Bytes;
 
 pub use local::LocalObjectStore;
 pub use recent::RecentWrites;
-pub use s3::{S3Config, S3ObjectStore};
+pub use s3::S3Config;
+#[cfg(feature = "s3")]
+pub use s3::S3ObjectStore;
 
 /// Failures of an object store; the detail is for logs, never for callers.
 #[derive(Debug, thiserror::Error)]
@@ -79,11 +82,11 @@ impl ObjectStoreConfig {
     }
 
     /// Opens the store: creates the directory, or checks the endpoint and creates the bucket
-    /// when it is missing.
+    /// when it is missing (without the `s3` feature, an S3 configuration is an error).
     pub async fn open(&self) -> anyhow::Result<Arc<dyn ObjectStore>> {
         Ok(match self {
             Self::Local(dir) => Arc::new(LocalObjectStore::open(dir).await?),
-            Self::S3(config) => Arc::new(S3ObjectStore::connect(config.clone()).await?),
+            Self::S3(config) => s3::open(config.clone()).await?,
         })
     }
 }

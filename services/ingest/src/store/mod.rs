@@ -14,7 +14,7 @@ pub mod sqlite;
 
 pub use events::{EventId, EventLog, Feed, FeedItem, MemoryEventLog, RUN_SPAN};
 pub use jobs::{Job, JobStore, NewJob};
-pub use objects::{LocalObjectStore, ObjectStore, ObjectStoreConfig, S3Config, S3ObjectStore};
+pub use objects::{LocalObjectStore, ObjectStore, ObjectStoreConfig, S3Config};
 pub use postgres::PgJobStore;
 pub use queue::{Lease, MemoryQueue, Queue, QueueEntry};
 pub use redis::{RedisEventLog, RedisQueue};
@@ -93,15 +93,12 @@ impl Stores {
         let objects: Arc<dyn ObjectStore> = match &config.s3 {
             Some(s3) => {
                 tracing::info!(bucket = %s3.bucket, "images in s3");
-                let s3 = S3ObjectStore::connect(s3.clone())
+                let s3 = ecoscan_objects::s3::open(s3.clone())
                     .await
                     .context("failed to open the s3 object store (S3_ENDPOINT)")?;
                 // The vision stage reads back, seconds later and usually in this process, the
                 // photo intake just wrote: keep recent ones rather than fetch each twice.
-                Arc::new(ecoscan_objects::RecentWrites::new(
-                    Arc::new(s3),
-                    RECENT_IMAGES_BYTES,
-                ))
+                Arc::new(ecoscan_objects::RecentWrites::new(s3, RECENT_IMAGES_BYTES))
             }
             None => Arc::new(LocalObjectStore::open(&config.object_dir).await?),
         };

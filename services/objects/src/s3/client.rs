@@ -1,9 +1,9 @@
-//! Objects in any S3-compatible endpoint, with path-style addressing (`endpoint/bucket/key`), so
-//! MinIO, moto, Ceph and AWS all work without wildcard DNS.
+//! The S3 client (the `s3` feature): aws-sdk-s3 with path-style addressing.
 
 use std::time::Duration;
 
-use crate::{ObjectError, ObjectStore, env_opt, validate_key};
+use super::S3Config;
+use crate::{ObjectError, ObjectStore, validate_key};
 use async_trait::async_trait;
 use aws_config::{BehaviorVersion, Region, timeout::TimeoutConfig};
 use aws_sdk_s3::{
@@ -17,59 +17,6 @@ use aws_sdk_s3::{
     types::{BucketLocationConstraint, CreateBucketConfiguration},
 };
 use bytes::Bytes;
-
-/// Where the objects go. Variables read by [`S3Config::from_env`]:
-///
-/// | variable | meaning |
-/// |---|---|
-/// | `S3_ENDPOINT` | e.g. `http://127.0.0.1:9000` or `https://s3.eu-west-1.amazonaws.com` |
-/// | `S3_BUCKET` | created at start when missing |
-/// | `S3_REGION` | [`us-east-1`] |
-/// | `S3_ACCESS_KEY_ID` / `S3_SECRET_ACCESS_KEY` | static credentials; unset = the standard AWS chain (`AWS_ACCESS_KEY_ID`, profile, web identity, ECS, IMDS) |
-#[derive(Clone)]
-pub struct S3Config {
-    pub endpoint: String,
-    pub bucket: String,
-    pub region: String,
-    /// Static credentials; `None` uses the standard AWS credential chain.
-    pub credentials: Option<(String, String)>,
-    /// Prepended to every key, so services (and tests) can share a bucket.
-    pub key_prefix: String,
-}
-
-impl std::fmt::Debug for S3Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The secret key stays out of logs.
-        f.debug_struct("S3Config")
-            .field("endpoint", &self.endpoint)
-            .field("bucket", &self.bucket)
-            .field("region", &self.region)
-            .field("static_credentials", &self.credentials.is_some())
-            .field("key_prefix", &self.key_prefix)
-            .finish()
-    }
-}
-
-impl S3Config {
-    /// The S3 settings, or `None` unless both `S3_ENDPOINT` and `S3_BUCKET` are set.
-    pub fn from_env(key_prefix: &str) -> anyhow::Result<Option<Self>> {
-        let (Some(endpoint), Some(bucket)) = (env_opt("S3_ENDPOINT"), env_opt("S3_BUCKET")) else {
-            return Ok(None);
-        };
-        let credentials = match (env_opt("S3_ACCESS_KEY_ID"), env_opt("S3_SECRET_ACCESS_KEY")) {
-            (Some(id), Some(secret)) => Some((id, secret)),
-            (None, None) => None,
-            _ => anyhow::bail!("set both S3_ACCESS_KEY_ID and S3_SECRET_ACCESS_KEY, or neither"),
-        };
-        Ok(Some(Self {
-            endpoint,
-            bucket,
-            region: env_opt("S3_REGION").unwrap_or_else(|| "us-east-1".into()),
-            credentials,
-            key_prefix: key_prefix.to_owned(),
-        }))
-    }
-}
 
 /// Objects in an S3 bucket.
 pub struct S3ObjectStore {
