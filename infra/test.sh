@@ -53,6 +53,10 @@ export ECOSCAN_LITELLM="$litellm_venv/bin/litellm"
 echo "==> cargo test"
 cargo test --workspace --locked "$@"
 
+echo "==> the object store without its S3 feature (the first command's build; the workspace has it on)"
+cargo clippy --locked -p ecoscan-objects --all-targets -- -D warnings
+cargo test --locked -p ecoscan-objects --lib
+
 echo "==> benchmarks, quick (each runs a few seconds on the servers above; figures not kept)"
 cargo build --workspace --bins --locked
 bench_out=$(mktemp -d)

@@ -88,3 +88,29 @@ pub async fn open(config: S3Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
         anyhow::bail!(NOT_BUILT)
     }
 }
+
+#[cfg(all(test, not(feature = "s3")))]
+mod tests {
+    use super::*;
+
+    /// Only a build without the feature runs this (`cargo test -p ecoscan-objects`, which the
+    /// test command runs besides the workspace's tests, where the feature is on).
+    #[tokio::test]
+    async fn a_build_without_the_feature_refuses_s3_and_says_how_to_build_it() {
+        let config = S3Config {
+            endpoint: "http://127.0.0.1:9".into(),
+            bucket: "b".into(),
+            region: "us-east-1".into(),
+            credentials: None,
+            key_prefix: String::new(),
+        };
+        let Err(e) = open(config.clone()).await else {
+            panic!("S3 opened without the s3 feature");
+        };
+        assert!(e.to_string().contains("--features s3"), "{e}");
+        let Err(e) = crate::ObjectStoreConfig::S3(config).open().await else {
+            panic!("S3 opened without the s3 feature");
+        };
+        assert!(e.to_string().contains("built without S3 support"), "{e}");
+    }
+}
