@@ -375,6 +375,15 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
         );
     match (redis_base, redis_connected, redis_after) {
         (Some(base), Some(connected), Some(after)) => {
+            #[allow(clippy::cast_precision_loss)]
+            report.figure(
+                Figure::new(
+                    "Redis connections of ingest, most at once",
+                    Some(base.max(connected).max(after) as f64),
+                    "",
+                )
+                .at_most(4.0),
+            );
             report.row(
                 "Redis connections of ingest (CLIENT LIST, named ecoscan-ingest:*)",
                 format!(

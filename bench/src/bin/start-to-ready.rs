@@ -109,10 +109,20 @@ async fn main() -> anyhow::Result<()> {
                 let mut cmd = command(&binary, work.path(), keep_stores);
                 cmd.env(addr_var, format!("127.0.0.1:{port}"))
                     .envs(deps.iter().cloned());
-                // The gateway's /readyz is on its admin listener.
+                // The gateway's /readyz is on its admin listener, and it refuses to start
+                // without a way to authenticate callers: a fresh secret per run (a placeholder
+                // would be refused too).
                 let probe = if *service == "gateway" {
                     let admin = free_port()?;
-                    cmd.env("GATEWAY_ADMIN_ADDR", format!("127.0.0.1:{admin}"));
+                    cmd.env("GATEWAY_ADMIN_ADDR", format!("127.0.0.1:{admin}"))
+                        .env(
+                            "GATEWAY_JWT_SECRET",
+                            format!(
+                                "{}{}",
+                                uuid::Uuid::new_v4().simple(),
+                                uuid::Uuid::new_v4().simple()
+                            ),
+                        );
                     admin
                 } else {
                     port

@@ -104,6 +104,19 @@ impl S3ObjectStore {
         }
     }
 
+    /// Deletes the object under `key` as stored (prefix included). S3 answers success for a
+    /// missing key.
+    async fn delete_full_key(&self, key: &str) -> Result<(), ObjectError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(s3_err)?;
+        Ok(())
+    }
+
     fn full_key(&self, key: &str) -> Result<String, ObjectError> {
         validate_key(key)?;
         Ok(format!("{}{key}", self.key_prefix))
@@ -125,13 +138,7 @@ impl S3ObjectStore {
                 .map_err(s3_err)?;
             for object in page.contents() {
                 if let Some(key) = object.key() {
-                    self.client
-                        .delete_object()
-                        .bucket(&self.bucket)
-                        .key(key)
-                        .send()
-                        .await
-                        .map_err(s3_err)?;
+                    self.delete_full_key(key).await?;
                 }
             }
             token = page.next_continuation_token().map(str::to_owned);
@@ -211,14 +218,6 @@ impl ObjectStore for S3ObjectStore {
     async fn delete(&self, key: &str) -> Result<(), ObjectError> {
         let key = self.full_key(key)?;
         tracing::Span::current().record("aws.s3.key", key.as_str());
-        // S3 answers success for a missing key.
-        self.client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(s3_err)?;
-        Ok(())
+        self.delete_full_key(&key).await
     }
 }
