@@ -2,8 +2,6 @@
 //! bodies through it too); re-exported here so ingest code names it as one of its stores. Image
 //! keys are content-addressed, so a repeated upload is stored once.
 
-#[cfg(feature = "s3")]
-pub use ecoscan_objects::S3ObjectStore;
 pub use ecoscan_objects::{
     LocalObjectStore, ObjectError, ObjectStore, ObjectStoreConfig, S3Config,
 };

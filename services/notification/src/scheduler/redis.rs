@@ -260,7 +260,7 @@ impl RedisScheduler {
         now_us: i64,
         max: usize,
         deadline_us: i64,
-    ) -> redis::RedisResult<(usize, Vec<String>)> {
+    ) -> redis::RedisResult<Vec<String>> {
         let claim_key = format!("{}{}", self.claim_prefix, uuid::Uuid::new_v4().simple());
         let mut invocation = self.claim.key(&self.due_key);
         invocation
@@ -271,18 +271,20 @@ impl RedisScheduler {
             .arg(deadline_us);
         let mut pipe = redis::pipe();
         pipe.invoke_script(&invocation)
+            .ignore()
             .cmd("ZRANGE")
             .arg(&claim_key)
             .arg(0)
             .arg(-1);
         let mut conn = self.conn.clone();
-        match pipe.query_async(&mut conn).await {
+        let (ids,) = match pipe.query_async(&mut conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 invocation.load_async(&mut conn).await?;
                 pipe.query_async(&mut conn).await
             }
             result => result,
-        }
+        }?;
+        Ok(ids)
     }
 
     /// The earliest due time or lease deadline, if anything is waiting.
@@ -351,7 +353,7 @@ impl Scheduler for RedisScheduler {
         lease: Duration,
     ) -> Result<Vec<String>, SchedulerError> {
         let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
-        let (_, ids) = self
+        let ids = self
             .claim_and_read(now_us, max, now_us.saturating_add(lease_us))
             .await
             .map_err(SchedulerError::redis("claim due notifications"))?;
