@@ -10,6 +10,7 @@ pub mod codes;
 pub mod config;
 pub mod identity;
 pub mod image;
+pub mod local;
 pub mod metrics;
 pub mod server;
 pub mod shutdown;

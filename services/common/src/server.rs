@@ -14,6 +14,7 @@ use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{
+    local::Conn,
     metrics::{CONTENT_TYPE, Metrics, RpcMetrics, RpcMetricsLayer},
     tls::{
         TlsConfig,
@@ -204,11 +205,16 @@ pub async fn serve_with_tls(
         .add_service(reflection_v1alpha);
     match tls {
         None => {
+            // Callers in this process (`ecoscan up`) connect in memory when the suite offered
+            // this address ([`crate::local`]); everyone else over TCP.
+            let local = crate::local::accept(listener.local_addr()?);
             router
-                .serve_with_incoming_shutdown(incoming(listener), on_shutdown)
+                .serve_with_incoming_shutdown(incoming(listener, local), on_shutdown)
                 .await?
         }
         Some(tls) => {
+            // TLS on every call, in-process callers included.
+            crate::local::withdraw(listener.local_addr()?);
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
             router
                 .serve_with_incoming_shutdown(tls_incoming(listener, acceptor), on_shutdown)
@@ -267,19 +273,27 @@ fn reflection(service_names: &[&str]) -> tonic_reflection::server::Builder<'stat
     builder
 }
 
-/// Accepted connections with `TCP_NODELAY`: without it, small replies wait for delayed ACKs and
-/// every unary call takes ~40 ms longer.
+/// Accepted connections: TCP ones with `TCP_NODELAY` (without it, small replies wait for
+/// delayed ACKs and every unary call takes ~40 ms longer), and the in-process ones of `local`.
 fn incoming(
     listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    local: Option<crate::local::Accepted>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>> {
     use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(|conn| {
+    let tcp = TcpListenerStream::new(listener).map(|conn| {
         let conn = conn?;
         if let Err(e) = conn.set_nodelay(true) {
             tracing::debug!(error = %e, "failed to set TCP_NODELAY");
         }
-        Ok(conn)
-    })
+        Ok(Conn::Tcp(conn))
+    });
+    // Ends at once when nothing was offered; dropped (withdrawing the address) when the server
+    // stops accepting.
+    let local = futures::stream::unfold(local, |mut local| async move {
+        let conn = local.as_mut()?.next().await?;
+        Some((Ok(Conn::Local(conn)), local))
+    });
+    tcp.merge(local)
 }
 
 fn rpc_span<B>(req: &http::Request<B>) -> Span {

@@ -1,6 +1,8 @@
 //! `ecoscan up`: every service and the gateway in one process, on the embedded stores, each on
 //! its own loopback port and talking real gRPC to the others, exactly as they do when deployed
-//! apart. This crate is the one place that wires all the services together.
+//! apart — over in-memory pipes rather than loopback sockets between themselves
+//! ([`ecoscan_common::local`]). This crate is the one place that wires all the services
+//! together.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -228,6 +230,21 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         analytics: analytics.local_addr()?,
         notification: notification.local_addr()?,
     };
+
+    // The services call each other in memory ([`ecoscan_common::local`]): same gRPC, same
+    // server stack, no loopback socket between them. Offered before any client is made; their
+    // TCP ports stay open for grpcurl and for callers outside this process.
+    for addr in [
+        addrs.ingest,
+        addrs.vision,
+        addrs.rule,
+        addrs.answer,
+        addrs.reward,
+        addrs.analytics,
+        addrs.notification,
+    ] {
+        ecoscan_common::local::offer(addr);
+    }
 
     let mut tasks = JoinSet::new();
     let rule_config = ecoscan_rule::Config::default();

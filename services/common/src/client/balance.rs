@@ -138,6 +138,14 @@ impl Target {
             _ => None,
         }
     }
+
+    /// The socket address of a target given as one IP address.
+    pub(crate) fn single_socket_addr(targets: &[Target]) -> Option<std::net::SocketAddr> {
+        match targets {
+            [t] => t.ip.map(|ip| std::net::SocketAddr::new(ip, t.port)),
+            _ => None,
+        }
+    }
 }
 
 /// Parses `http://a:1` or `http://a:1,http://b:2`, dialled over TLS or not.

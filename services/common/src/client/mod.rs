@@ -90,7 +90,17 @@ pub fn channel_with(
 ) -> anyhow::Result<TracedChannel> {
     let targets = balance::parse_targets(uri, tls.is_some())?;
     let channel = if let Some(uri) = balance::Target::single_address(&targets) {
-        configure(Endpoint::from(uri.clone()), tls, None)?.connect_lazy()
+        let endpoint = configure(Endpoint::from(uri.clone()), tls, None)?;
+        match balance::Target::single_socket_addr(&targets) {
+            // A server of this very process (`ecoscan up`): an in-memory pipe, no socket.
+            Some(addr) if tls.is_none() && crate::local::is_offered(addr) => endpoint
+                .connect_with_connector_lazy(tower::service_fn(move |_: http::Uri| {
+                    std::future::ready(
+                        crate::local::connect(addr).map(hyper_util::rt::TokioIo::new),
+                    )
+                })),
+            _ => endpoint.connect_lazy(),
+        }
     } else {
         balance::channel(targets, tls, balancing)
     };

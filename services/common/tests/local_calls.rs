@@ -1,0 +1,176 @@
+//! In-process calls ([`ecoscan_common::local`]): a client of an offered address reaches the
+//! server through memory, never a socket, while the server's TCP port keeps serving everyone
+//! else; a stopped server refuses, and an address nobody offered is dialled over TCP. Whether a
+//! call crossed a socket is read from the kernel's own table of TCP connections.
+
+use std::{net::SocketAddr, time::Duration};
+
+use ecoscan_common::{
+    balance::Balancing,
+    client::{TracedChannel, channel_with},
+    local,
+    testing::{Spawned, spawn},
+};
+use tonic::{Code, service::Routes};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+/// Established TCP connections with `port` on either end, from `/proc/net/tcp`.
+fn established(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let port = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, rem_address, st (01 = ESTABLISHED)
+            fields.len() > 3
+                && fields[3] == "01"
+                && (fields[1].ends_with(&port) || fields[2].ends_with(&port))
+        })
+        .count()
+}
+
+async fn server(offered: bool) -> Spawned {
+    let spawned = spawn(move |listener, shutdown| async move {
+        if offered {
+            local::offer(listener.local_addr()?);
+        }
+        ecoscan_common::server::serve(Routes::default(), &[], listener, shutdown).await
+    })
+    .await;
+    // The server task offers before serving; wait until it has (the test's own ordering, not a
+    // timing assumption about the server).
+    if offered {
+        for _ in 0..500 {
+            if local::is_offered(spawned.addr) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(local::is_offered(spawned.addr), "the server never offered");
+    }
+    spawned
+}
+
+fn client(addr: SocketAddr) -> HealthClient<TracedChannel> {
+    let channel = channel_with(
+        &format!("http://{addr}"),
+        None,
+        &Balancing::from_env().unwrap(),
+    )
+    .unwrap();
+    HealthClient::new(channel)
+}
+
+async fn check(client: &mut HealthClient<TracedChannel>) -> Result<i32, tonic::Status> {
+    client
+        .check(HealthCheckRequest::default())
+        .await
+        .map(|r| r.into_inner().status)
+}
+
+#[tokio::test]
+async fn an_offered_server_is_called_in_memory_and_still_serves_tcp() {
+    let server = server(true).await;
+    let mut inside = client(server.addr);
+    for _ in 0..3 {
+        assert_eq!(
+            check(&mut inside).await.unwrap(),
+            ServingStatus::Serving as i32
+        );
+    }
+    assert_eq!(
+        established(server.addr.port()),
+        0,
+        "an in-process call opened a TCP connection"
+    );
+
+    // Outside callers (grpcurl, probes, other processes) still reach the TCP port.
+    let tcp = tonic::transport::Endpoint::from_shared(server.uri())
+        .unwrap()
+        .connect()
+        .await
+        .expect("the TCP port accepts connections");
+    let status = HealthClient::new(tcp)
+        .check(HealthCheckRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::Serving as i32);
+    assert!(
+        established(server.addr.port()) >= 2,
+        "the outside call did not cross TCP"
+    );
+    // `/metrics` over plain HTTP/1.1 on the same port (it panics unless 200).
+    ecoscan_common::testing::scrape(server.addr).await;
+
+    // A stopped server withdraws its address: the in-process client is refused, not hung.
+    let addr = server.addr;
+    server.stop().await.unwrap();
+    assert!(!local::is_offered(addr));
+    let err = check(&mut inside).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+}
+
+#[tokio::test]
+async fn a_server_nobody_offered_is_called_over_tcp() {
+    let server = server(false).await;
+    assert!(!local::is_offered(server.addr));
+    let mut outside = client(server.addr);
+    assert_eq!(
+        check(&mut outside).await.unwrap(),
+        ServingStatus::Serving as i32
+    );
+    assert!(
+        established(server.addr.port()) >= 2,
+        "a call to an address nobody offered did not cross TCP"
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn streams_and_large_messages_cross_the_pipe() {
+    // Reflection is a bidirectional stream: fifty requests in, fifty descriptor sets out, all
+    // in memory.
+    let server = server(true).await;
+    let channel = channel_with(&server.uri(), None, &Balancing::from_env().unwrap()).unwrap();
+    let mut reflection =
+        tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(channel)
+            .max_decoding_message_size(64 * 1024 * 1024);
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_request::MessageRequest,
+        server_reflection_response::MessageResponse,
+    };
+    let requests = (0..50).map(|_| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(
+            "grpc.health.v1.Health".into(),
+        )),
+    });
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut bytes = 0;
+    let mut count = 0;
+    while let Some(answer) = answers.message().await.unwrap() {
+        let Some(MessageResponse::FileDescriptorResponse(files)) = answer.message_response else {
+            panic!("not a file descriptor answer: {answer:?}");
+        };
+        bytes += files
+            .file_descriptor_proto
+            .iter()
+            .map(Vec::len)
+            .sum::<usize>();
+        count += 1;
+    }
+    assert_eq!(count, 50);
+    assert!(bytes > 0);
+    assert_eq!(established(server.addr.port()), 0);
+    server.stop().await.unwrap();
+}
