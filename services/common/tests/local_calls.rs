@@ -9,29 +9,12 @@ use ecoscan_common::{
     balance::Balancing,
     client::{TracedChannel, channel_with},
     local,
-    testing::{Spawned, spawn},
+    testing::{Spawned, established_tcp, spawn},
 };
 use tonic::{Code, service::Routes};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
-
-/// Established TCP connections with `port` on either end, from `/proc/net/tcp`.
-fn established(port: u16) -> usize {
-    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
-    let port = format!(":{port:04X}");
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // local_address, rem_address, st (01 = ESTABLISHED)
-            fields.len() > 3
-                && fields[3] == "01"
-                && (fields[1].ends_with(&port) || fields[2].ends_with(&port))
-        })
-        .count()
-}
 
 async fn server(offered: bool) -> Spawned {
     let spawned = spawn(move |listener, shutdown| async move {
@@ -83,7 +66,7 @@ async fn an_offered_server_is_called_in_memory_and_still_serves_tcp() {
         );
     }
     assert_eq!(
-        established(server.addr.port()),
+        established_tcp(server.addr.port()),
         0,
         "an in-process call opened a TCP connection"
     );
@@ -102,7 +85,7 @@ async fn an_offered_server_is_called_in_memory_and_still_serves_tcp() {
         .status;
     assert_eq!(status, ServingStatus::Serving as i32);
     assert!(
-        established(server.addr.port()) >= 2,
+        established_tcp(server.addr.port()) >= 2,
         "the outside call did not cross TCP"
     );
     // `/metrics` over plain HTTP/1.1 on the same port (it panics unless 200).
@@ -126,7 +109,7 @@ async fn a_server_nobody_offered_is_called_over_tcp() {
         ServingStatus::Serving as i32
     );
     assert!(
-        established(server.addr.port()) >= 2,
+        established_tcp(server.addr.port()) >= 2,
         "a call to an address nobody offered did not cross TCP"
     );
     server.stop().await.unwrap();
@@ -171,6 +154,6 @@ async fn streams_and_large_messages_cross_the_pipe() {
     }
     assert_eq!(count, 50);
     assert!(bytes > 0);
-    assert_eq!(established(server.addr.port()), 0);
+    assert_eq!(established_tcp(server.addr.port()), 0);
     server.stop().await.unwrap();
 }

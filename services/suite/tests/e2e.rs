@@ -215,6 +215,31 @@ async fn two_scans_of_the_same_category_grant_the_character_once_and_notify_the_
 }
 
 #[tokio::test]
+async fn the_services_call_each_other_in_memory_not_over_loopback() {
+    let suite = TestSuite::start().await;
+    let result = scan_and_wait(&suite, "frank", "glass bottle 유리병").await;
+    assert_eq!(result["status"], "succeeded", "{result:#}");
+    // The scan crossed gateway -> ingest -> vision -> rule, answer, reward, notification and
+    // analytics, all in memory: the kernel shows no connection on any service's port.
+    let a = suite.running.addrs;
+    for (name, addr) in [
+        ("ingest", a.ingest),
+        ("vision", a.vision),
+        ("rule", a.rule),
+        ("answer", a.answer),
+        ("reward", a.reward),
+        ("analytics", a.analytics),
+        ("notification", a.notification),
+    ] {
+        assert_eq!(
+            ecoscan_common::testing::established_tcp(addr.port()),
+            0,
+            "a call to {name} crossed loopback TCP"
+        );
+    }
+}
+
+#[tokio::test]
 async fn an_idempotency_key_returns_the_first_job() {
     let suite = TestSuite::start().await;
     let submit = || {

@@ -60,6 +60,29 @@ where
     }
 }
 
+/// Established TCP connections with `port` at either end, from the kernel's own tables
+/// (`/proc/net/tcp` and `tcp6`): how a test tells whether calls crossed a socket.
+pub fn established_tcp(port: u16) -> usize {
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter(|line| {
+                    // sl, local_address, rem_address, st (01 = ESTABLISHED), …
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.len() > 3
+                        && fields[3] == "01"
+                        && (fields[1].ends_with(&port) || fields[2].ends_with(&port))
+                })
+                .count()
+        })
+        .sum()
+}
+
 /// Asserts that the server at `uri` reports `service` SERVING over `grpc.health.v1` and lists it
 /// over reflection v1.
 pub async fn assert_health_and_reflection(uri: &str, service: &str) {
