@@ -138,6 +138,21 @@ pub struct Addrs {
     pub notification: SocketAddr,
 }
 
+impl Addrs {
+    /// The seven gRPC services, by name (the gateway's listeners are not among them).
+    pub fn services(&self) -> [(&'static str, SocketAddr); 7] {
+        [
+            ("ingest", self.ingest),
+            ("vision", self.vision),
+            ("rule", self.rule),
+            ("answer", self.answer),
+            ("reward", self.reward),
+            ("analytics", self.analytics),
+            ("notification", self.notification),
+        ]
+    }
+}
+
 /// The running suite.
 pub struct Running {
     pub addrs: Addrs,
@@ -234,15 +249,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     // The services call each other in memory ([`ecoscan_common::local`]): same gRPC, same
     // server stack, no loopback socket between them. Offered before any client is made; their
     // TCP ports stay open for grpcurl and for callers outside this process.
-    for addr in [
-        addrs.ingest,
-        addrs.vision,
-        addrs.rule,
-        addrs.answer,
-        addrs.reward,
-        addrs.analytics,
-        addrs.notification,
-    ] {
+    for (_, addr) in addrs.services() {
         ecoscan_common::local::offer(addr);
     }
 

@@ -221,16 +221,7 @@ async fn the_services_call_each_other_in_memory_not_over_loopback() {
     assert_eq!(result["status"], "succeeded", "{result:#}");
     // The scan crossed gateway -> ingest -> vision -> rule, answer, reward, notification and
     // analytics, all in memory: the kernel shows no connection on any service's port.
-    let a = suite.running.addrs;
-    for (name, addr) in [
-        ("ingest", a.ingest),
-        ("vision", a.vision),
-        ("rule", a.rule),
-        ("answer", a.answer),
-        ("reward", a.reward),
-        ("analytics", a.analytics),
-        ("notification", a.notification),
-    ] {
+    for (name, addr) in suite.running.addrs.services() {
         assert_eq!(
             ecoscan_common::testing::established_tcp(addr.port()),
             0,
@@ -671,16 +662,11 @@ async fn a_host_given_to_the_suite_exposes_the_gateway_alone() {
         host,
         "the gateway is where it was asked to be"
     );
-    for (name, addr) in [
-        ("gateway admin", a.gateway_admin),
-        ("ingest", a.ingest),
-        ("vision", a.vision),
-        ("rule", a.rule),
-        ("answer", a.answer),
-        ("reward", a.reward),
-        ("analytics", a.analytics),
-        ("notification", a.notification),
-    ] {
+    for (name, addr) in a
+        .services()
+        .into_iter()
+        .chain([("gateway admin", a.gateway_admin)])
+    {
         assert_eq!(
             addr.ip(),
             std::net::IpAddr::from([127, 0, 0, 1]),
