@@ -2,11 +2,12 @@
 //!
 //! Every service of `ecoscan up` listens on its own loopback port and the others call it with
 //! the same gRPC clients as when deployed apart. Over loopback TCP, every HTTP/2 frame between
-//! two of them is a system call on each side, a pass through the kernel's TCP stack and an epoll
-//! wake-up: a third of the suite's CPU per scan went to the kernel. Here a connection to an
-//! address *offered* in this process ([`offer`]) is an in-memory pipe ([`tokio::io::duplex`])
-//! instead, handed straight to that server's accept loop: the same HTTP/2, the same server
-//! stack (tracing, metrics, identity assertions, deadlines, graceful drain), no socket.
+//! two of them is a system call on each side and a pass through the kernel's TCP stack. Here a
+//! connection to an address *offered* in this process ([`offer`]) is an in-memory pipe
+//! ([`tokio::io::duplex`]) instead, handed straight to that server's accept loop: the same
+//! HTTP/2, the same server stack (tracing, metrics, identity assertions, deadlines, graceful
+//! drain), no socket. What it saves in CPU per scan was within the `capacity` benchmark's noise
+//! when measured (see the README); it removes the sockets' work, not the HTTP/2 framing.
 //!
 //! Only addresses offered explicitly take this path, and only in plaintext (a process with
 //! `GRPC_TLS_*` set keeps TLS on every call). The TCP listener stays open beside it, so
@@ -55,7 +56,7 @@ fn slots() -> std::sync::MutexGuard<'static, HashMap<SocketAddr, Slot>> {
 }
 
 /// Whether in-process calls are on (`ECOSCAN_LOCAL_CALLS` is not `tcp`).
-pub fn enabled() -> bool {
+fn enabled() -> bool {
     crate::config::env_opt(LOCAL_CALLS_VAR).is_none_or(|v| !v.trim().eq_ignore_ascii_case("tcp"))
 }
 
@@ -84,7 +85,7 @@ pub fn is_offered(addr: SocketAddr) -> bool {
 }
 
 /// Withdraws `addr`: later connections to it fail, as to a closed port.
-pub fn withdraw(addr: SocketAddr) {
+pub(crate) fn withdraw(addr: SocketAddr) {
     slots().remove(&addr);
 }
 
@@ -132,7 +133,7 @@ impl Drop for Accepted {
 /// Connects to the in-process server offered at `addr`: the client's half of a new pipe, the
 /// server's half queued for its accept loop. Fails like a refused TCP connection when nothing
 /// is offered there (any more).
-pub fn connect(addr: SocketAddr) -> io::Result<DuplexStream> {
+pub(crate) fn connect(addr: SocketAddr) -> io::Result<DuplexStream> {
     let queue = slots()
         .get(&addr)
         .map(|slot| slot.queue.clone())

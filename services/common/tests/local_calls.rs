@@ -116,7 +116,7 @@ async fn a_server_nobody_offered_is_called_over_tcp() {
 }
 
 #[tokio::test]
-async fn streams_and_large_messages_cross_the_pipe() {
+async fn a_bidirectional_stream_crosses_the_pipe() {
     // Reflection is a bidirectional stream: fifty requests in, fifty descriptor sets out, all
     // in memory.
     let server = server(true).await;

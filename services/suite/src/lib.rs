@@ -1,6 +1,6 @@
 //! `ecoscan up`: every service and the gateway in one process, on the embedded stores, each on
-//! its own loopback port and talking real gRPC to the others, exactly as they do when deployed
-//! apart — over in-memory pipes rather than loopback sockets between themselves
+//! its own loopback port and talking real gRPC to the others as they do when deployed apart,
+//! though over in-memory pipes rather than loopback sockets among themselves
 //! ([`ecoscan_common::local`]). This crate is the one place that wires all the services
 //! together.
 

@@ -144,12 +144,22 @@ fn filter_from<S>(spec: &str, var: &str) -> anyhow::Result<DynFilter<S>>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
-    if let Ok(targets) = spec.parse::<Targets>() {
+    if let Some(targets) = targets_only(spec) {
         return Ok(Box::new(targets));
     }
     Ok(Box::new(
         EnvFilter::try_new(spec).with_context(|| format!("invalid {var} {spec:?}"))?,
     ))
+}
+
+/// `spec` as a [`Targets`] filter when it holds targets and levels only. A span or field
+/// directive (`[rpc]=debug`, `ecoscan[{job.id}]=debug`) needs an [`EnvFilter`]: `Targets`
+/// would parse `[rpc]` as the name of a target and silently match nothing.
+fn targets_only(spec: &str) -> Option<Targets> {
+    if spec.contains(['[', '{']) {
+        return None;
+    }
+    spec.parse().ok()
 }
 
 /// A filter of either kind ([`filter_from`]).
@@ -227,10 +237,9 @@ fn install(
     // same (with the per-poll work below, tracing was 28 % of `ecoscan up`'s CPU per scan in
     // the `capacity` benchmark, 14 % without). The capture layer sees nothing (it only needs
     // the dispatch); `routing` sees what the OpenTelemetry layer sees.
-    let routing = match routing {
-        Some(routing) => Some(routing.with_filter(trace_filter()?)),
-        None => None,
-    };
+    let routing = routing
+        .map(|routing| trace_filter().map(|filter| routing.with_filter(filter)))
+        .transpose()?;
     tracing_subscriber::registry()
         .with(capture.with_filter(tracing_subscriber::filter::LevelFilter::OFF))
         .with(routing)

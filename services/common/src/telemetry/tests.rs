@@ -99,3 +99,29 @@ fn the_resource_names_the_service_and_this_process() {
         .expect("instance id");
     assert_ne!(a, b, "a fresh id per provider");
 }
+
+#[test]
+fn target_and_level_filters_skip_span_tracking_and_span_directives_keep_it() {
+    // The defaults and a usual RUST_LOG are decided per callsite, without span tracking.
+    for spec in [
+        DEFAULT_TRACE_FILTER,
+        DEFAULT_LOG_FILTER,
+        "debug",
+        "ecoscan_ingest=trace,warn",
+    ] {
+        assert!(targets_only(spec).is_some(), "{spec}");
+    }
+    // Span and field directives would lose their meaning as target names.
+    for spec in [
+        "[rpc]=debug",
+        "info,ecoscan_ingest[run]=trace",
+        "ecoscan[{job.id}]=debug",
+    ] {
+        assert!(targets_only(spec).is_none(), "{spec}");
+    }
+    // A target-and-level filter still means what the EnvFilter did.
+    let targets = targets_only("info,h2=off").unwrap();
+    assert!(targets.would_enable("ecoscan_ingest::pipeline", &tracing::Level::INFO));
+    assert!(!targets.would_enable("ecoscan_ingest::pipeline", &tracing::Level::DEBUG));
+    assert!(!targets.would_enable("h2::proto::connection", &tracing::Level::ERROR));
+}
