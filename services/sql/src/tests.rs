@@ -94,6 +94,36 @@ async fn an_in_memory_database_keeps_its_data_across_queries() {
 }
 
 #[tokio::test]
+async fn sqlite_pools_skip_the_ping_before_each_statement_and_postgres_pools_keep_it() {
+    // A SQLite connection is a file in this process: the ping (a round trip through its worker
+    // thread) can never find it hung up. A PostgreSQL pool relies on it to replace connections
+    // the server cut without failing a statement.
+    let dir = tempfile::tempdir().unwrap();
+    let file = open_sqlite(
+        &format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display()),
+        SCHEMA,
+    )
+    .await
+    .unwrap();
+    let memory = open_sqlite("sqlite::memory:", SCHEMA).await.unwrap();
+    for pool in [&file, &memory] {
+        assert!(!pool.options().get_test_before_acquire());
+        // Statements still run, one after another on the pool's connections.
+        for _ in 0..3 {
+            sqlx::query("INSERT INTO t (v) VALUES ('x')")
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+    }
+    let schema = testing::PgSchema::create().await;
+    let m = crate::migrator!("_sql_ping_migrations");
+    let pg = connect_postgres(&schema.url, 2, &m).await.unwrap();
+    assert!(pg.options().get_test_before_acquire());
+    pg.close().await;
+}
+
+#[tokio::test]
 async fn embedded_migrations_are_the_ones_sqlx_reads_from_the_directory() {
     // What sqlx's `migrate!` (and its run-time reader) makes of the same files: equal
     // versions, descriptions and checksums, so databases migrated either way agree.
