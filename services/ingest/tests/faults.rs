@@ -180,7 +180,12 @@ async fn a_job_delivered_more_often_than_the_limit_is_dead_lettered() {
     let job = insert_with_image(&env, "images/ab/crashes").await;
     // Three workers claimed it and died (a job that crashes its worker every time).
     for _ in 0..3 {
-        env.stores.jobs.claim(&job.id).await.unwrap().unwrap();
+        env.stores
+            .jobs
+            .claim(&job.id, Stage::Vision)
+            .await
+            .unwrap()
+            .unwrap();
     }
     enqueue(&env, &job.id).await;
 

@@ -30,17 +30,27 @@ async fn a_resumed_job_runs_only_the_stages_without_a_checkpoint() {
     let job = insert_with_image(&env, "images/aa/photo").await;
     env.stores
         .jobs
-        .mark_running(&job.id, 0, Stage::Rule)
+        .mark_running(&job.id, 0, Stage::Vision)
         .await
         .unwrap();
     env.stores
         .jobs
-        .checkpoint(&job.id, 0, Checkpoint::Classification(classification()))
+        .checkpoint(
+            &job.id,
+            0,
+            Checkpoint::Classification(classification()),
+            Some(Stage::Rule),
+        )
         .await
         .unwrap();
     env.stores
         .jobs
-        .checkpoint(&job.id, 0, Checkpoint::Rules(DisposalRules::default()))
+        .checkpoint(
+            &job.id,
+            0,
+            Checkpoint::Rules(DisposalRules::default()),
+            Some(Stage::Answer),
+        )
         .await
         .unwrap();
     env.stores

@@ -361,38 +361,73 @@ async fn job_store_conformance(jobs: Arc<dyn JobStore>) {
             .is_none()
     );
 
-    let claimed = jobs.claim(&job.id).await.unwrap().unwrap();
+    let claimed = jobs.claim(&job.id, Stage::Vision).await.unwrap().unwrap();
     assert_eq!(claimed.lease_epoch, 1, "the first claim is epoch 1");
     assert_eq!(claimed.attempts, 1);
+    assert_eq!(
+        (claimed.status, claimed.stage),
+        (JobStatus::Running, Stage::Vision),
+        "a queued job is claimed running at the first stage"
+    );
     assert!(
-        jobs.claim(&uuid::Uuid::now_v7().to_string())
+        jobs.claim(&uuid::Uuid::now_v7().to_string(), Stage::Vision)
             .await
             .unwrap()
             .is_none()
     );
     let epoch = claimed.lease_epoch;
-    jobs.mark_running(&job.id, epoch, Stage::Vision)
-        .await
-        .unwrap();
     let c = Classification {
         major_category: "재활용폐기물".into(),
         middle_category: "무색페트병".into(),
         ..Default::default()
     };
-    jobs.checkpoint(&job.id, epoch, Checkpoint::Classification(c.clone()))
-        .await
-        .unwrap();
+    jobs.checkpoint(
+        &job.id,
+        epoch,
+        Checkpoint::Classification(c.clone()),
+        Some(Stage::Rule),
+    )
+    .await
+    .unwrap();
+    let got = jobs.get(&job.id).await.unwrap().unwrap();
+    assert_eq!(
+        (got.status, got.stage),
+        (JobStatus::Running, Stage::Rule),
+        "the checkpoint marks the next stage running"
+    );
     let other = Classification {
         major_category: "일반종량제폐기물".into(),
         ..Default::default()
     };
-    jobs.checkpoint(&job.id, epoch, Checkpoint::Classification(other))
-        .await
-        .unwrap();
+    jobs.checkpoint(
+        &job.id,
+        epoch,
+        Checkpoint::Classification(other),
+        Some(Stage::Answer),
+    )
+    .await
+    .unwrap();
     let got = jobs.get(&job.id).await.unwrap().unwrap();
     assert_eq!(got.status, JobStatus::Running);
     assert_eq!(got.attempts, 1);
     assert_eq!(got.classification, Some(c), "the first checkpoint is kept");
+    assert_eq!(
+        got.stage,
+        Stage::Rule,
+        "a second checkpoint of a stage changes nothing, its next stage included"
+    );
+    // Without a next stage (the last one's), the stage stays.
+    jobs.checkpoint(
+        &job.id,
+        epoch,
+        Checkpoint::Rules(DisposalRules::default()),
+        None,
+    )
+    .await
+    .unwrap();
+    let got = jobs.get(&job.id).await.unwrap().unwrap();
+    assert_eq!(got.stage, Stage::Rule);
+    assert_eq!(got.rules, Some(DisposalRules::default()));
 
     let err = ErrorInfo {
         code: "UNAVAILABLE".into(),
@@ -400,21 +435,35 @@ async fn job_store_conformance(jobs: Arc<dyn JobStore>) {
         message: "x".into(),
         retryable: true,
     };
-    jobs.finish(&job.id, epoch, JobStatus::Failed, Some(err.clone()))
+    let ended = jobs
+        .finish(&job.id, epoch, JobStatus::Failed, Some(err.clone()))
         .await
-        .unwrap();
-    jobs.finish(&job.id, epoch, JobStatus::Succeeded, None)
-        .await
-        .unwrap();
+        .unwrap()
+        .expect("the first finish returns the row it ended");
+    assert!(
+        jobs.finish(&job.id, epoch, JobStatus::Succeeded, None)
+            .await
+            .unwrap()
+            .is_none(),
+        "a second finish changes nothing and returns no row"
+    );
     let got = jobs.get(&job.id).await.unwrap().unwrap();
+    assert_eq!(got, ended, "finish returned the row as stored");
     assert_eq!(got.status, JobStatus::Failed, "a terminal status is final");
     assert_eq!(got.error, Some(err));
     assert_eq!(
         got.stage,
-        Stage::Vision,
+        Stage::Rule,
         "a failed job keeps the stage it failed at"
     );
     assert!(got.finished_at.is_some());
+    // Claiming a finished job again (a worker that must append its final event) leaves its
+    // status and stage as they are.
+    let again = jobs.claim(&job.id, Stage::Vision).await.unwrap().unwrap();
+    assert_eq!(
+        (again.status, again.stage, again.lease_epoch),
+        (JobStatus::Failed, Stage::Rule, epoch + 1)
+    );
     assert!(
         jobs.get(&uuid::Uuid::now_v7().to_string())
             .await
@@ -454,12 +503,12 @@ fn fenced(r: Result<(), StoreError>) -> bool {
 /// A worker whose claim was taken over cannot write: every write carries its epoch.
 async fn fencing_conformance(jobs: &dyn JobStore) {
     let (job, _) = jobs.insert(new_job("u3", None)).await.unwrap();
-    let first = jobs.claim(&job.id).await.unwrap().unwrap();
+    let first = jobs.claim(&job.id, Stage::Vision).await.unwrap().unwrap();
     jobs.mark_running(&job.id, first.lease_epoch, Stage::Vision)
         .await
         .unwrap();
     // The lease was lost; another worker claims the job.
-    let second = jobs.claim(&job.id).await.unwrap().unwrap();
+    let second = jobs.claim(&job.id, Stage::Vision).await.unwrap().unwrap();
     assert_eq!(second.lease_epoch, first.lease_epoch + 1);
     assert_eq!(second.attempts, 2, "each claim counts one attempt");
 
@@ -471,7 +520,8 @@ async fn fencing_conformance(jobs: &dyn JobStore) {
         jobs.checkpoint(
             &job.id,
             first.lease_epoch,
-            Checkpoint::Classification(stale)
+            Checkpoint::Classification(stale),
+            Some(Stage::Rule),
         )
         .await
     ));
@@ -479,9 +529,10 @@ async fn fencing_conformance(jobs: &dyn JobStore) {
         jobs.mark_running(&job.id, first.lease_epoch, Stage::Rule)
             .await
     ));
-    assert!(fenced(
+    assert!(matches!(
         jobs.finish(&job.id, first.lease_epoch, JobStatus::Succeeded, None)
-            .await
+            .await,
+        Err(StoreError::Fenced { .. })
     ));
     let err = ErrorInfo {
         code: "INTERNAL".into(),
@@ -494,7 +545,11 @@ async fn fencing_conformance(jobs: &dyn JobStore) {
     ));
     let got = jobs.get(&job.id).await.unwrap().unwrap();
     assert_eq!(got.classification, None, "the stale checkpoint was refused");
-    assert_eq!(got.status, JobStatus::Running);
+    assert_eq!(
+        (got.status, got.stage),
+        (JobStatus::Running, Stage::Vision),
+        "and so was its next stage"
+    );
     assert!(got.dead_at.is_none());
 
     // The current claim writes.
@@ -506,6 +561,7 @@ async fn fencing_conformance(jobs: &dyn JobStore) {
         &job.id,
         second.lease_epoch,
         Checkpoint::Classification(current.clone()),
+        Some(Stage::Rule),
     )
     .await
     .unwrap();
@@ -538,12 +594,13 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
     let mut dead = Vec::new();
     for i in 0..3 {
         let (job, _) = jobs.insert(new_job("u4", None)).await.unwrap();
-        let claimed = jobs.claim(&job.id).await.unwrap().unwrap();
+        let claimed = jobs.claim(&job.id, Stage::Vision).await.unwrap().unwrap();
         if i == 0 {
             jobs.checkpoint(
                 &job.id,
                 claimed.lease_epoch,
                 Checkpoint::Rules(DisposalRules::default()),
+                Some(Stage::Answer),
             )
             .await
             .unwrap();
@@ -565,7 +622,7 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
     }
     // Another failed, not dead-lettered, job is not listed.
     let (plain, _) = jobs.insert(new_job("u4", None)).await.unwrap();
-    let c = jobs.claim(&plain.id).await.unwrap().unwrap();
+    let c = jobs.claim(&plain.id, Stage::Vision).await.unwrap().unwrap();
     jobs.finish(
         &plain.id,
         c.lease_epoch,
@@ -632,7 +689,16 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
             .any(|j| j.id == dead[0].id)
     );
     // The requeued job runs again under a new claim.
-    let again = jobs.claim(&dead[0].id).await.unwrap().unwrap();
+    let again = jobs
+        .claim(&dead[0].id, Stage::Vision)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.status, again.stage),
+        (JobStatus::Running, Stage::Vision),
+        "a requeued job is claimed like a new one"
+    );
     assert!(again.lease_epoch > dead[0].lease_epoch);
     jobs.finish(&dead[0].id, again.lease_epoch, JobStatus::Succeeded, None)
         .await

@@ -65,21 +65,26 @@ impl Reward {
         }
         let classification = req.classification.ok_or(Error::MissingClassification)?;
 
-        // A replay returns the stored decision whatever it carries this time.
-        if let Some(stored) = self.store.decision(&req.job_id).await? {
-            return self.stored_to_proto(stored, user_id);
-        }
-
         // Ineligible decisions grant nothing and follow from the request alone, so they are
-        // answered without storing anything.
-        let Some(rules) = req.rules else {
-            return Ok(ineligible("no_rules"));
+        // not stored; but a replay returns the stored decision whatever it carries this time,
+        // so an ineligible request first looks for one. An eligible request goes straight to
+        // `grant`, which finds a stored decision itself (one statement fewer per scan).
+        let eligible = match &req.rules {
+            None => Err("no_rules"),
+            Some(rules) if !rules.recyclable => Err("not_recyclable"),
+            Some(_) => self
+                .catalogue
+                .for_category(&classification.middle_category)
+                .ok_or("no_character_for_category"),
         };
-        if !rules.recyclable {
-            return Ok(ineligible("not_recyclable"));
-        }
-        let Some(character) = self.catalogue.for_category(&classification.middle_category) else {
-            return Ok(ineligible("no_character_for_category"));
+        let character = match eligible {
+            Ok(character) => character,
+            Err(reason) => {
+                return match self.store.decision(&req.job_id).await? {
+                    Some(stored) => self.stored_to_proto(stored, user_id),
+                    None => Ok(ineligible(reason)),
+                };
+            }
         };
 
         let stored = self

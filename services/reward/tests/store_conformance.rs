@@ -60,6 +60,42 @@ async fn a_decided_job_grants_nothing_even_with_another_character<S: RewardStore
     assert_eq!(codes, ["char-petty"]);
 }
 
+/// A job whose character the user owns (by this job or another) is decided in one statement;
+/// replaying a decided job, before or after that, still returns its first decision.
+async fn a_decided_job_replayed_once_its_character_is_owned_returns_its_first_decision<
+    S: RewardStore + Clone,
+>(
+    s: S,
+) {
+    let granted = s.grant(grant("j1", "u", "char-petty", 10)).await.unwrap();
+    assert!(granted.newly_granted);
+    // The character is owned now; the replay must not become "already_owned".
+    assert_eq!(
+        s.grant(grant("j1", "u", "char-petty", 20)).await.unwrap(),
+        granted
+    );
+
+    let owned = s.grant(grant("j2", "u", "char-petty", 30)).await.unwrap();
+    assert_eq!(owned.reason, "already_owned");
+    // Twelve concurrent replays of the already-owned job: one decision, stored once.
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.grant(grant("j2", "u", "char-petty", 40 + i)).await })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), owned);
+    }
+    assert_eq!(s.decision("j2").await.unwrap(), Some(owned));
+    // Another user's ownership decides nothing for this one.
+    let other = s.grant(grant("j3", "v", "char-petty", 50)).await.unwrap();
+    assert!(other.newly_granted, "{other:?}");
+    let owned = s.list_owned("u").await.unwrap();
+    assert_eq!(owned.len(), 1);
+    assert_eq!(owned[0].job_id, "j1");
+}
+
 async fn concurrent_grants_of_one_job_store_one_decision_and_one_character<
     S: RewardStore + Clone,
 >(
@@ -167,6 +203,7 @@ conformance!(
     first_grant_is_granted_and_stored_as_the_jobs_decision,
     a_second_job_for_an_owned_character_is_already_owned,
     a_decided_job_grants_nothing_even_with_another_character,
+    a_decided_job_replayed_once_its_character_is_owned_returns_its_first_decision,
     concurrent_grants_of_one_job_store_one_decision_and_one_character,
     concurrent_jobs_grant_a_character_exactly_once,
     list_owned_is_oldest_first_and_per_user,

@@ -111,7 +111,8 @@ impl Ctx {
         // The claim: a new epoch on the row, then the log's fence raised to it. From here on
         // every write of an earlier claim is refused, and what earlier claims wrote (their
         // checkpoints, their events) is what this one reads.
-        let Some(job) = self.stores.jobs.claim(job_id).await? else {
+        // A queued job is marked running at the first stage in the same write.
+        let Some(job) = self.stores.jobs.claim(job_id, STAGES[0].stage).await? else {
             tracing::warn!(job.id = %job_id, "queued job has no row; dropping the queue entry");
             return Ok(());
         };
@@ -130,10 +131,6 @@ impl Ctx {
             );
             return self.give_up(&job, message, "attempts").await;
         }
-        self.stores
-            .jobs
-            .mark_running(job_id, epoch, Stage::Vision)
-            .await?;
         if !first_delivery || job.attempts > 1 {
             tracing::info!(job.id = %job_id, attempt = job.attempts, "resuming job from its last checkpoint");
             self.complete_checkpointed(&job).await?;
@@ -152,27 +149,31 @@ impl Ctx {
             }
             Err(e) => return Err(e),
         };
-        match outcome {
+        let ended = match outcome {
             Ok(()) => {
-                self.stores
+                let ended = self
+                    .stores
                     .jobs
                     .finish(job_id, epoch, JobStatus::Succeeded, None)
                     .await?;
                 self.metrics.finished("succeeded");
                 tracing::info!(job.id = %job_id, "scan complete");
+                ended
             }
             Err(StageFailure { stage, status }) => {
                 let error = stage_error(stage, &status);
                 tracing::warn!(job.id = %job_id, stage = stage_name(stage), code = %error.code, error = %status.message(), "scan failed");
                 self.append(epoch, failed(job_id, stage, &error)).await?;
-                self.stores
+                let ended = self
+                    .stores
                     .jobs
                     .finish(job_id, epoch, JobStatus::Failed, Some(error))
                     .await?;
                 self.metrics.finished("failed");
+                ended
             }
-        }
-        self.final_event(job_id, epoch).await
+        };
+        self.final_event(job_id, epoch, ended).await
     }
 
     /// The final event says what the row says: the first terminal status stands (`finish`
@@ -183,7 +184,15 @@ impl Ctx {
     /// nobody else would append the event — the sweeper puts back only unfinished jobs, and a
     /// job whose queue entry Redis lost is never delivered again. Should a newer claim own the
     /// job, its fence refuses this append and that claim appends the event itself.
-    async fn final_event(&self, job_id: &str, epoch: u64) -> Result<(), StoreError> {
+    ///
+    /// `ended` is the row as this worker's `finish` left it; `None` (it was finished before)
+    /// reads the row.
+    async fn final_event(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        ended: Option<Job>,
+    ) -> Result<(), StoreError> {
         let (stores, ttl, job_id) = (
             self.stores.clone(),
             self.config.event_ttl,
@@ -191,9 +200,12 @@ impl Ctx {
         );
         let task = tokio::spawn(
             async move {
-                let row = stores.jobs.get(&job_id).await?.ok_or_else(|| {
-                    StoreError::Corrupt(format!("job {job_id} vanished while running"))
-                })?;
+                let row = match ended {
+                    Some(row) => row,
+                    None => stores.jobs.get(&job_id).await?.ok_or_else(|| {
+                        StoreError::Corrupt(format!("job {job_id} vanished while running"))
+                    })?,
+                };
                 close_log(&stores, &row, epoch, ttl).await
             }
             .in_current_span(),
@@ -232,7 +244,7 @@ impl Ctx {
             .await?;
         self.metrics.finished("failed");
         self.metrics.dead_lettered(reason);
-        self.final_event(&job.id, job.lease_epoch).await
+        self.final_event(&job.id, job.lease_epoch, None).await
     }
 
     /// A resumed job: every stage whose output is on the row but whose `completed` event is
@@ -261,7 +273,7 @@ impl Ctx {
     /// (retry the job later); the inner one a stage that failed for good (fail the job).
     async fn stages(&self, job: &Job) -> Result<Result<(), StageFailure>, StoreError> {
         let mut job = job.clone();
-        for def in &STAGES {
+        for (i, def) in STAGES.iter().enumerate() {
             if (def.stored)(&job).is_some() {
                 continue;
             }
@@ -269,10 +281,20 @@ impl Ctx {
                 Ok(output) => output,
                 Err(f) => return Ok(Err(f)),
             };
+            // The checkpoint marks the job running at the next stage to run, in the same write
+            // (one statement where two were); that stage then skips `mark_running`.
+            let next = STAGES[i + 1..]
+                .iter()
+                .find(|d| (d.stored)(&job).is_none())
+                .map(|d| d.stage);
             self.stores
                 .jobs
-                .checkpoint(&job.id, job.lease_epoch, output.clone())
+                .checkpoint(&job.id, job.lease_epoch, output.clone(), next)
                 .await?;
+            if let Some(next) = next {
+                job.status = JobStatus::Running;
+                job.stage = next;
+            }
             self.completed(&job, def.stage, def.completed, payload(output.clone()))
                 .await?;
             record(&mut job, output);
@@ -325,7 +347,10 @@ impl Ctx {
         );
         let started = std::time::Instant::now();
         let result = async {
-            self.stores.jobs.mark_running(&job.id, job.lease_epoch, stage).await?;
+            // Marked running at this stage already by the claim or the previous checkpoint?
+            if !(job.status == JobStatus::Running && job.stage == stage) {
+                self.stores.jobs.mark_running(&job.id, job.lease_epoch, stage).await?;
+            }
             let (lo, _) = progress_range(stage);
             self.append(job.lease_epoch, event(&job.id, stage, EventStatus::Started, lo, &format!("{} started", stage_name(stage)), None))
                 .await?;

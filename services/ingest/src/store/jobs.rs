@@ -94,26 +94,32 @@ pub trait JobStore: Send + Sync + 'static {
         key: &str,
     ) -> Result<Option<Job>, StoreError>;
     /// Claims the job for a worker: a new lease epoch (the fencing token of every write this
-    /// worker makes) and one more attempt. `None` when there is no such job.
-    async fn claim(&self, id: &str) -> Result<Option<Job>, StoreError>;
+    /// worker makes) and one more attempt; a queued job is marked running at `first` in the
+    /// same write (a running or finished one keeps its status and stage). `None` when there
+    /// is no such job.
+    async fn claim(&self, id: &str, first: Stage) -> Result<Option<Job>, StoreError>;
     /// Marks the job running at `stage`.
     async fn mark_running(&self, id: &str, epoch: u64, stage: Stage) -> Result<(), StoreError>;
-    /// Stores a stage's output. Only the first checkpoint of a stage is kept, so a resumed
-    /// worker can never overwrite an output that watchers have already seen.
+    /// Stores a stage's output and, with `next`, marks the job running at the stage that
+    /// follows, in one write. Only the first checkpoint of a stage is kept (a second changes
+    /// nothing, `next` included), so a resumed worker can never overwrite an output that
+    /// watchers have already seen.
     async fn checkpoint(
         &self,
         id: &str,
         epoch: u64,
         checkpoint: Checkpoint,
+        next: Option<Stage>,
     ) -> Result<(), StoreError>;
-    /// Moves the job to a terminal status (once; later calls change nothing).
+    /// Moves the job to a terminal status (once; later calls change nothing). Returns the
+    /// row as it moved it, or `None` when it was terminal already.
     async fn finish(
         &self,
         id: &str,
         epoch: u64,
         status: JobStatus,
         error: Option<ErrorInfo>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<Option<Job>, StoreError>;
     /// Records where a finished job's final event stands in its log, once the log took it
     /// (the last record wins: the log holds one final event).
     async fn set_end_seq(&self, id: &str, seq: u64) -> Result<(), StoreError>;

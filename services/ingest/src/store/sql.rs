@@ -43,23 +43,25 @@ impl<DB: Dialect> SqlJobStore<DB> {
 }
 
 /// The statement of [`JobStore::checkpoint`] for each stage output: only the first checkpoint
-/// of a stage is kept (`IS NULL`), and only from the worker holding the latest claim.
+/// of a stage is kept (`IS NULL`), and only from the worker holding the latest claim. `$5` is
+/// the stage the job runs next (NULL keeps the stage): one write where a stage's end and the
+/// next one's start were two.
 fn checkpoint_sql(checkpoint: &Checkpoint) -> &'static str {
     match checkpoint {
         Checkpoint::Classification(_) => {
-            "UPDATE scan_jobs SET classification = $1, updated_at_us = $2 \
+            "UPDATE scan_jobs SET classification = $1, stage = COALESCE($5, stage), updated_at_us = $2 \
              WHERE id = $3 AND lease_epoch = $4 AND classification IS NULL"
         }
         Checkpoint::Rules(_) => {
-            "UPDATE scan_jobs SET rules = $1, updated_at_us = $2 \
+            "UPDATE scan_jobs SET rules = $1, stage = COALESCE($5, stage), updated_at_us = $2 \
              WHERE id = $3 AND lease_epoch = $4 AND rules IS NULL"
         }
         Checkpoint::Answer(_) => {
-            "UPDATE scan_jobs SET answer = $1, updated_at_us = $2 \
+            "UPDATE scan_jobs SET answer = $1, stage = COALESCE($5, stage), updated_at_us = $2 \
              WHERE id = $3 AND lease_epoch = $4 AND answer IS NULL"
         }
         Checkpoint::Reward(_) => {
-            "UPDATE scan_jobs SET reward = $1, updated_at_us = $2 \
+            "UPDATE scan_jobs SET reward = $1, stage = COALESCE($5, stage), updated_at_us = $2 \
              WHERE id = $3 AND lease_epoch = $4 AND reward IS NULL"
         }
     }
@@ -219,13 +221,19 @@ where
     }
 
     #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "scan_jobs", fields(job.id = %id))]
-    async fn claim(&self, id: &str) -> Result<Option<Job>, StoreError> {
+    async fn claim(&self, id: &str, first: Stage) -> Result<Option<Job>, StoreError> {
+        // Every SET expression reads the row as it was: `status = $3` picks out a queued job.
         sqlx::query(DB::sql(
             "UPDATE scan_jobs SET lease_epoch = lease_epoch + 1, attempts = attempts + 1, \
+             stage = CASE WHEN status = $3 THEN $4 ELSE stage END, \
+             status = CASE WHEN status = $3 THEN $5 ELSE status END, \
              updated_at_us = $1 WHERE id = $2 RETURNING *",
         ))
         .bind(now_us())
         .bind(id)
+        .bind(JobStatus::Queued as i32)
+        .bind(first as i32)
+        .bind(JobStatus::Running as i32)
         .fetch_optional(&self.pool)
         .await?
         .as_ref()
@@ -263,19 +271,21 @@ where
         system = DB::SYSTEM,
         op = "UPDATE",
         collection = "scan_jobs",
-        fields(job.id = %id, job.checkpoint = checkpoint.name())
+        fields(job.id = %id, job.checkpoint = checkpoint.name(), job.next_stage = ?next)
     )]
     async fn checkpoint(
         &self,
         id: &str,
         epoch: u64,
         checkpoint: Checkpoint,
+        next: Option<Stage>,
     ) -> Result<(), StoreError> {
         let done = sqlx::query(DB::sql(checkpoint_sql(&checkpoint)))
             .bind(encode_checkpoint(&checkpoint))
             .bind(now_us())
             .bind(id)
             .bind(epoch_param(epoch))
+            .bind(next.map(|s| s as i32))
             .execute(&self.pool)
             .await?;
         if DB::rows_affected(&done) == 0 {
@@ -296,7 +306,7 @@ where
         epoch: u64,
         status: JobStatus,
         error: Option<ErrorInfo>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<Job>, StoreError> {
         self.end(id, epoch, status, error, false).await
     }
 
@@ -323,6 +333,7 @@ where
     async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError> {
         self.end(id, epoch, JobStatus::Failed, Some(error), true)
             .await
+            .map(drop)
     }
 
     #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_jobs")]
@@ -396,11 +407,13 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    for<'q> i32: Encode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
+    for<'q> Option<String>: Decode<'q, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'q> Option<i32>: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
-    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
-    for<'q> Option<Vec<u8>>: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<Vec<u8>>: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
 {
     /// After an update that changed nothing: refused because another claim came since
     /// (`Fenced`), or a no-op (the stage's checkpoint was there, the job had finished).
@@ -421,7 +434,8 @@ where
         }
     }
 
-    /// `finish` and `dead_letter`: the first terminal status stands.
+    /// `finish` and `dead_letter`: the first terminal status stands. Returns the row as it
+    /// ended it (the final event is made from it), `None` when it was terminal already.
     async fn end(
         &self,
         id: &str,
@@ -429,12 +443,12 @@ where
         status: JobStatus,
         error: Option<ErrorInfo>,
         dead: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<Job>, StoreError> {
         let now = now_us();
-        let done = sqlx::query(DB::sql(
+        let ended = sqlx::query(DB::sql(
             "UPDATE scan_jobs SET status = $1, stage = COALESCE($2, stage), error = $3, \
              finished_at_us = $4, updated_at_us = $4, dead_at_us = $5 \
-             WHERE id = $6 AND lease_epoch = $7 AND status IN ($8, $9)",
+             WHERE id = $6 AND lease_epoch = $7 AND status IN ($8, $9) RETURNING *",
         ))
         .bind(status as i32)
         // A failed job keeps the stage it failed at.
@@ -446,11 +460,11 @@ where
         .bind(epoch_param(epoch))
         .bind(JobStatus::Queued as i32)
         .bind(JobStatus::Running as i32)
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        if DB::rows_affected(&done) == 0 {
-            self.fenced(id, epoch).await?;
+        match ended {
+            Some(row) => job_from_row(&row).map(Some),
+            None => self.fenced(id, epoch).await.map(|()| None),
         }
-        Ok(())
     }
 }

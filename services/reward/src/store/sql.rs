@@ -82,6 +82,36 @@ where
         fields(job.id = %g.job_id)
     )]
     async fn grant(&self, g: Grant) -> Result<StoredDecision, StoreError> {
+        // Most scans earn a character the user owns already. That decision is one row and
+        // changes nothing else, so it is stored in one statement, outside a transaction, when
+        // the ownership is there (committed) as it is written; the decision is true from then
+        // on, since nothing takes a character away. Anything else (a character new to the
+        // user, a job decided before) stores nothing here and takes the transaction below.
+        let already_owned = DB::rows_affected(
+            &sqlx::query(DB::sql(
+                "INSERT INTO reward_decisions \
+                 (job_id, user_id, eligible, newly_granted, character_code, reason, decided_at_us) \
+                 SELECT $1, $2, TRUE, FALSE, $3, 'already_owned', $4 WHERE EXISTS \
+                 (SELECT 1 FROM owned_characters WHERE user_id = $2 AND character_code = $3) \
+                 ON CONFLICT (job_id) DO NOTHING",
+            ))
+            .bind(g.job_id.as_str())
+            .bind(g.user_id.as_str())
+            .bind(g.character_code.as_str())
+            .bind(g.now_us)
+            .execute(&self.pool)
+            .await?,
+        ) == 1;
+        if already_owned {
+            return Ok(StoredDecision {
+                job_id: g.job_id,
+                user_id: g.user_id,
+                eligible: true,
+                newly_granted: false,
+                character_code: Some(g.character_code),
+                reason: "already_owned".to_owned(),
+            });
+        }
         let mut tx = self.pool.begin().await?;
         // The decision is claimed first. On PostgreSQL a concurrent grant for the same job
         // waits on its primary key until this transaction ends, then finds the job decided and
@@ -125,9 +155,19 @@ where
                 .execute(&mut *tx)
                 .await?;
             }
+            tx.commit().await?;
+            // What this transaction wrote is the decision: no statement to read it back.
+            return Ok(StoredDecision {
+                job_id: g.job_id,
+                user_id: g.user_id,
+                eligible: true,
+                newly_granted: owned,
+                character_code: Some(g.character_code),
+                reason: if owned { "granted" } else { "already_owned" }.to_owned(),
+            });
         }
-        // Read in the same transaction: it sees this transaction's rows, or (when the job was
-        // decided before) the committed decision that made the insert above do nothing.
+        // The job was decided before (or concurrently, committed first): read that decision,
+        // in the same transaction (on PostgreSQL the insert above waited for it to commit).
         let row = sqlx::query(DB::sql(SELECT_DECISION))
             .bind(g.job_id.as_str())
             .fetch_one(&mut *tx)
