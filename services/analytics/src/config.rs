@@ -36,6 +36,7 @@ const SPOOL_DIR_NAME: &str = "analytics-spool";
 ///   to `ANALYTICS_BODY_DIR` (default `./data/analytics-bodies`).
 /// - `ANALYTICS_BATCH_MAX_ROWS`: most calls per group commit (default 500, at most 1000).
 /// - `ANALYTICS_BATCH_LINGER`: how long a batch waits for more calls, e.g. `2ms` (default 2 ms).
+/// - `ANALYTICS_BATCH_IN_FLIGHT`: batches written at once (default 2, 1 to 16).
 /// - `ANALYTICS_QUEUE_CAPACITY`: calls queued for the writer before callers wait (default 4096).
 /// - `ANALYTICS_SPOOL_DIR`: where batches go when the stores fail (S3 or SQL), until a background
 ///   task writes them to the stores (default: `analytics-spool` beside the SQLite database file,
@@ -55,6 +56,7 @@ pub struct Config {
     pub bodies: ObjectStoreConfig,
     pub batch_max_rows: usize,
     pub batch_linger: Duration,
+    pub batch_in_flight: usize,
     pub queue_capacity: usize,
     /// The spool directory; `None` picks one (see [`Config::spool_dir`]).
     pub spool_dir: Option<PathBuf>,
@@ -70,6 +72,7 @@ impl Default for Config {
             bodies: ObjectStoreConfig::Local(PathBuf::from(DEFAULT_BODY_DIR)),
             batch_max_rows: 500,
             batch_linger: Duration::from_millis(2),
+            batch_in_flight: 2,
             queue_capacity: 4096,
             spool_dir: None,
             spool_max_bytes: 1 << 30,
@@ -94,6 +97,7 @@ impl Config {
             )?,
             batch_max_rows: env_or("ANALYTICS_BATCH_MAX_ROWS", d.batch_max_rows)?,
             batch_linger: env_duration("ANALYTICS_BATCH_LINGER", d.batch_linger)?,
+            batch_in_flight: env_or("ANALYTICS_BATCH_IN_FLIGHT", d.batch_in_flight)?,
             queue_capacity: env_or("ANALYTICS_QUEUE_CAPACITY", d.queue_capacity)?,
             spool_dir: env_opt("ANALYTICS_SPOOL_DIR").map(PathBuf::from),
             spool_max_bytes: env_or("ANALYTICS_SPOOL_MAX_BYTES", d.spool_max_bytes)?,
@@ -109,6 +113,12 @@ impl Config {
             bail!(
                 "batch_max_rows must be between 1 and 1000, got {}",
                 self.batch_max_rows
+            );
+        }
+        if !(1..=16).contains(&self.batch_in_flight) {
+            bail!(
+                "batch_in_flight must be between 1 and 16, got {}",
+                self.batch_in_flight
             );
         }
         if self.queue_capacity == 0 {
@@ -218,5 +228,16 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(quick.full_retry_after(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn batches_in_flight_are_between_1_and_16() {
+        for (n, valid) in [(0, false), (1, true), (2, true), (16, true), (17, false)] {
+            let config = Config {
+                batch_in_flight: n,
+                ..Config::default()
+            };
+            assert_eq!(config.validate().is_ok(), valid, "{n}");
+        }
     }
 }

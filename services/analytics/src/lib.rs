@@ -114,6 +114,7 @@ pub async fn serve_with_stores(
             queue_capacity: config.queue_capacity,
             store_timeout: config.store_timeout,
             full_retry_after: config.full_retry_after(),
+            max_in_flight: config.batch_in_flight,
         },
         writer_metrics.clone(),
         spool_metrics,

@@ -1,6 +1,8 @@
-//! Group commit: one task takes calls from every caller, writes each batch's bodies as one object
-//! and its rows with multi-row INSERTs in one transaction, then acknowledges each caller after the
-//! commit. When the stores fail (or take longer than the store timeout), the batch goes to the
+//! Group commit: one task takes calls from every caller and forms batches; each batch's bodies
+//! are written as one object and its rows with multi-row INSERTs in one transaction, then each
+//! caller is acknowledged after the commit. A few batches are written at once
+//! ([`BatchOptions::max_in_flight`]): one batch's upload overlaps another's rows, and the next
+//! batch forms meanwhile. When the stores fail (or take longer than the store timeout), the batch goes to the
 //! [`Spool`] instead and the callers are acknowledged once it is on disk; while the stores are
 //! known to be failing, new batches go to the spool at once.
 
@@ -10,7 +12,7 @@ use anyhow::Context;
 use ecoscan_common::CancellationToken;
 use tokio::{
     sync::{mpsc, oneshot},
-    task::JoinHandle,
+    task::{JoinHandle, JoinSet},
     time::Instant,
 };
 use tracing::Instrument;
@@ -76,6 +78,10 @@ pub struct BatchOptions {
     pub queue_capacity: usize,
     /// Longest a batch may take to reach the stores before it is spooled instead.
     pub store_timeout: Duration,
+    /// Batches being written at once, at most. One alone leaves the stores idle in turn: the
+    /// object store while the rows commit, the database while the bodies upload, both while
+    /// the next batch forms.
+    pub max_in_flight: usize,
     /// The retry delay suggested to callers refused because the spool is full.
     pub full_retry_after: Duration,
 }
@@ -140,14 +146,24 @@ struct Target {
 async fn run(target: Target, mut rx: mpsc::Receiver<Pending>, stop: CancellationToken) {
     let options = target.options;
     let max = options.max_rows.max(1);
+    let max_in_flight = options.max_in_flight.max(1);
+    let target = Arc::new(target);
+    // Each batch is written by a task of its own, so that it progresses while this one forms
+    // the next; a batch acknowledges its own callers, in whatever order the batches finish.
+    let mut writing = JoinSet::new();
     let mut batch = Vec::with_capacity(max);
     loop {
+        // At most `max_in_flight` batches at once: meanwhile calls queue (and callers wait once
+        // the queue is full), so the next batch takes up to `max` of them at once.
+        while writing.len() >= max_in_flight {
+            settle(writing.join_next().await);
+        }
         let received = tokio::select! {
             n = rx.recv_many(&mut batch, max) => n,
             () = stop.cancelled() => break,
         };
         if received == 0 {
-            return;
+            break;
         }
         // Wait a little for company when the queue ran dry before the batch filled: many rows
         // per transaction is what makes the throughput.
@@ -159,12 +175,27 @@ async fn run(target: Target, mut rx: mpsc::Receiver<Pending>, stop: Cancellation
                 () = tokio::time::sleep_until(deadline) => break,
             }
         }
-        write_batch(&target, &mut batch).await;
+        let full = std::mem::replace(&mut batch, Vec::with_capacity(max));
+        let target = Arc::clone(&target);
+        writing.spawn(async move { write_batch(&target, full).await });
     }
     // Stopping: refuse new calls, write everything already accepted.
     rx.close();
     while rx.recv_many(&mut batch, max).await > 0 {
-        write_batch(&target, &mut batch).await;
+        let full = std::mem::replace(&mut batch, Vec::with_capacity(max));
+        let target = Arc::clone(&target);
+        writing.spawn(async move { write_batch(&target, full).await });
+    }
+    while let Some(done) = writing.join_next().await {
+        settle(Some(done));
+    }
+}
+
+/// A batch's task ended. It cannot fail by itself (each outcome is sent to its callers); a
+/// panic is logged, and its callers, whose senders were dropped with it, get `UNAVAILABLE`.
+fn settle(done: Option<Result<(), tokio::task::JoinError>>) {
+    if let Some(Err(e)) = done {
+        tracing::error!(error = %e, "a batch write task failed");
     }
 }
 
@@ -252,7 +283,7 @@ async fn write_direct(target: &Target, batch: &Batch) -> Option<HashSet<String>>
     }
 }
 
-async fn write_batch(target: &Target, batch: &mut Vec<Pending>) {
+async fn write_batch(target: &Target, mut batch: Vec<Pending>) {
     let span = tracing::info_span!(
         "analytics.write_batch",
         rows = batch.len(),
@@ -260,7 +291,7 @@ async fn write_batch(target: &Target, batch: &mut Vec<Pending>) {
         spooled = tracing::field::Empty,
     );
     async {
-        let (batch, acks) = prepare(batch);
+        let (batch, acks) = prepare(&mut batch);
         let spool = &target.spool;
         // While the stores are known to fail, callers don't wait on them: the batch is spooled
         // at once (the replayer finds out when the stores are back).

@@ -51,16 +51,34 @@ struct FlakyObjects {
     outage: Mutex<Outage>,
     puts: AtomicUsize,
     failures: AtomicUsize,
+    /// When set, each put waits for a permit of it (the test holds uploads).
+    gate: Option<tokio::sync::Semaphore>,
+    /// Puts in progress now, and the most at once so far.
+    active: AtomicUsize,
+    most_active: AtomicUsize,
 }
 
 impl FlakyObjects {
     async fn new(dir: &Path, outage: Outage) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new(Self::open(dir, outage, None).await)
+    }
+
+    /// Puts wait until the test adds permits to the gate.
+    async fn gated(dir: &Path) -> Arc<Self> {
+        let gate = tokio::sync::Semaphore::new(0);
+        Arc::new(Self::open(dir, Outage::None, Some(gate)).await)
+    }
+
+    async fn open(dir: &Path, outage: Outage, gate: Option<tokio::sync::Semaphore>) -> Self {
+        Self {
             inner: LocalObjectStore::open(dir).await.unwrap(),
             outage: Mutex::new(outage),
             puts: AtomicUsize::new(0),
             failures: AtomicUsize::new(0),
-        })
+            gate,
+            active: AtomicUsize::new(0),
+            most_active: AtomicUsize::new(0),
+        }
     }
 
     fn set(&self, outage: Outage) {
@@ -97,7 +115,14 @@ impl ObjectStore for FlakyObjects {
     async fn put(&self, key: &str, body: Bytes) -> Result<(), ObjectError> {
         self.check()?;
         self.puts.fetch_add(1, Ordering::Relaxed);
-        self.inner.put(key, body).await
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_active.fetch_max(now, Ordering::SeqCst);
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.unwrap().forget();
+        }
+        let put = self.inner.put(key, body).await;
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        put
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>, ObjectError> {
@@ -355,6 +380,55 @@ async fn count_rows(db_url: &str) -> (i64, i64) {
 
 // ---------------------------------------------------------------------------------------------
 // The tests.
+
+/// Two batches are written at once by default (`ANALYTICS_BATCH_IN_FLIGHT`), never more, and
+/// every caller is answered once its own batch is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_are_written_two_at_a_time_and_never_more() {
+    let dirs = Dirs::new();
+    let objects = FlakyObjects::gated(&dirs.bodies()).await;
+    let rows = FlakyRows::open(&dirs.db_url()).await;
+    let config = Config {
+        // One call per batch, so that six calls are six batches.
+        batch_max_rows: 1,
+        batch_linger: Duration::ZERO,
+        // The held uploads must not count as a store outage.
+        store_timeout: Duration::from_secs(300),
+        ..dirs.config()
+    };
+    assert_eq!(config.batch_in_flight, 2, "the default");
+    let svc = start(config, rows, objects.clone()).await;
+    let calls: Vec<LlmCall> = (0..6).map(call).collect();
+    let recording = tokio::spawn({
+        let client = svc.client.clone();
+        let calls = calls.clone();
+        async move { futures::future::join_all(calls.into_iter().map(|c| record(&client, c))).await }
+    });
+
+    // Two uploads start and are held; the other batches wait for room meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while objects.active.load(Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "two uploads did not start: {} active",
+            objects.active.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A moment for a third batch to start, which it must not.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(objects.active.load(Ordering::SeqCst), 2);
+    objects.gate.as_ref().unwrap().add_permits(calls.len());
+
+    for duplicate in recording.await.unwrap() {
+        assert!(!duplicate.unwrap(), "each call is new");
+    }
+    assert_eq!(objects.most_active.load(Ordering::SeqCst), 2);
+    assert_eq!(objects.puts.load(Ordering::SeqCst), calls.len());
+    assert_eq!(count_rows(&dirs.db_url()).await.0, calls.len() as i64);
+    svc.assert_stored(&calls).await;
+    assert!(dirs.spooled_files().is_empty(), "nothing was spooled");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn calls_recorded_while_the_object_store_is_down_are_all_stored_once_after_it() {
