@@ -2,9 +2,9 @@
 //! are written as one object and its rows with multi-row INSERTs in one transaction, then each
 //! caller is acknowledged after the commit. A few batches are written at once
 //! ([`BatchOptions::max_in_flight`]): one batch's upload overlaps another's rows, and the next
-//! batch forms meanwhile. When the stores fail (or take longer than the store timeout), the batch goes to the
-//! [`Spool`] instead and the callers are acknowledged once it is on disk; while the stores are
-//! known to be failing, new batches go to the spool at once.
+//! batch forms meanwhile. When the stores fail (or take longer than the store timeout), the
+//! batch goes to the [`Spool`] instead and the callers are acknowledged once it is on disk;
+//! while the stores are known to be failing, new batches go to the spool at once.
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
@@ -156,7 +156,7 @@ async fn run(target: Target, mut rx: mpsc::Receiver<Pending>, stop: Cancellation
         // At most `max_in_flight` batches at once: meanwhile calls queue (and callers wait once
         // the queue is full), so the next batch takes up to `max` of them at once.
         while writing.len() >= max_in_flight {
-            settle(writing.join_next().await);
+            reap(writing.join_next().await);
         }
         let received = tokio::select! {
             n = rx.recv_many(&mut batch, max) => n,
@@ -187,13 +187,13 @@ async fn run(target: Target, mut rx: mpsc::Receiver<Pending>, stop: Cancellation
         writing.spawn(async move { write_batch(&target, full).await });
     }
     while let Some(done) = writing.join_next().await {
-        settle(Some(done));
+        reap(Some(done));
     }
 }
 
 /// A batch's task ended. It cannot fail by itself (each outcome is sent to its callers); a
 /// panic is logged, and its callers, whose senders were dropped with it, get `UNAVAILABLE`.
-fn settle(done: Option<Result<(), tokio::task::JoinError>>) {
+fn reap(done: Option<Result<(), tokio::task::JoinError>>) {
     if let Some(Err(e)) = done {
         tracing::error!(error = %e, "a batch write task failed");
     }
