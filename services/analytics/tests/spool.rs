@@ -430,6 +430,56 @@ async fn batches_are_written_two_at_a_time_and_never_more() {
     assert!(dirs.spooled_files().is_empty(), "nothing was spooled");
 }
 
+/// A batch that is not full does not go out beside another: it waits for the one on its way,
+/// taking the calls that arrive meanwhile (two half batches would cost the stores twice the
+/// requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_that_is_not_full_waits_for_the_one_on_its_way() {
+    let dirs = Dirs::new();
+    let objects = FlakyObjects::gated(&dirs.bodies()).await;
+    let rows = FlakyRows::open(&dirs.db_url()).await;
+    let config = Config {
+        batch_max_rows: 10,
+        batch_linger: Duration::ZERO,
+        store_timeout: Duration::from_secs(300),
+        ..dirs.config()
+    };
+    let svc = start(config, rows, objects.clone()).await;
+    let calls: Vec<LlmCall> = (0..4).map(call).collect();
+    let first = tokio::spawn({
+        let client = svc.client.clone();
+        let c = calls[0].clone();
+        async move { record(&client, c).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while objects.active.load(Ordering::SeqCst) < 1 {
+        assert!(Instant::now() < deadline, "the first upload did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Three more calls while the first batch is held: fewer than a full batch.
+    let rest = tokio::spawn({
+        let client = svc.client.clone();
+        let calls = calls[1..].to_vec();
+        async move { futures::future::join_all(calls.into_iter().map(|c| record(&client, c))).await }
+    });
+    // A moment for a second upload to start, which it must not.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(objects.active.load(Ordering::SeqCst), 1);
+    objects.gate.as_ref().unwrap().add_permits(calls.len());
+
+    assert!(!first.await.unwrap().unwrap());
+    for duplicate in rest.await.unwrap() {
+        assert!(!duplicate.unwrap());
+    }
+    assert_eq!(objects.most_active.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        objects.puts.load(Ordering::SeqCst),
+        2,
+        "the three later calls went out as one batch"
+    );
+    svc.assert_stored(&calls).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn calls_recorded_while_the_object_store_is_down_are_all_stored_once_after_it() {
     let dirs = Dirs::new();
