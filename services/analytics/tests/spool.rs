@@ -381,7 +381,7 @@ async fn count_rows(db_url: &str) -> (i64, i64) {
 // ---------------------------------------------------------------------------------------------
 // The tests.
 
-/// Two batches are written at once by default (`ANALYTICS_BATCH_IN_FLIGHT`), never more, and
+/// With `ANALYTICS_BATCH_IN_FLIGHT=2`, two full batches are written at once, never more, and
 /// every caller is answered once its own batch is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batches_are_written_two_at_a_time_and_never_more() {
@@ -394,9 +394,9 @@ async fn batches_are_written_two_at_a_time_and_never_more() {
         batch_linger: Duration::ZERO,
         // The held uploads must not count as a store outage.
         store_timeout: Duration::from_secs(300),
+        batch_in_flight: 2,
         ..dirs.config()
     };
-    assert_eq!(config.batch_in_flight, 2, "the default");
     let svc = start(config, rows, objects.clone()).await;
     let calls: Vec<LlmCall> = (0..6).map(call).collect();
     let recording = tokio::spawn({
@@ -442,6 +442,7 @@ async fn a_batch_that_is_not_full_waits_for_the_one_on_its_way() {
         batch_max_rows: 10,
         batch_linger: Duration::ZERO,
         store_timeout: Duration::from_secs(300),
+        batch_in_flight: 2,
         ..dirs.config()
     };
     let svc = start(config, rows, objects.clone()).await;
