@@ -189,20 +189,23 @@ async fn run(target: Target, mut rx: mpsc::Receiver<Pending>, stop: Cancellation
                 n = rx.recv_many(&mut batch, room) => if n == 0 { break },
             }
         }
-        let full = std::mem::replace(&mut batch, Vec::with_capacity(max));
-        let target = Arc::clone(&target);
-        writing.spawn(async move { write_batch(&target, full).await });
+        spawn_write(&mut writing, &target, &mut batch);
     }
     // Stopping: refuse new calls, write everything already accepted.
     rx.close();
     while rx.recv_many(&mut batch, max).await > 0 {
-        let full = std::mem::replace(&mut batch, Vec::with_capacity(max));
-        let target = Arc::clone(&target);
-        writing.spawn(async move { write_batch(&target, full).await });
+        spawn_write(&mut writing, &target, &mut batch);
     }
     while let Some(done) = writing.join_next().await {
         reap(Some(done));
     }
+}
+
+/// Writes the calls in `batch` as one batch, by a task of its own; `batch` is left empty.
+fn spawn_write(writing: &mut JoinSet<()>, target: &Arc<Target>, batch: &mut Vec<Pending>) {
+    let full = std::mem::replace(batch, Vec::with_capacity(batch.capacity()));
+    let target = Arc::clone(target);
+    writing.spawn(async move { write_batch(&target, full).await });
 }
 
 /// A batch's task ended. It cannot fail by itself (each outcome is sent to its callers); a

@@ -381,40 +381,58 @@ async fn count_rows(db_url: &str) -> (i64, i64) {
 // ---------------------------------------------------------------------------------------------
 // The tests.
 
+/// A service whose uploads wait at the objects' gate, writing up to two batches of `max_rows`
+/// at once (the held uploads must not count as a store outage: a long store timeout).
+async fn start_gated(dirs: &Dirs, max_rows: usize) -> (Service, Arc<FlakyObjects>) {
+    let objects = FlakyObjects::gated(&dirs.bodies()).await;
+    let rows = FlakyRows::open(&dirs.db_url()).await;
+    let config = Config {
+        batch_max_rows: max_rows,
+        batch_linger: Duration::ZERO,
+        store_timeout: Duration::from_secs(300),
+        batch_in_flight: 2,
+        ..dirs.config()
+    };
+    (start(config, rows, objects.clone()).await, objects)
+}
+
+/// Records `calls` at once, in a task of their own; its output is each call's answer.
+fn record_all(
+    svc: &Service,
+    calls: &[LlmCall],
+) -> tokio::task::JoinHandle<Vec<Result<bool, tonic::Status>>> {
+    let client = svc.client.clone();
+    let calls = calls.to_vec();
+    tokio::spawn(async move {
+        futures::future::join_all(calls.into_iter().map(|c| record(&client, c))).await
+    })
+}
+
+/// Waits until `n` uploads are held at the gate; at most a minute.
+async fn wait_for_uploads(objects: &FlakyObjects, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while objects.active.load(Ordering::SeqCst) < n {
+        assert!(
+            Instant::now() < deadline,
+            "{n} uploads did not start: {} active",
+            objects.active.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// With `ANALYTICS_BATCH_IN_FLIGHT=2`, two full batches are written at once, never more, and
 /// every caller is answered once its own batch is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batches_are_written_two_at_a_time_and_never_more() {
     let dirs = Dirs::new();
-    let objects = FlakyObjects::gated(&dirs.bodies()).await;
-    let rows = FlakyRows::open(&dirs.db_url()).await;
-    let config = Config {
-        // One call per batch, so that six calls are six batches.
-        batch_max_rows: 1,
-        batch_linger: Duration::ZERO,
-        // The held uploads must not count as a store outage.
-        store_timeout: Duration::from_secs(300),
-        batch_in_flight: 2,
-        ..dirs.config()
-    };
-    let svc = start(config, rows, objects.clone()).await;
+    // One call per batch, so that six calls are six (full) batches.
+    let (svc, objects) = start_gated(&dirs, 1).await;
     let calls: Vec<LlmCall> = (0..6).map(call).collect();
-    let recording = tokio::spawn({
-        let client = svc.client.clone();
-        let calls = calls.clone();
-        async move { futures::future::join_all(calls.into_iter().map(|c| record(&client, c))).await }
-    });
+    let recording = record_all(&svc, &calls);
 
     // Two uploads start and are held; the other batches wait for room meanwhile.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while objects.active.load(Ordering::SeqCst) < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "two uploads did not start: {} active",
-            objects.active.load(Ordering::SeqCst)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_uploads(&objects, 2).await;
     // A moment for a third batch to start, which it must not.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(objects.active.load(Ordering::SeqCst), 2);
@@ -436,40 +454,18 @@ async fn batches_are_written_two_at_a_time_and_never_more() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_that_is_not_full_waits_for_the_one_on_its_way() {
     let dirs = Dirs::new();
-    let objects = FlakyObjects::gated(&dirs.bodies()).await;
-    let rows = FlakyRows::open(&dirs.db_url()).await;
-    let config = Config {
-        batch_max_rows: 10,
-        batch_linger: Duration::ZERO,
-        store_timeout: Duration::from_secs(300),
-        batch_in_flight: 2,
-        ..dirs.config()
-    };
-    let svc = start(config, rows, objects.clone()).await;
+    let (svc, objects) = start_gated(&dirs, 10).await;
     let calls: Vec<LlmCall> = (0..4).map(call).collect();
-    let first = tokio::spawn({
-        let client = svc.client.clone();
-        let c = calls[0].clone();
-        async move { record(&client, c).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while objects.active.load(Ordering::SeqCst) < 1 {
-        assert!(Instant::now() < deadline, "the first upload did not start");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let first = record_all(&svc, &calls[..1]);
+    wait_for_uploads(&objects, 1).await;
     // Three more calls while the first batch is held: fewer than a full batch.
-    let rest = tokio::spawn({
-        let client = svc.client.clone();
-        let calls = calls[1..].to_vec();
-        async move { futures::future::join_all(calls.into_iter().map(|c| record(&client, c))).await }
-    });
+    let rest = record_all(&svc, &calls[1..]);
     // A moment for a second upload to start, which it must not.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(objects.active.load(Ordering::SeqCst), 1);
     objects.gate.as_ref().unwrap().add_permits(calls.len());
 
-    assert!(!first.await.unwrap().unwrap());
-    for duplicate in rest.await.unwrap() {
+    for duplicate in first.await.unwrap().into_iter().chain(rest.await.unwrap()) {
         assert!(!duplicate.unwrap());
     }
     assert_eq!(objects.most_active.load(Ordering::SeqCst), 1);

@@ -33,6 +33,23 @@ impl<DB: Dialect> SqlRewardStore<DB> {
     }
 }
 
+/// The decision `grant` wrote for `g`: granted when the ownership was new to the user.
+fn written(g: Grant, newly_granted: bool) -> StoredDecision {
+    StoredDecision {
+        job_id: g.job_id,
+        user_id: g.user_id,
+        eligible: true,
+        newly_granted,
+        character_code: Some(g.character_code),
+        reason: if newly_granted {
+            "granted"
+        } else {
+            "already_owned"
+        }
+        .to_owned(),
+    }
+}
+
 const SELECT_DECISION: &str = "SELECT job_id, user_id, eligible, newly_granted, character_code, reason \
      FROM reward_decisions WHERE job_id = $1";
 
@@ -103,14 +120,7 @@ where
             .await?,
         ) == 1;
         if already_owned {
-            return Ok(StoredDecision {
-                job_id: g.job_id,
-                user_id: g.user_id,
-                eligible: true,
-                newly_granted: false,
-                character_code: Some(g.character_code),
-                reason: "already_owned".to_owned(),
-            });
+            return Ok(written(g, false));
         }
         let mut tx = self.pool.begin().await?;
         // The decision is claimed first. On PostgreSQL a concurrent grant for the same job
@@ -157,14 +167,7 @@ where
             }
             tx.commit().await?;
             // What this transaction wrote is the decision: no statement to read it back.
-            return Ok(StoredDecision {
-                job_id: g.job_id,
-                user_id: g.user_id,
-                eligible: true,
-                newly_granted: owned,
-                character_code: Some(g.character_code),
-                reason: if owned { "granted" } else { "already_owned" }.to_owned(),
-            });
+            return Ok(written(g, owned));
         }
         // The job was decided before (or concurrently, committed first): read that decision,
         // in the same transaction (on PostgreSQL the insert above waited for it to commit).
