@@ -244,6 +244,38 @@ pub fn embedded(table: &'static str, files: &'static [(&'static str, &'static st
     migrator
 }
 
+/// How long a PostgreSQL connection may sit idle in its pool before it is pinged on its way
+/// out (see [`postgres_pool_options`]).
+pub const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+
+/// The options of every PostgreSQL pool: `max_connections`, and a liveness ping before a
+/// connection is handed out only when it has been idle for `idle_before_ping` or longer.
+///
+/// sqlx pings every connection it hands out by default, and again as it takes each back: three
+/// round trips for every statement. The ping before was 0.6 ms of a scan's 7.1 ms of CPU
+/// (suite, Redis and PostgreSQL; the README's capacity section). The ping on the way back
+/// stays (sqlx's own, not optional; it also flushes a transaction a cancelled caller dropped):
+/// every connection that enters the pool answered just before. What it cannot see is
+/// a connection cut while idle (a restart, a failover, an operator's `pg_terminate_backend`):
+/// one idle for `idle_before_ping` is pinged first and replaced when it does not answer, so
+/// after a quiet `idle_before_ping` no statement meets a dead connection. One cut sooner after
+/// its last use fails the statement that next takes it, with `UNAVAILABLE` (a retryable error;
+/// the job's lease and the caller's retry carry on from there, as after any outage).
+pub fn postgres_pool_options(max_connections: u32, idle_before_ping: Duration) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= idle_before_ping {
+                    // An error closes this connection and the pool hands out another.
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 /// Connects to PostgreSQL and applies pending migrations. Replicas starting together wait on the
 /// migrator's advisory lock, so one applies them and the others find them done.
 pub async fn connect_postgres(
@@ -251,12 +283,7 @@ pub async fn connect_postgres(
     max_connections: u32,
     migrator: &Migrator,
 ) -> Result<PgPool, sqlx::Error> {
-    // sqlx's default liveness ping on every connection it hands out stays on here: it is one
-    // more round trip per statement (5–10 % of PostgreSQL's CPU per scan, measured), but it
-    // is what lets a pool whose connections were cut (a restart, a failover, an operator's
-    // `pg_terminate_backend`) reconnect without failing a single statement.
-    let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
+    let pool = postgres_pool_options(max_connections, IDLE_BEFORE_PING)
         .connect(url)
         .await?;
     migrator.run(&pool).await?;

@@ -94,10 +94,9 @@ async fn an_in_memory_database_keeps_its_data_across_queries() {
 }
 
 #[tokio::test]
-async fn sqlite_pools_skip_the_ping_before_each_statement_and_postgres_pools_keep_it() {
+async fn sqlite_pools_skip_the_ping_before_each_statement() {
     // A SQLite connection is a file in this process: the ping (a round trip through its worker
-    // thread) can never find it hung up. A PostgreSQL pool relies on it to replace connections
-    // the server cut without failing a statement.
+    // thread) can never find it hung up.
     let dir = tempfile::tempdir().unwrap();
     let file = open_sqlite(
         &format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display()),
@@ -116,11 +115,92 @@ async fn sqlite_pools_skip_the_ping_before_each_statement_and_postgres_pools_kee
                 .unwrap();
         }
     }
+}
+
+/// A PostgreSQL pool of one connection named `application_name`, pinging connections idle for
+/// `idle_before_ping` or longer, and a second pool (unnamed) to cut the first one's connection.
+async fn named_pool(
+    schema: &testing::PgSchema,
+    idle_before_ping: Duration,
+) -> (sqlx::PgPool, sqlx::PgPool, String) {
+    let name = format!("ecoscan-sql-ping-{}", uuid::Uuid::new_v4().simple());
+    let url = format!("{}&application_name={name}", schema.url);
+    let pool = postgres_pool_options(1, idle_before_ping)
+        .connect(&url)
+        .await
+        .unwrap();
+    let admin = postgres_pool_options(1, IDLE_BEFORE_PING)
+        .connect(&schema.url)
+        .await
+        .unwrap();
+    (pool, admin, name)
+}
+
+/// Terminates the backends named `name`: how many. First waits for every connection of `pool`
+/// to be back in it: sqlx pings each on its way back, and a ping that met the cut would close
+/// the connection before any statement could.
+async fn cut(pool: &sqlx::PgPool, admin: &sqlx::PgPool, name: &str) -> i64 {
+    while pool.num_idle() < pool.size() as usize {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    sqlx::query(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(name)
+    .fetch_one(admin)
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn select_one(pool: &sqlx::PgPool) -> Result<i32, sqlx::Error> {
+    sqlx::query("SELECT 1")
+        .fetch_one(pool)
+        .await
+        .map(|r| r.get(0))
+}
+
+#[tokio::test]
+async fn a_postgres_connection_idle_long_enough_is_pinged_and_replaced_when_cut() {
     let schema = testing::PgSchema::create().await;
-    let m = crate::migrator!("_sql_ping_migrations");
-    let pg = connect_postgres(&schema.url, 2, &m).await.unwrap();
-    assert!(pg.options().get_test_before_acquire());
-    pg.close().await;
+    let idle = Duration::from_millis(100);
+    let (pool, admin, name) = named_pool(&schema, idle).await;
+    assert!(!pool.options().get_test_before_acquire());
+    assert_eq!(select_one(&pool).await.unwrap(), 1);
+    assert_eq!(
+        cut(&pool, &admin, &name).await,
+        1,
+        "the pool's one connection is cut"
+    );
+    // Idle past the threshold: the ping finds the connection dead, the pool opens another,
+    // and the statement never sees the cut.
+    tokio::time::sleep(idle * 3).await;
+    for _ in 0..3 {
+        assert_eq!(select_one(&pool).await.unwrap(), 1);
+    }
+    pool.close().await;
+    admin.close().await;
+}
+
+#[tokio::test]
+async fn a_postgres_connection_used_moments_ago_is_not_pinged_and_a_cut_fails_one_statement() {
+    // What the ping no longer does for a busy connection (the price of skipping it): a cut
+    // within the threshold meets the next statement, as a transient error, and the pool has a
+    // new connection for the one after.
+    let schema = testing::PgSchema::create().await;
+    let (pool, admin, name) = named_pool(&schema, Duration::from_secs(3600)).await;
+    assert_eq!(select_one(&pool).await.unwrap(), 1);
+    assert_eq!(cut(&pool, &admin, &name).await, 1);
+    let e = select_one(&pool)
+        .await
+        .expect_err("a statement on a connection cut since its last use, not pinged, fails");
+    assert!(
+        StoreError::from(e).is_transient(),
+        "a cut connection is a transient error (UNAVAILABLE)"
+    );
+    assert_eq!(select_one(&pool).await.unwrap(), 1);
+    pool.close().await;
+    admin.close().await;
 }
 
 #[tokio::test]

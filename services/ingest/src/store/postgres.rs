@@ -6,7 +6,7 @@ use std::str::FromStr;
 use sqlx::{
     AssertSqlSafe, Connection, Postgres,
     migrate::Migrator,
-    postgres::{PgConnectOptions, PgConnection, PgPoolOptions},
+    postgres::{PgConnectOptions, PgConnection},
 };
 
 use super::sql::SqlJobStore;
@@ -58,10 +58,10 @@ impl SqlJobStore<Postgres> {
             conn.close().await?;
             opts = opts.options([("search_path", schema)]);
         }
-        let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
-            .connect_with(opts)
-            .await?;
+        let pool =
+            ecoscan_sql::postgres_pool_options(MAX_CONNECTIONS, ecoscan_sql::IDLE_BEFORE_PING)
+                .connect_with(opts)
+                .await?;
         migrator()
             .run(&pool)
             .await
