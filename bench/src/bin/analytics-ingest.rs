@@ -54,6 +54,10 @@ struct Args {
     /// Concurrent `RecordStream` streams in the maximum-rate run.
     #[arg(long, default_value_t = 8)]
     streams: usize,
+    /// Batches the writer may have on their way to the stores at once (the service's
+    /// `ANALYTICS_BATCH_IN_FLIGHT`; default: the service's default).
+    #[arg(long)]
+    batch_in_flight: Option<usize>,
     /// Calls per `RecordStream` stream.
     #[arg(long, default_value_t = 250)]
     stream_calls: usize,
@@ -124,7 +128,7 @@ async fn main() -> anyhow::Result<()> {
     system::raise_fd_limit(8192);
 
     let dir = tempfile::tempdir().context("failed to create a temporary data directory")?;
-    let config = ecoscan_analytics::Config {
+    let mut config = ecoscan_analytics::Config {
         database_url: format!(
             "sqlite://{}?mode=rwc",
             dir.path().join("analytics.db").display()
@@ -133,6 +137,9 @@ async fn main() -> anyhow::Result<()> {
         ..ecoscan_analytics::Config::default()
     }
     .with_stores_from_env()?;
+    if let Some(n) = args.batch_in_flight {
+        config.batch_in_flight = n;
+    }
     let on_s3 = matches!(config.bodies, ecoscan_analytics::ObjectStoreConfig::S3(_));
     let on_postgres = config.database_url.starts_with("postgres");
     let stores = format!(
@@ -141,8 +148,8 @@ async fn main() -> anyhow::Result<()> {
         if on_s3 { "S3" } else { "a local directory" }
     );
     let batch = format!(
-        "group commit ≤ {} rows, linger {:?}, queue {}",
-        config.batch_max_rows, config.batch_linger, config.queue_capacity
+        "group commit ≤ {} rows, linger {:?}, queue {}, {} batch(es) on their way at once",
+        config.batch_max_rows, config.batch_linger, config.queue_capacity, config.batch_in_flight
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

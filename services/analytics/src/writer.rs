@@ -80,7 +80,8 @@ pub struct BatchOptions {
     pub store_timeout: Duration,
     /// Batches being written at once, at most. One alone leaves the stores idle in turn: the
     /// object store while the rows commit, the database while the bodies upload, both while
-    /// the next batch forms. Only a full batch (`max_rows`) goes out beside another.
+    /// the next batch forms. Only a full batch (`max_rows`) goes out beside another; one that
+    /// is not waits for the one on its way and then lingers, as with one at a time.
     pub max_in_flight: usize,
     /// The retry delay suggested to callers refused because the spool is full.
     pub full_retry_after: Duration,
@@ -165,25 +166,19 @@ async fn run(target: Target, mut rx: mpsc::Receiver<Pending>, stop: Cancellation
         if received == 0 {
             break;
         }
-        // Wait a little for company when the queue ran dry before the batch filled: many rows
-        // per transaction is what makes the throughput.
-        let deadline = Instant::now() + options.linger;
-        while batch.len() < max && !options.linger.is_zero() {
-            let room = max - batch.len();
-            tokio::select! {
-                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
-                () = tokio::time::sleep_until(deadline) => break,
-            }
-        }
+        linger(&mut rx, &mut batch, max, options.linger).await;
         // While a batch is on its way, one that is not full waits for it and takes calls
         // meanwhile: at a steady rate, two half batches would cost the stores twice the
         // requests for the same calls (the tail at 2,000/s doubled, measured); only a backlog,
-        // which fills batches, has them written side by side.
+        // which fills batches, has them written side by side. When the one on its way is done,
+        // this one lingers as it would have after it with one batch at a time, so a steady
+        // rate forms the same batches whatever `max_in_flight` is.
         while !writing.is_empty() && batch.len() < max {
             let room = max - batch.len();
             tokio::select! {
                 done = writing.join_next() => {
                     reap(done);
+                    linger(&mut rx, &mut batch, max, options.linger).await;
                     break;
                 }
                 n = rx.recv_many(&mut batch, room) => if n == 0 { break },
@@ -198,6 +193,24 @@ async fn run(target: Target, mut rx: mpsc::Receiver<Pending>, stop: Cancellation
     }
     while let Some(done) = writing.join_next().await {
         reap(Some(done));
+    }
+}
+
+/// Waits up to `linger` for company when the queue ran dry before `batch` filled to `max`: many
+/// rows per transaction is what makes the throughput.
+async fn linger(
+    rx: &mut mpsc::Receiver<Pending>,
+    batch: &mut Vec<Pending>,
+    max: usize,
+    linger: Duration,
+) {
+    let deadline = Instant::now() + linger;
+    while batch.len() < max && !linger.is_zero() {
+        let room = max - batch.len();
+        tokio::select! {
+            n = rx.recv_many(batch, room) => if n == 0 { break },
+            () = tokio::time::sleep_until(deadline) => break,
+        }
     }
 }
 

@@ -384,11 +384,20 @@ async fn count_rows(db_url: &str) -> (i64, i64) {
 /// A service whose uploads wait at the objects' gate, writing up to two batches of `max_rows`
 /// at once (the held uploads must not count as a store outage: a long store timeout).
 async fn start_gated(dirs: &Dirs, max_rows: usize) -> (Service, Arc<FlakyObjects>) {
+    start_gated_lingering(dirs, max_rows, Duration::ZERO).await
+}
+
+/// [`start_gated`] with batches that wait `linger` for company.
+async fn start_gated_lingering(
+    dirs: &Dirs,
+    max_rows: usize,
+    linger: Duration,
+) -> (Service, Arc<FlakyObjects>) {
     let objects = FlakyObjects::gated(&dirs.bodies()).await;
     let rows = FlakyRows::open(&dirs.db_url()).await;
     let config = Config {
         batch_max_rows: max_rows,
-        batch_linger: Duration::ZERO,
+        batch_linger: linger,
         store_timeout: Duration::from_secs(300),
         batch_in_flight: 2,
         ..dirs.config()
@@ -473,6 +482,41 @@ async fn a_batch_that_is_not_full_waits_for_the_one_on_its_way() {
         objects.puts.load(Ordering::SeqCst),
         2,
         "the three later calls went out as one batch"
+    );
+    svc.assert_stored(&calls).await;
+}
+
+/// A batch that waited for the one on its way then lingers for company as it would have after
+/// it with one batch at a time, so that a steady rate forms the same batches (and the stores
+/// take the same requests) with two at once as with one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_that_waited_for_the_one_on_its_way_lingers_after_it() {
+    let dirs = Dirs::new();
+    let linger = Duration::from_secs(2);
+    let (svc, objects) = start_gated_lingering(&dirs, 10, linger).await;
+    let calls: Vec<LlmCall> = (0..3).map(call).collect();
+    let first = record_all(&svc, &calls[..1]);
+    wait_for_uploads(&objects, 1).await;
+    // A second call, and time for its batch to linger out and wait for the first.
+    let second = record_all(&svc, &calls[1..2]);
+    tokio::time::sleep(linger + Duration::from_millis(500)).await;
+    assert_eq!(objects.active.load(Ordering::SeqCst), 1);
+    objects.gate.as_ref().unwrap().add_permits(calls.len());
+    assert!(!first.await.unwrap()[0].as_ref().unwrap());
+    // The first batch is stored: a call now joins the waiting batch within its linger.
+    let third = record_all(&svc, &calls[2..]);
+    for duplicate in second
+        .await
+        .unwrap()
+        .into_iter()
+        .chain(third.await.unwrap())
+    {
+        assert!(!duplicate.unwrap());
+    }
+    assert_eq!(
+        objects.puts.load(Ordering::SeqCst),
+        2,
+        "the second and third calls went out as one batch"
     );
     svc.assert_stored(&calls).await;
 }
