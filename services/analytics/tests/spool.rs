@@ -417,6 +417,17 @@ fn record_all(
     })
 }
 
+/// Waits for each of `recordings` ([`record_all`]) and asserts every call was new.
+async fn assert_all_new(
+    recordings: Vec<tokio::task::JoinHandle<Vec<Result<bool, tonic::Status>>>>,
+) {
+    for recording in recordings {
+        for duplicate in recording.await.unwrap() {
+            assert!(!duplicate.unwrap(), "each call is new");
+        }
+    }
+}
+
 /// Waits until `n` uploads are held at the gate; at most a minute.
 async fn wait_for_uploads(objects: &FlakyObjects, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -447,9 +458,7 @@ async fn batches_are_written_two_at_a_time_and_never_more() {
     assert_eq!(objects.active.load(Ordering::SeqCst), 2);
     objects.gate.as_ref().unwrap().add_permits(calls.len());
 
-    for duplicate in recording.await.unwrap() {
-        assert!(!duplicate.unwrap(), "each call is new");
-    }
+    assert_all_new(vec![recording]).await;
     assert_eq!(objects.most_active.load(Ordering::SeqCst), 2);
     assert_eq!(objects.puts.load(Ordering::SeqCst), calls.len());
     assert_eq!(count_rows(&dirs.db_url()).await.0, calls.len() as i64);
@@ -474,9 +483,7 @@ async fn a_batch_that_is_not_full_waits_for_the_one_on_its_way() {
     assert_eq!(objects.active.load(Ordering::SeqCst), 1);
     objects.gate.as_ref().unwrap().add_permits(calls.len());
 
-    for duplicate in first.await.unwrap().into_iter().chain(rest.await.unwrap()) {
-        assert!(!duplicate.unwrap());
-    }
+    assert_all_new(vec![first, rest]).await;
     assert_eq!(objects.most_active.load(Ordering::SeqCst), 1);
     assert_eq!(
         objects.puts.load(Ordering::SeqCst),
@@ -502,17 +509,10 @@ async fn a_batch_that_waited_for_the_one_on_its_way_lingers_after_it() {
     tokio::time::sleep(linger + Duration::from_millis(500)).await;
     assert_eq!(objects.active.load(Ordering::SeqCst), 1);
     objects.gate.as_ref().unwrap().add_permits(calls.len());
-    assert!(!first.await.unwrap()[0].as_ref().unwrap());
+    assert_all_new(vec![first]).await;
     // The first batch is stored: a call now joins the waiting batch within its linger.
     let third = record_all(&svc, &calls[2..]);
-    for duplicate in second
-        .await
-        .unwrap()
-        .into_iter()
-        .chain(third.await.unwrap())
-    {
-        assert!(!duplicate.unwrap());
-    }
+    assert_all_new(vec![second, third]).await;
     assert_eq!(
         objects.puts.load(Ordering::SeqCst),
         2,
