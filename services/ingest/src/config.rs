@@ -49,6 +49,24 @@ impl Default for EventLogSettings {
     }
 }
 
+/// Settings of the rows of running jobs kept for `GetResult` ([`crate::pending`]).
+#[derive(Clone, Debug)]
+pub struct PendingConfig {
+    /// The longest an entry is used after its read began; zero keeps nothing.
+    pub max_age: Duration,
+    /// Entries kept at most.
+    pub capacity: usize,
+}
+
+impl Default for PendingConfig {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(2),
+            capacity: 10_000,
+        }
+    }
+}
+
 /// Tuning of the hub and its watchers.
 #[derive(Clone, Debug)]
 pub struct HubConfig {
@@ -59,6 +77,8 @@ pub struct HubConfig {
     pub idle_check: Duration,
     /// Longest life of one watch stream; the caller reconnects with the last event id.
     pub max_lifetime: Duration,
+    /// Rows of running jobs kept for `GetResult` until the feed brings an item of their job.
+    pub pending: PendingConfig,
 }
 
 impl Default for HubConfig {
@@ -67,6 +87,7 @@ impl Default for HubConfig {
             watcher_buffer: 256,
             idle_check: Duration::from_secs(30),
             max_lifetime: Duration::from_secs(10 * 60),
+            pending: PendingConfig::default(),
         }
     }
 }
@@ -102,6 +123,8 @@ impl Default for HubConfig {
 /// | `INGEST_DELTA_INTERVAL` | answer text is coalesced into at most one delta event per this interval [250ms] |
 /// | `INGEST_WATCH_MAX_LIFETIME` | longest life of one `Watch`/`Scan` stream [10m] |
 /// | `INGEST_WATCHER_BUFFER` | events a watcher may fall behind before it reads the log instead [256] |
+/// | `INGEST_PENDING_CACHE_MAX_AGE` | a running job's row is kept for `GetResult` until the next event of the job, and used for at most this long after it was read; `0` reads the row every time [2s] |
+/// | `INGEST_PENDING_CACHE_ENTRIES` | running jobs' rows kept at most [10000] |
 /// | `INGEST_SWEEP_INTERVAL` | how often the sweeper looks for unfinished jobs missing from the queue [30s] |
 /// | `INGEST_SWEEP_GRACE` | age below which a job is never swept (it may be between insert and enqueue) [60s] |
 #[derive(Clone, Debug)]
@@ -279,6 +302,10 @@ impl Config {
         self.delta_interval = env_duration("INGEST_DELTA_INTERVAL", self.delta_interval)?;
         self.hub.watcher_buffer = env_or("INGEST_WATCHER_BUFFER", self.hub.watcher_buffer)?.max(1);
         self.hub.max_lifetime = env_duration("INGEST_WATCH_MAX_LIFETIME", self.hub.max_lifetime)?;
+        self.hub.pending.max_age =
+            env_duration("INGEST_PENDING_CACHE_MAX_AGE", self.hub.pending.max_age)?;
+        self.hub.pending.capacity =
+            env_or("INGEST_PENDING_CACHE_ENTRIES", self.hub.pending.capacity)?;
         self.sweep_interval = env_duration("INGEST_SWEEP_INTERVAL", self.sweep_interval)?;
         self.sweep_grace = env_duration("INGEST_SWEEP_GRACE", self.sweep_grace)?;
         Ok(self)

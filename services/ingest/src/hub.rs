@@ -32,6 +32,7 @@ use tracing::Instrument;
 use crate::{
     error::{Error, StoreError},
     event::{Watched, is_final, rebuilt_end, resync},
+    pending::PendingCache,
     store::{EventId, FeedItem, Job, Stores},
 };
 
@@ -59,6 +60,8 @@ struct Inner {
     stores: Stores,
     config: HubConfig,
     jobs: Mutex<HashMap<String, broadcast::Sender<HubItem>>>,
+    /// Rows of running jobs `GetResult` read, each dropped by the next item of its job.
+    pending: PendingCache,
     watchers: AtomicU64,
     shutdown: CancellationToken,
 }
@@ -107,6 +110,7 @@ impl Hub {
         let hub = Self {
             inner: Arc::new(Inner {
                 stores,
+                pending: PendingCache::new(config.pending.clone()),
                 config,
                 jobs: Mutex::default(),
                 watchers: AtomicU64::new(0),
@@ -117,33 +121,42 @@ impl Hub {
         Ok(hub)
     }
 
-    /// The reader: every feed item to the watchers it concerns. A feed that stops (its store
-    /// went away) is opened again; watchers catch up meanwhile.
+    /// The reader: every feed item to the watchers it concerns, after it dropped the job's
+    /// kept row (so a watcher that saw the item and then asks for the result reads the row
+    /// anew). A feed that stops (its store went away) is opened again; watchers catch up
+    /// meanwhile, and no row is kept until it is open.
     async fn read(self, mut feed: Box<dyn crate::store::Feed>) {
         let inner = self.inner.clone();
-        let watched = move |job: &str| {
+        let wanted = move |job: &str| {
             inner
                 .jobs
                 .lock()
                 .expect("hub lock poisoned")
                 .contains_key(job)
+                || inner.pending.holds(job)
         };
         loop {
             let item = tokio::select! {
                 () = self.inner.shutdown.cancelled() => return,
-                item = feed.recv(&watched) => item,
+                item = feed.recv(&wanted) => item,
             };
             match item {
                 Some(FeedItem::Event(ev, epoch)) => {
+                    self.inner.pending.changed(&ev.job_id);
                     let ev = Arc::new(*ev);
                     self.send(&ev.job_id, HubItem::Event(Arc::clone(&ev), epoch));
                 }
                 Some(FeedItem::Fence { job_id, epoch }) => {
+                    self.inner.pending.changed(&job_id);
                     self.send(&job_id, HubItem::Fence(epoch));
                 }
-                Some(FeedItem::Resync) => self.resync_all(),
+                Some(FeedItem::Resync) => {
+                    self.inner.pending.forget_all(true);
+                    self.resync_all();
+                }
                 None => {
                     tracing::warn!("event feed stopped; opening it again");
+                    self.inner.pending.forget_all(false);
                     self.resync_all();
                     feed = loop {
                         tokio::select! {
@@ -151,7 +164,10 @@ impl Hub {
                             () = tokio::time::sleep(Duration::from_secs(1)) => {}
                         }
                         match self.inner.stores.events.feed().await {
-                            Ok(f) => break f,
+                            Ok(f) => {
+                                self.inner.pending.resume();
+                                break f;
+                            }
                             Err(e) => tracing::warn!(error = %e, "cannot open the event feed yet"),
                         }
                     };
@@ -176,6 +192,11 @@ impl Hub {
             hub: self.clone(),
             job_id: job_id.to_owned(),
         }
+    }
+
+    /// The rows of running jobs kept for `GetResult` (see [`crate::pending`]).
+    pub fn pending(&self) -> &PendingCache {
+        &self.inner.pending
     }
 
     /// Watchers currently registered.

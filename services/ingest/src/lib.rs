@@ -12,6 +12,7 @@ pub mod fetch;
 pub mod hub;
 pub mod image;
 pub mod metrics;
+pub mod pending;
 pub mod pipeline;
 pub mod service;
 pub mod store;

@@ -21,6 +21,7 @@ pub struct IngestMetrics {
     dead_lettered: Family<Labels1, Counter>,
     requeued: Counter,
     fenced: Counter,
+    result_reads: Family<Labels1, Counter>,
 }
 
 impl Default for IngestMetrics {
@@ -35,6 +36,7 @@ impl Default for IngestMetrics {
             dead_lettered: Family::default(),
             requeued: Counter::default(),
             fenced: Counter::default(),
+            result_reads: Family::default(),
         }
     }
 }
@@ -56,12 +58,19 @@ impl IngestMetrics {
             ("ingest_jobs_dead_lettered", "Jobs failed and set aside for an operator, by reason (attempts: tried too often; store: a record that cannot be read)", this.dead_lettered.clone());
             ("ingest_jobs_requeued", "Dead-lettered jobs an operator put back on the queue", this.requeued.clone());
             ("ingest_workers_fenced", "Workers stopped because their job was claimed again (a write with a stale lease epoch was refused)", this.fenced.clone());
+            ("ingest_result_reads", "GetResult calls by where the row came from: kept (a running job's row the hub keeps until the next event of the job) or store", this.result_reads.clone());
             ("ingest_dispatch_backlog", "Jobs on the dispatch queue: waiting plus claimed and not yet acknowledged", backlog.clone());
         }
+        let kept = hub.clone();
         metrics.gauge_fn(
             "ingest_hub_watchers",
             "Watch streams currently subscribed to the event hub",
             move || i64::try_from(hub.watchers()).unwrap_or(i64::MAX),
+        );
+        metrics.gauge_fn(
+            "ingest_result_rows_kept",
+            "Running jobs' rows the hub keeps for GetResult (or reserved by a read under way)",
+            move || i64::try_from(kept.pending().len()).unwrap_or(i64::MAX),
         );
         metrics.on_scrape(move || {
             let (queue, backlog) = (queue.clone(), backlog.clone());
@@ -101,6 +110,12 @@ impl IngestMetrics {
 
     pub(crate) fn requeued(&self) {
         self.requeued.inc();
+    }
+
+    pub(crate) fn result_read(&self, source: &'static str) {
+        self.result_reads
+            .get_or_create(&[("source", source.to_owned())])
+            .inc();
     }
 
     pub(crate) fn fenced(&self) {

@@ -22,6 +22,7 @@ use crate::{
     hub::Hub,
     image,
     metrics::IngestMetrics,
+    pending::Lookup,
     store::{EventId, Job, NewJob, QueueEntry, Stores},
 };
 
@@ -225,11 +226,37 @@ impl Inner {
 
     async fn job_for(&self, job_id: &str, user_id: &str) -> Result<Job, Error> {
         let id = parse_job_id(job_id)?;
-        match self.stores.jobs.get(&id).await? {
-            // Another user's job is reported as missing: its existence is not theirs to know.
-            Some(job) if job.user_id == user_id => Ok(job),
-            _ => Err(Error::JobNotFound(id)),
+        owned_by(self.stores.jobs.get(&id).await?, id, user_id)
+    }
+
+    /// [`Self::job_for`] for `GetResult`: a running job's row as the hub keeps it until the
+    /// next item of the job comes through the feed (see [`crate::pending`]), else from the
+    /// store.
+    async fn result_for(&self, job_id: &str, user_id: &str) -> Result<Job, Error> {
+        let id = parse_job_id(job_id)?;
+        let pending = self.hub.pending();
+        let slot = match pending.lookup(&id) {
+            Lookup::Hit(job) => {
+                self.metrics.result_read("kept");
+                return owned_by(Some(Job::clone(&job)), id, user_id);
+            }
+            Lookup::Miss(slot) => slot,
+        };
+        self.metrics.result_read("store");
+        let row = self.stores.jobs.get(&id).await;
+        if let Some(slot) = slot {
+            pending.fill(slot, row.as_ref().ok().and_then(Option::as_ref));
         }
+        owned_by(row?, id, user_id)
+    }
+}
+
+/// The row when `user_id` owns it. Another user's job is reported as missing: its existence is
+/// not theirs to know.
+fn owned_by(row: Option<Job>, id: String, user_id: &str) -> Result<Job, Error> {
+    match row {
+        Some(job) if job.user_id == user_id => Ok(job),
+        _ => Err(Error::JobNotFound(id)),
     }
 }
 
@@ -364,7 +391,10 @@ impl ScanService for ScanApi {
         request: Request<GetResultRequest>,
     ) -> Result<Response<GetResultResponse>, Status> {
         let user = user_of(&request)?;
-        let job = self.inner.job_for(&request.get_ref().job_id, &user).await?;
+        let job = self
+            .inner
+            .result_for(&request.get_ref().job_id, &user)
+            .await?;
         Ok(Response::new(GetResultResponse {
             result: Some(result_of(job)),
         }))

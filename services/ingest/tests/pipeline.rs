@@ -353,14 +353,35 @@ async fn a_scan_completes_on_redis_postgres_and_s3() {
             c.redis = Some(ecoscan_redis::Settings::single(redis_url));
             c.redis_prefix = prefix;
             c.s3 = Some(s3);
+            // The kept rows of running jobs go only when the Redis feed says their job moved.
+            c.hub.pending.max_age = Duration::from_secs(3600);
         })
         .await
     };
+    let env = std::sync::Arc::new(env);
 
     let job_id = submit_png(&env).await;
+    // A client polling the result while the scan runs, as the gateway's `202` invites.
+    let poller = {
+        let (env, job_id) = (env.clone(), job_id.clone());
+        tokio::spawn(async move {
+            while result_of(&env, &job_id).await.status != JobStatus::Succeeded as i32 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
     let events = watch_all(&env, &job_id).await;
     assert_eq!(events.first().unwrap().stage, Stage::Queued as i32);
     assert_eq!(events.last().unwrap().stage, Stage::Done as i32);
+    assert_eq!(
+        result_of(&env, &job_id).await.status,
+        JobStatus::Succeeded as i32,
+        "the result asked for once the stream ended is the finished one"
+    );
+    tokio::time::timeout(Duration::from_secs(30), poller)
+        .await
+        .expect("the poller sees the job finish")
+        .unwrap();
     assert!(
         events.windows(2).all(|w| w[0].seq + 1 == w[1].seq),
         "every event once, in order"
@@ -415,9 +436,12 @@ async fn a_scan_completes_on_redis_postgres_and_s3() {
     );
 
     // Stop ingest first, so no worker recreates the queue after the keys are deleted.
-    let Env {
+    let Ok(Env {
         stores, _servers, ..
-    } = env;
+    }) = std::sync::Arc::try_unwrap(env)
+    else {
+        panic!("the poller holds no copy of the harness any more");
+    };
     for server in _servers.into_iter().rev() {
         server.stop().await.unwrap();
     }

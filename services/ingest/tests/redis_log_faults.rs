@@ -13,6 +13,7 @@ use ecoscan_ingest::{
     Config, Stores,
     event::Watched,
     hub::{Hub, HubConfig},
+    pending::Lookup,
     store::{
         EventId, EventLog, Job, JobStore, LocalObjectStore, MemoryQueue, RUN_SPAN, RedisEventLog,
         SqliteJobStore,
@@ -399,4 +400,86 @@ async fn a_watcher_follows_its_job_when_the_feeds_slot_moves() {
         assert_eq!(got.seq, want, "the watcher gets every event after the move");
     }
     shutdown.cancel();
+}
+
+/// Whether the hub keeps `id`'s row; a miss leaves no reservation to fill.
+fn kept(hub: &Hub, id: &str) -> bool {
+    match hub.pending().lookup(id) {
+        Lookup::Hit(_) => true,
+        Lookup::Miss(slot) => {
+            if let Some(slot) = slot {
+                hub.pending().fill(slot, None);
+            }
+            false
+        }
+    }
+}
+
+fn keep(hub: &Hub, job: &Job) {
+    match hub.pending().lookup(&job.id) {
+        Lookup::Miss(Some(slot)) => hub.pending().fill(slot, Some(job)),
+        other => panic!("job {} could not be kept: {other:?}", job.id),
+    }
+    assert!(kept(hub, &job.id));
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "{what} within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The rows `GetResult` keeps for running jobs go as the Redis feed brings an event of their
+/// job, and all of them when the feed's connection is renewed (Pub/Sub dropped whatever was
+/// published meanwhile, so any kept row may be old).
+#[tokio::test]
+async fn kept_rows_go_with_their_jobs_events_and_all_of_them_when_the_feed_reconnects() {
+    let setup = Setup::start().await;
+    let hub = &setup.hub;
+    let other = Job {
+        id: uuid::Uuid::now_v7().to_string(),
+        ..setup.job.clone()
+    };
+    let writer = setup.writer("test-writer").await;
+    // Once the feed has subscribed (its first subscription announces a resync, which forgets
+    // every row), an event of the job drops its row.
+    keep(hub, &setup.job);
+    writer
+        .append(setup.ev(Stage::Queued, "queued"))
+        .await
+        .unwrap();
+    until("the feed subscribed", || !kept(hub, &setup.job.id)).await;
+
+    keep(hub, &setup.job);
+    keep(hub, &other);
+    writer
+        .append(setup.ev(Stage::Vision, "started"))
+        .await
+        .unwrap();
+    until("the job's event drops its row", || {
+        !kept(hub, &setup.job.id)
+    })
+    .await;
+    assert!(kept(hub, &other.id), "an event of another job leaves a row");
+
+    keep(hub, &setup.job);
+    setup
+        .command(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"))
+        .await;
+    until("the renewed feed forgets every row", || {
+        !kept(hub, &setup.job.id) && !kept(hub, &other.id)
+    })
+    .await;
+    // Kept again, and dropped by the job's next event as before: the renewed feed carries it.
+    keep(hub, &other);
+    writer
+        .append(ScanEvent {
+            job_id: other.id.clone(),
+            ..setup.ev(Stage::Queued, "queued")
+        })
+        .await
+        .unwrap();
+    until("the renewed feed drops a row", || !kept(hub, &other.id)).await;
 }

@@ -14,7 +14,8 @@ use ecoscan_ingest::{
     store::{EventId, MemoryEventLog},
 };
 use ecoscan_proto::v1::{
-    EventStatus, ResyncReason, ScanEvent, Stage, WatchRequest, scan_event::Payload,
+    EventStatus, GetResultRequest, JobStatus, ResyncReason, ScanEvent, ScanResult, Stage,
+    WatchRequest, scan_event::Payload,
 };
 use support::*;
 use tokio_stream::StreamExt;
@@ -522,4 +523,138 @@ async fn an_end_rebuilt_before_the_log_takes_its_final_event_stands_where_that_e
         .unwrap()
         .expect("the log takes its final event");
     assert_eq!(appended.event_id, id_of(&job, 3));
+}
+
+/// A `queued` event of `job_id`, appended as `Submit` appends it.
+async fn append_event_of(env: &Env, job_id: &str) {
+    env.stores
+        .events
+        .append(ecoscan_ingest::event::event(
+            job_id,
+            Stage::Queued,
+            EventStatus::Completed,
+            0.0,
+            "scan accepted",
+            None,
+        ))
+        .await
+        .unwrap();
+}
+
+async fn result_as(env: &Env, job_id: &str, user: &str) -> Result<ScanResult, Status> {
+    env.ingest
+        .clone()
+        .get_result(request_as(
+            GetResultRequest {
+                job_id: job_id.into(),
+            },
+            Duration::from_secs(10),
+            user,
+        ))
+        .await
+        .map(|r| r.into_inner().result.expect("a result"))
+}
+
+/// `GetResult` of a running job reads its row once and answers from it until the feed brings
+/// an item of the job. A row changed without one (as a process that died between the row and
+/// the log leaves it) is not seen until then: the row is read again once an event of the job
+/// has come, and only then.
+#[tokio::test]
+async fn a_running_jobs_result_is_its_row_as_read_until_an_event_of_the_job_comes() {
+    let env = start(None, |c| c.hub.pending.max_age = Duration::from_secs(3600)).await;
+    let job = insert_with_image(&env, "images/kept").await;
+    let other = insert_with_image(&env, "images/other").await;
+    let status = |r: ScanResult| JobStatus::try_from(r.status).unwrap();
+    assert_eq!(status(result_of(&env, &job.id).await), JobStatus::Queued);
+    assert_eq!(status(result_of(&env, &other.id).await), JobStatus::Queued);
+
+    for id in [&job.id, &other.id] {
+        env.stores.jobs.claim(id, Stage::Vision).await.unwrap();
+    }
+    assert_eq!(
+        status(result_of(&env, &job.id).await),
+        JobStatus::Queued,
+        "the row as it was read, no event of the job since"
+    );
+    // Another user asking for the kept row learns nothing of it.
+    let theirs = result_as(&env, &job.id, "u2").await.unwrap_err();
+    assert_eq!(theirs.code(), Code::NotFound);
+
+    append_event_of(&env, &other.id).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while status(result_of(&env, &other.id).await) != JobStatus::Running {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the event of the job never made its row be read again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The hub takes the feed in order: once the other job's event has been taken, this job,
+    // which had none, still answers from its kept row.
+    assert_eq!(status(result_of(&env, &job.id).await), JobStatus::Queued);
+    let running = result_of(&env, &other.id).await;
+    assert_eq!(running.stage, Stage::Vision as i32);
+}
+
+/// With `INGEST_PENDING_CACHE_MAX_AGE=0` every `GetResult` reads the row.
+#[tokio::test]
+async fn with_no_max_age_every_result_reads_the_row() {
+    let env = start(None, |c| c.hub.pending.max_age = Duration::ZERO).await;
+    let job = insert_with_image(&env, "images/unkept").await;
+    assert_eq!(
+        result_of(&env, &job.id).await.status,
+        JobStatus::Queued as i32
+    );
+    env.stores.jobs.claim(&job.id, Stage::Vision).await.unwrap();
+    assert_eq!(
+        result_of(&env, &job.id).await.status,
+        JobStatus::Running as i32
+    );
+}
+
+/// A client that polls the result while the scan runs, then sees the scan end on its stream
+/// and asks for the result at once, gets the finished one: the hub drops a job's kept row
+/// before its watchers see the event that changed it.
+#[tokio::test]
+async fn a_result_asked_for_after_the_watch_saw_the_end_is_the_finished_one() {
+    let mut stages = Stages::new(None);
+    stages.answer_delay = Duration::from_millis(300);
+    let env = Arc::new(
+        start_with(
+            stages,
+            |c| c.hub.pending.max_age = Duration::from_secs(3600),
+            |s| s,
+        )
+        .await,
+    );
+    for _ in 0..3 {
+        let job = submit_png(&env).await;
+        let poller = {
+            let (env, job) = (env.clone(), job.clone());
+            tokio::spawn(async move {
+                let mut stages = std::collections::BTreeSet::new();
+                loop {
+                    let r = result_of(&env, &job).await;
+                    stages.insert(r.stage);
+                    if r.status == JobStatus::Succeeded as i32 {
+                        return stages;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        };
+        let events = watch_all(&env, &job).await;
+        assert!(events.last().is_some_and(is_done));
+        let r = result_of(&env, &job).await;
+        assert_eq!(r.status, JobStatus::Succeeded as i32, "job {job}");
+        assert!(r.answer.is_some());
+        let seen = tokio::time::timeout(Duration::from_secs(30), poller)
+            .await
+            .expect("the poller sees the job finish")
+            .unwrap();
+        assert!(
+            seen.contains(&(Stage::Answer as i32)),
+            "the poller saw the job at the answer stage: {seen:?}"
+        );
+    }
 }
