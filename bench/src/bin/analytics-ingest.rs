@@ -10,6 +10,9 @@
 //! 2. the maximum sustained rate, closed loop: `RecordStream` (streams of many calls, acked
 //!    once after commit, as the services report) and unary `Record` with many calls in flight.
 //!
+//! On S3 the bodies go under a key prefix of the benchmark's own, deleted before each phase
+//! and at the end (not timed), so every run meets the same bucket (the rows stay).
+//!
 //! ```sh
 //! cargo run --release -p ecoscan-bench --bin analytics-ingest
 //! ```
@@ -140,7 +143,36 @@ async fn main() -> anyhow::Result<()> {
     if let Some(n) = args.batch_in_flight {
         config.batch_in_flight = n;
     }
-    let on_s3 = matches!(config.bodies, ecoscan_analytics::ObjectStoreConfig::S3(_));
+    // This run's bodies under a key prefix of its own, deleted before each measured phase and
+    // at the end: an S3 stand-in that holds every body in memory (moto) slows down as gigabytes
+    // pile up over the runs (60 s at 2,000/s is 1.2 GB of 10 KB bodies), which would make the
+    // later runs measure the stand-in rather than analytics. What S3 holds at the start of
+    // each run is the same, as with a real bucket whose size does not matter.
+    let bodies_written = match &mut config.bodies {
+        ecoscan_analytics::ObjectStoreConfig::S3(s3) => {
+            s3.key_prefix = format!("{}bench-{}/", s3.key_prefix, uuid::Uuid::new_v4().simple());
+            Some(s3.clone())
+        }
+        ecoscan_analytics::ObjectStoreConfig::Local(_) => None,
+    };
+    let clear_bodies = || async {
+        if let Some(s3) = &bodies_written {
+            let started = Instant::now();
+            match ecoscan_objects::S3ObjectStore::connect(s3.clone()).await {
+                Ok(store) => match store.delete_all().await {
+                    Ok(n) => eprintln!(
+                        "analytics-ingest: deleted the {n} body objects of the last phase in {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    ),
+                    Err(e) => eprintln!("analytics-ingest: failed to delete the bodies: {e}"),
+                },
+                Err(e) => {
+                    eprintln!("analytics-ingest: failed to reach S3 to delete the bodies: {e}")
+                }
+            }
+        }
+    };
+    let on_s3 = bodies_written.is_some();
     let on_postgres = config.database_url.starts_with("postgres");
     let stores = format!(
         "{} rows, bodies in {}",
@@ -168,6 +200,7 @@ async fn main() -> anyhow::Result<()> {
     let mut fixed = Run::default();
     let (mut p95s, mut p99s) = (Vec::new(), Vec::new());
     for n in 1..=args.runs {
+        clear_bodies().await;
         eprintln!(
             "analytics-ingest: fixed rate {}/s for {:?}, run {n} of {}",
             args.rate, args.rate_duration, args.runs
@@ -183,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
         }
         fixed.latencies.extend(run.latencies.into_values());
     }
+    clear_bodies().await;
     eprintln!(
         "analytics-ingest: RecordStream, {} streams × {} calls, {:?}",
         args.streams, args.stream_calls, args.max_duration
@@ -195,6 +229,7 @@ async fn main() -> anyhow::Result<()> {
         args.max_duration,
     )
     .await;
+    clear_bodies().await;
     eprintln!(
         "analytics-ingest: Record, {} in flight, {:?}",
         args.in_flight, args.max_duration
@@ -208,6 +243,7 @@ async fn main() -> anyhow::Result<()> {
     let commit_sum = scrape(&http, &metrics, "analytics_commit_duration_seconds_sum").await;
     shutdown.cancel();
     let _ = server.await;
+    clear_bodies().await;
 
     let mut fixed_lat = fixed.latencies;
     let p95 = fixed_lat.percentile(95.0);

@@ -129,3 +129,25 @@ async fn s3_object_store_keeps_prefixes_apart_and_creates_its_bucket_once() {
     b.delete("k").await.unwrap();
     a.delete_bucket().await.unwrap();
 }
+
+#[tokio::test]
+async fn s3_delete_all_removes_its_own_prefix_only() {
+    let bucket = format!("t-{}", uuid::Uuid::new_v4());
+    let a = connect_s3(s3_config(&bucket, "run/1/")).await;
+    let b = connect_s3(s3_config(&bucket, "run/2/")).await;
+    for key in ["x", "y/z", "y/w"] {
+        a.put(key, Bytes::from_static(b"a")).await.unwrap();
+    }
+    b.put("x", Bytes::from_static(b"b")).await.unwrap();
+    assert_eq!(a.delete_all().await.unwrap(), 3);
+    for key in ["x", "y/z", "y/w"] {
+        assert!(a.get(key).await.unwrap().is_none(), "{key} deleted");
+    }
+    assert_eq!(
+        b.get("x").await.unwrap().unwrap(),
+        "b",
+        "another prefix is kept"
+    );
+    assert_eq!(a.delete_all().await.unwrap(), 0, "nothing left to delete");
+    b.delete_bucket().await.unwrap();
+}

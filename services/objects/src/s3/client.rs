@@ -125,6 +125,20 @@ impl S3ObjectStore {
     /// Deletes every object under this store's key prefix and then the bucket itself (test
     /// teardown; fails when other objects remain in the bucket).
     pub async fn delete_bucket(&self) -> Result<(), ObjectError> {
+        self.delete_all().await?;
+        self.client
+            .delete_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map_err(s3_err)?;
+        Ok(())
+    }
+
+    /// Deletes every object under this store's key prefix (tests and benchmarks cleaning up
+    /// after themselves); how many.
+    pub async fn delete_all(&self) -> Result<usize, ObjectError> {
+        let mut deleted = 0;
         let mut token = None;
         loop {
             let page = self
@@ -139,6 +153,7 @@ impl S3ObjectStore {
             for object in page.contents() {
                 if let Some(key) = object.key() {
                     self.delete_full_key(key).await?;
+                    deleted += 1;
                 }
             }
             token = page.next_continuation_token().map(str::to_owned);
@@ -146,13 +161,7 @@ impl S3ObjectStore {
                 break;
             }
         }
-        self.client
-            .delete_bucket()
-            .bucket(&self.bucket)
-            .send()
-            .await
-            .map_err(s3_err)?;
-        Ok(())
+        Ok(deleted)
     }
 }
 
