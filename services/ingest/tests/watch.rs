@@ -14,8 +14,8 @@ use ecoscan_ingest::{
     store::{EventId, MemoryEventLog},
 };
 use ecoscan_proto::v1::{
-    EventStatus, GetResultRequest, JobStatus, ResyncReason, ScanEvent, ScanResult, Stage,
-    WatchRequest, scan_event::Payload,
+    EventStatus, JobStatus, ResyncReason, ScanEvent, ScanResult, Stage, WatchRequest,
+    scan_event::Payload,
 };
 use support::*;
 use tokio_stream::StreamExt;
@@ -539,20 +539,6 @@ async fn append_event_of(env: &Env, job_id: &str) {
         ))
         .await
         .unwrap();
-}
-
-async fn result_as(env: &Env, job_id: &str, user: &str) -> Result<ScanResult, Status> {
-    env.ingest
-        .clone()
-        .get_result(request_as(
-            GetResultRequest {
-                job_id: job_id.into(),
-            },
-            Duration::from_secs(10),
-            user,
-        ))
-        .await
-        .map(|r| r.into_inner().result.expect("a result"))
 }
 
 /// `GetResult` of a running job reads its row once and answers from it until the feed brings

@@ -363,6 +363,13 @@ pub async fn submit_png(env: &Env) -> String {
 
 /// The job's result as `u1` reads it over `GetResult`.
 pub async fn result_of(env: &Env, job_id: &str) -> ScanResult {
+    result_as(env, job_id, "u1")
+        .await
+        .expect("GetResult answers")
+}
+
+/// The job's result as `user` reads it over `GetResult`, or the status it gets.
+pub async fn result_as(env: &Env, job_id: &str, user: &str) -> Result<ScanResult, Status> {
     env.ingest
         .clone()
         .get_result(request_as(
@@ -370,13 +377,10 @@ pub async fn result_of(env: &Env, job_id: &str) -> ScanResult {
                 job_id: job_id.into(),
             },
             Duration::from_secs(10),
-            "u1",
+            user,
         ))
         .await
-        .expect("GetResult answers")
-        .into_inner()
-        .result
-        .expect("a result")
+        .map(|r| r.into_inner().result.expect("a result"))
 }
 
 pub async fn watch_all(env: &Env, job_id: &str) -> Vec<ScanEvent> {
