@@ -93,11 +93,23 @@ else
         hash -r
     fi
     pidfile="$STATE_DIR/moto.pid"
-    if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        say "moto (pid $(cat "$pidfile")) is starting"
-    else
+    start_moto() {
         nohup moto_server -H 127.0.0.1 -p "$S3_PORT" >"$STATE_DIR/moto.log" 2>&1 &
         echo $! >"$pidfile"
+    }
+    # The moto an earlier run started, if its process still runs.
+    ours() { [ -f "$pidfile" ] && ps -p "$(cat "$pidfile")" -o args= 2>/dev/null | grep -q moto; }
+    if ours; then
+        say "moto (pid $(cat "$pidfile")) is starting"
+        # ...or stopping (someone killed it a moment ago): once it is gone without having
+        # opened the port, start another.
+        for ((i = 0; i < 600; i++)); do
+            port_open "$S3_PORT" && break
+            ours || { start_moto; break; }
+            sleep 0.1
+        done
+    else
+        start_moto
     fi
     wait_port "$S3_PORT" 60 || { say "moto did not start; see $STATE_DIR/moto.log" >&2; exit 1; }
     say "started moto (S3) on 127.0.0.1:$S3_PORT (pid $(cat "$pidfile"), log $STATE_DIR/moto.log)"
