@@ -2,7 +2,8 @@
 //! process's hub.
 
 use std::{
-    collections::HashMap,
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -116,6 +117,9 @@ pub trait EventLog: Send + Sync + 'static {
 /// ends.
 pub struct MemoryEventLog {
     inner: Mutex<HashMap<String, JobLog>>,
+    /// When each log given an expiry may go, soonest first (taken after `inner`): each
+    /// `expire` removes the logs whose time has come without walking every log kept.
+    expiries: Mutex<BinaryHeap<Reverse<(Instant, String)>>>,
     feed: broadcast::Sender<ScanEvent>,
     max_len: usize,
 }
@@ -159,6 +163,7 @@ impl MemoryEventLog {
         let (feed, _) = broadcast::channel(capacity.max(1));
         Self {
             inner: Mutex::new(HashMap::new()),
+            expiries: Mutex::default(),
             feed,
             max_len: max_len.max(1),
         }
@@ -208,9 +213,25 @@ impl MemoryEventLog {
         Ok(Some(event))
     }
 
-    fn sweep(map: &mut HashMap<String, JobLog>) {
+    /// Drops the logs whose expiry has come. A log given a later expiry since its entry was
+    /// queued (expired again) stays until that one.
+    fn sweep(&self, map: &mut HashMap<String, JobLog>) {
         let now = Instant::now();
-        map.retain(|_, log| log.expires_at.is_none_or(|t| t > now));
+        let mut expiries = self.expiries.lock().expect("event log lock poisoned");
+        while let Some(Reverse((at, _))) = expiries.peek()
+            && *at <= now
+        {
+            let Some(Reverse((_, job_id))) = expiries.pop() else {
+                break;
+            };
+            if map
+                .get(&job_id)
+                .and_then(|log| log.expires_at)
+                .is_some_and(|t| t <= now)
+            {
+                map.remove(&job_id);
+            }
+        }
     }
 }
 
@@ -299,9 +320,14 @@ impl EventLog for MemoryEventLog {
     async fn expire(&self, job_id: &str, ttl: Duration) -> Result<(), StoreError> {
         let mut map = self.inner.lock().expect("event log lock poisoned");
         if let Some(log) = map.get_mut(job_id) {
-            log.expires_at = Some(Instant::now() + ttl);
+            let at = Instant::now() + ttl;
+            log.expires_at = Some(at);
+            self.expiries
+                .lock()
+                .expect("event log lock poisoned")
+                .push(Reverse((at, job_id.to_owned())));
         }
-        Self::sweep(&mut map);
+        self.sweep(&mut map);
         Ok(())
     }
 }
@@ -327,5 +353,55 @@ impl Feed for MemoryFeed {
                 Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(job: &str) -> ScanEvent {
+        ScanEvent {
+            job_id: job.into(),
+            ..Default::default()
+        }
+    }
+
+    async fn kept(log: &MemoryEventLog, job: &str) -> bool {
+        !log.read_after(job, None).await.unwrap().is_empty()
+    }
+
+    /// Expiries given in any order go when their time comes, each `expire` dropping only those
+    /// due; a log given a later expiry since keeps until that one.
+    #[tokio::test]
+    async fn logs_go_when_their_own_expiry_comes_whatever_the_order() {
+        let log = MemoryEventLog::new(100);
+        for job in ["late", "soon", "again"] {
+            log.append(queued(job)).await.unwrap();
+        }
+        log.expire("late", Duration::from_secs(3600)).await.unwrap();
+        log.expire("again", Duration::from_millis(20))
+            .await
+            .unwrap();
+        log.expire("soon", Duration::from_millis(20)).await.unwrap();
+        // Expired again, later, before its first expiry came.
+        log.expire("again", Duration::from_secs(3600))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(
+            kept(&log, "soon").await,
+            "nothing sweeps before an `expire`"
+        );
+        // Any later `expire` sweeps what is due.
+        log.expire("late", Duration::from_secs(3600)).await.unwrap();
+        assert!(!kept(&log, "soon").await, "due: gone");
+        assert!(kept(&log, "late").await, "not due: kept");
+        assert!(kept(&log, "again").await, "expired again, later: kept");
+        assert_eq!(
+            log.expiries.lock().unwrap().len(),
+            3,
+            "only the entries still to come are queued"
+        );
     }
 }
