@@ -322,25 +322,26 @@ mod tests {
 
     #[test]
     fn entries_are_used_for_at_most_max_age() {
-        let c = cache(Duration::from_millis(30), 10);
+        // Ages far above a busy machine's scheduling delays, so "still fresh" holds there too.
+        let c = cache(Duration::from_millis(500), 10);
         c.fill(
             reserve(&c, "a"),
             Some(&job("a", JobStatus::Running, Stage::Vision)),
         );
         assert!(hit(&c, "a").is_some());
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(600));
         // Past its age the entry is read again: a new reservation.
         c.fill(reserve(&c, "a"), None);
         // A reservation whose read never filled it (the call was cancelled) frees itself too.
         let _abandoned = reserve(&c, "b");
         assert!(hit_only(&c, "b").is_none());
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(600));
         let _ = reserve(&c, "b");
     }
 
     #[test]
     fn capacity_bounds_the_entries_and_expired_ones_make_room() {
-        let c = cache(Duration::from_millis(30), 2);
+        let c = cache(Duration::from_millis(500), 2);
         for id in ["a", "b"] {
             c.fill(
                 reserve(&c, id),
@@ -352,7 +353,7 @@ mod tests {
             "full: read, keep nothing"
         );
         assert!(hit(&c, "a").is_some(), "what is kept stays");
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(600));
         c.fill(
             reserve(&c, "c"),
             Some(&job("c", JobStatus::Running, Stage::Vision)),

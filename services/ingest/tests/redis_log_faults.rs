@@ -26,7 +26,7 @@ use ecoscan_redis::{
     testing::{PrivateCluster, PrivateRedis},
 };
 use futures::{Stream, StreamExt as _};
-use support::new_job;
+use support::{eventually, new_job};
 use tonic::Status;
 
 type Watch = Pin<Box<dyn Stream<Item = Result<Watched, Status>> + Send>>;
@@ -423,14 +423,6 @@ fn keep(hub: &Hub, job: &Job) {
     assert!(kept(hub, &job.id));
 }
 
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "{what} within 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The rows `GetResult` keeps for running jobs go as the Redis feed brings an event of their
 /// job, and all of them when the feed's connection is renewed (Pub/Sub dropped whatever was
 /// published meanwhile, so any kept row may be old).
@@ -450,7 +442,10 @@ async fn kept_rows_go_with_their_jobs_events_and_all_of_them_when_the_feed_recon
         .append(setup.ev(Stage::Queued, "queued"))
         .await
         .unwrap();
-    until("the feed subscribed", || !kept(hub, &setup.job.id)).await;
+    eventually(Duration::from_secs(30), "the feed subscribed", async || {
+        !kept(hub, &setup.job.id)
+    })
+    .await;
 
     keep(hub, &setup.job);
     keep(hub, &other);
@@ -458,9 +453,11 @@ async fn kept_rows_go_with_their_jobs_events_and_all_of_them_when_the_feed_recon
         .append(setup.ev(Stage::Vision, "started"))
         .await
         .unwrap();
-    until("the job's event drops its row", || {
-        !kept(hub, &setup.job.id)
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the job's event drops its row",
+        async || !kept(hub, &setup.job.id),
+    )
     .await;
     assert!(kept(hub, &other.id), "an event of another job leaves a row");
 
@@ -468,9 +465,11 @@ async fn kept_rows_go_with_their_jobs_events_and_all_of_them_when_the_feed_recon
     setup
         .command(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"))
         .await;
-    until("the renewed feed forgets every row", || {
-        !kept(hub, &setup.job.id) && !kept(hub, &other.id)
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the renewed feed forgets every row",
+        async || !kept(hub, &setup.job.id) && !kept(hub, &other.id),
+    )
     .await;
     // Kept again, and dropped by the job's next event as before: the renewed feed carries it.
     keep(hub, &other);
@@ -481,5 +480,10 @@ async fn kept_rows_go_with_their_jobs_events_and_all_of_them_when_the_feed_recon
         })
         .await
         .unwrap();
-    until("the renewed feed drops a row", || !kept(hub, &other.id)).await;
+    eventually(
+        Duration::from_secs(30),
+        "the renewed feed drops a row",
+        async || !kept(hub, &other.id),
+    )
+    .await;
 }

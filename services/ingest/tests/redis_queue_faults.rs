@@ -19,18 +19,6 @@ type Ingest = ecoscan_proto::v1::scan_service_client::ScanServiceClient<
     ecoscan_common::client::TracedChannel,
 >;
 
-/// Polls `check` every 100 ms until it holds, for at most `within`; panics with `what`.
-async fn eventually<F: AsyncFn() -> bool>(within: Duration, what: &str, check: F) {
-    let deadline = tokio::time::Instant::now() + within;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} (waited {within:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// [`eventually`] for the rows of all of `jobs` at once: until `check` holds for every one.
 async fn eventually_every_job(
     env: &Env,

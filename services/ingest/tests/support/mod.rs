@@ -317,6 +317,18 @@ pub async fn start_with(
     }
 }
 
+/// Polls `check` every 100 ms until it holds, for at most `within`; panics with `what`.
+pub async fn eventually<F: AsyncFn() -> bool>(within: Duration, what: &str, check: F) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} (waited {within:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A new job of `u1` for the image under `image_key` (a fresh id, the rest plain).
 pub fn new_job(image_key: &str) -> NewJob {
     NewJob {
