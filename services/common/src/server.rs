@@ -14,7 +14,6 @@ use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{
-    local::Conn,
     metrics::{CONTENT_TYPE, Metrics, RpcMetrics, RpcMetricsLayer},
     tls::{
         TlsConfig,
@@ -174,12 +173,8 @@ pub async fn serve_with_tls(
     );
 
     let require_client_cert = tls.as_ref().is_some_and(TlsConfig::is_mutual);
-    let router = Server::builder()
-        // `GET /metrics` is plain HTTP/1.1 (Prometheus does not speak HTTP/2 without TLS).
-        .accept_http1(true)
-        // Detect dead peers on idle connections (watch streams can be quiet for a long time).
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+    // The layers every call passes, over a connection or from this process ([`crate::local`]).
+    let layers = tower::ServiceBuilder::new()
         // One span per RPC, child of the caller's trace context; health checks are not traced.
         .layer(
             TraceLayer::new_for_grpc()
@@ -198,23 +193,46 @@ pub async fn serve_with_tls(
             required: require_client_cert,
         })
         // The acting user comes from a verified assertion or nowhere (and the span records it).
-        .layer(crate::assertion::IdentityLayer)
-        .add_routes(routes)
+        .layer(crate::assertion::IdentityLayer);
+    let routes = routes
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
+    let router = Server::builder()
+        // `GET /metrics` is plain HTTP/1.1 (Prometheus does not speak HTTP/2 without TLS).
+        .accept_http1(true)
+        // Detect dead peers on idle connections (watch streams can be quiet for a long time).
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .layer(layers.clone())
+        .add_routes(routes.clone());
+    let addr = listener.local_addr()?;
     match tls {
         None => {
-            // Callers in this process (`ecoscan up`) connect in memory when the suite offered
-            // this address ([`crate::local`]); everyone else over TCP.
-            let local = crate::local::accept(listener.local_addr()?);
-            router
-                .serve_with_incoming_shutdown(incoming(listener, local), on_shutdown)
-                .await?
+            // Callers in this process (`ecoscan up`) call the same stack directly when the suite
+            // offered this address ([`crate::local`]), with the error recovery tonic's server
+            // puts around it; everyone else connects over TCP.
+            let local = crate::local::publish(
+                addr,
+                crate::local::boxed(
+                    tower::ServiceBuilder::new()
+                        .layer(tonic::service::RecoverErrorLayer::new())
+                        .layer(layers)
+                        .service(routes),
+                ),
+            );
+            // Draining starts both sides at once: no new in-process call once the listener
+            // stops, and the calls in flight finish, like the connections' open streams.
+            let (on_shutdown, local_done) = drain_local(on_shutdown, local);
+            let (served, ()) = tokio::join!(
+                router.serve_with_incoming_shutdown(incoming(listener), on_shutdown),
+                local_done,
+            );
+            served?;
         }
         Some(tls) => {
             // TLS on every call, in-process callers included.
-            crate::local::withdraw(listener.local_addr()?);
+            crate::local::withdraw(addr);
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
             router
                 .serve_with_incoming_shutdown(tls_incoming(listener, acceptor), on_shutdown)
@@ -273,27 +291,43 @@ fn reflection(service_names: &[&str]) -> tonic_reflection::server::Builder<'stat
     builder
 }
 
-/// Accepted connections: TCP ones with `TCP_NODELAY` (without it, small replies wait for
-/// delayed ACKs and every unary call takes ~40 ms longer), and the in-process ones of `local`.
+/// The server's shutdown signal, and the in-process side's drain that begins with it: once
+/// `on_shutdown` fires, `local` takes no new call, and the second future ends when the calls in
+/// flight have.
+fn drain_local(
+    on_shutdown: impl Future<Output = ()> + Send + 'static,
+    local: Option<crate::local::Published>,
+) -> (
+    impl Future<Output = ()> + Send + 'static,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (begun, begins) = tokio::sync::oneshot::channel::<()>();
+    let on_shutdown = async move {
+        on_shutdown.await;
+        let _ = begun.send(());
+    };
+    let local_done = async move {
+        let Some(local) = local else { return };
+        // Whether the signal came or the server stopped without it (an error), drain.
+        let _ = begins.await;
+        local.drain().await;
+    };
+    (on_shutdown, local_done)
+}
+
+/// Accepted connections, with `TCP_NODELAY` (without it, small replies wait for delayed ACKs
+/// and every unary call takes ~40 ms longer).
 fn incoming(
     listener: TcpListener,
-    local: Option<crate::local::Accepted>,
-) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>> {
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
     use tokio_stream::StreamExt;
-    let tcp = TcpListenerStream::new(listener).map(|conn| {
+    TcpListenerStream::new(listener).map(|conn| {
         let conn = conn?;
         if let Err(e) = conn.set_nodelay(true) {
             tracing::debug!(error = %e, "failed to set TCP_NODELAY");
         }
-        Ok(Conn::Tcp(conn))
-    });
-    // Ends at once when nothing was offered; dropped (withdrawing the address) when the server
-    // stops accepting.
-    let local = futures::stream::unfold(local, |mut local| async move {
-        let conn = local.as_mut()?.next().await?;
-        Some((Ok(Conn::Local(conn)), local))
-    });
-    tcp.merge(local)
+        Ok(conn)
+    })
 }
 
 fn rpc_span<B>(req: &http::Request<B>) -> Span {
@@ -308,7 +342,10 @@ fn rpc_span<B>(req: &http::Request<B>) -> Span {
         .trim_start_matches('/')
         .split_once('/')
         .unwrap_or((path, ""));
+    // A root for `tracing` (its parent is the caller's trace context below): a call from this
+    // process runs inside the caller's task ([`crate::local`]), whose span is not its parent.
     let span = tracing::info_span!(
+        parent: None,
         "rpc",
         otel.name = %path.trim_start_matches('/'),
         otel.kind = "server",
@@ -375,7 +412,15 @@ fn on_eos(trailers: Option<&http::HeaderMap>, _latency: Duration, span: &Span) {
 /// enforces it only until the response headers; a server stream uses it to bound its whole
 /// life (with a maximum of its own).
 pub fn call_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
-    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    timeout_value(metadata.get("grpc-timeout")?.to_str().ok()?)
+}
+
+/// [`call_timeout`] from a request's HTTP headers.
+pub(crate) fn grpc_timeout(headers: &http::HeaderMap) -> Option<std::time::Duration> {
+    timeout_value(headers.get("grpc-timeout")?.to_str().ok()?)
+}
+
+fn timeout_value(value: &str) -> Option<std::time::Duration> {
     // At most 8 digits and one unit letter, by the gRPC spec.
     if value.len() < 2 || value.len() > 9 {
         return None;

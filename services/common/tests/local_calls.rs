@@ -17,11 +17,15 @@ use tonic_health::pb::{
 };
 
 async fn server(offered: bool) -> Spawned {
+    server_of(offered, Routes::default).await
+}
+
+async fn server_of(offered: bool, routes: fn() -> Routes) -> Spawned {
     let spawned = spawn(move |listener, shutdown| async move {
         if offered {
             local::offer(listener.local_addr()?);
         }
-        ecoscan_common::server::serve(Routes::default(), &[], listener, shutdown).await
+        ecoscan_common::server::serve(routes(), &[], listener, shutdown).await
     })
     .await;
     // The server task offers before serving; wait until it has (the test's own ordering, not a
@@ -156,4 +160,65 @@ async fn a_bidirectional_stream_crosses_the_pipe() {
     assert!(bytes > 0);
     assert_eq!(established_tcp(server.addr.port()), 0);
     server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_in_process_call_keeps_its_deadline_and_a_stopping_server_waits_for_its_calls() {
+    use tower::{Service as _, ServiceExt as _};
+    // A method that answers after 2 s: a call with a 100 ms deadline is cut off as over HTTP/2
+    // (tonic's `Cancelled`, "Timeout expired"), one without finishes even while the server is
+    // asked to stop, as an open stream of a draining connection does.
+    static STARTED: std::sync::LazyLock<tokio::sync::Notify> =
+        std::sync::LazyLock::new(tokio::sync::Notify::new);
+    async fn answer_in_2s() -> ([(&'static str, &'static str); 1], &'static str) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        ([("grpc-status", "0")], "")
+    }
+    fn slow() -> Routes {
+        Routes::from(
+            axum::Router::new()
+                .route("/test.Slow/Cut", axum::routing::post(answer_in_2s))
+                .route(
+                    "/test.Slow/Call",
+                    axum::routing::post(|| async {
+                        STARTED.notify_one();
+                        answer_in_2s().await
+                    }),
+                ),
+        )
+    }
+    let server = server_of(true, slow).await;
+    let channel = channel_with(&server.uri(), None, &Balancing::from_env().unwrap()).unwrap();
+    let call = |path: &'static str, deadline: Option<&'static str>| {
+        let mut channel = channel.clone();
+        async move {
+            let mut req = http::Request::post(path)
+                .header("content-type", "application/grpc")
+                .body(tonic::body::Body::empty())
+                .unwrap();
+            if let Some(d) = deadline {
+                req.headers_mut()
+                    .insert("grpc-timeout", http::HeaderValue::from_static(d));
+            }
+            channel.ready().await?.call(req).await
+        }
+    };
+    let err = call("/test.Slow/Cut", Some("100m")).await.unwrap_err();
+    let status = tonic::Status::from_error(err);
+    assert_eq!(status.code(), Code::Cancelled, "{status:?}");
+
+    let unbounded = tokio::spawn(call("/test.Slow/Call", None));
+    // Once the call is in the server's hands, stop the server: the call still gets its answer.
+    STARTED.notified().await;
+    let addr = server.addr;
+    server.stop().await.unwrap();
+    // The test's runtime has one thread: the call ended in the same poll that let the server stop.
+    assert!(
+        unbounded.is_finished(),
+        "the server stopped before its call in flight ended"
+    );
+    let answer = unbounded.await.unwrap().expect("a call in flight finishes");
+    assert_eq!(answer.status(), http::StatusCode::OK);
+    assert!(!local::is_offered(addr));
+    assert_eq!(established_tcp(addr.port()), 0);
 }

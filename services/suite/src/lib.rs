@@ -1,7 +1,7 @@
 //! `ecoscan up`: every service and the gateway in one process, on the embedded stores, each on
 //! its own loopback port and talking real gRPC to the others as they do when deployed apart,
-//! though over in-memory pipes rather than loopback sockets among themselves
-//! ([`ecoscan_common::local`]). This crate is the one place that wires all the services
+//! though among themselves a call goes straight into the called server's service stack rather
+//! than over HTTP/2 on a loopback socket ([`ecoscan_common::local`]). This crate is the one place that wires all the services
 //! together.
 
 use std::{
@@ -247,7 +247,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     };
 
     // The services call each other in memory ([`ecoscan_common::local`]): same gRPC, same
-    // server stack, no loopback socket between them. Offered before any client is made; their
+    // server stack, no HTTP/2 and no loopback socket between them. Offered before any client is made; their
     // TCP ports stay open for grpcurl and for callers outside this process.
     for (_, addr) in addrs.services() {
         ecoscan_common::local::offer(addr);

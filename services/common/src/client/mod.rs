@@ -20,7 +20,59 @@ use self::{balance::Balancing, dial::configure};
 use crate::tls::TlsConfig;
 
 /// A channel that carries the caller's trace context on every call.
-pub type TracedChannel = InterceptedService<Channel, TraceContext>;
+pub type TracedChannel = InterceptedService<Transport, TraceContext>;
+
+/// How a channel's calls travel: HTTP/2 over a connection (TCP or TLS, balanced over replicas),
+/// or, to a server of this very process, straight into its service stack ([`crate::local`]).
+#[derive(Clone, Debug)]
+pub struct Transport(Route);
+
+#[derive(Clone, Debug)]
+enum Route {
+    Remote(Channel),
+    Local(crate::local::LocalClient),
+}
+
+impl From<Channel> for Transport {
+    fn from(channel: Channel) -> Self {
+        Self(Route::Remote(channel))
+    }
+}
+
+type RemoteFuture = futures::future::MapErr<
+    tonic::transport::channel::ResponseFuture,
+    fn(tonic::transport::Error) -> tower::BoxError,
+>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for Transport {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = tower::BoxError;
+    type Future = futures::future::Either<
+        RemoteFuture,
+        futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        match &mut self.0 {
+            Route::Remote(channel) => channel.poll_ready(cx).map_err(Into::into),
+            // Always ready: a call waits for its server (or is refused) when it is made.
+            Route::Local(_) => std::task::Poll::Ready(Ok(())),
+        }
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        use futures::FutureExt as _;
+        match &mut self.0 {
+            Route::Remote(channel) => futures::future::Either::Left(
+                futures::TryFutureExt::map_err(channel.call(req), Into::into as fn(_) -> _),
+            ),
+            Route::Local(local) => futures::future::Either::Right(local.clone().call(req).boxed()),
+        }
+    }
+}
 
 /// Injects the current span's W3C trace context (and baggage) into outgoing metadata, and turns
 /// the acting user (`x-user-id`, `x-user-roles`) into a signed assertion for the service called
@@ -89,22 +141,20 @@ pub fn channel_with(
     balancing: &Balancing,
 ) -> anyhow::Result<TracedChannel> {
     let targets = balance::parse_targets(uri, tls.is_some())?;
-    let channel = if let Some(uri) = balance::Target::single_address(&targets) {
-        let endpoint = configure(Endpoint::from(uri.clone()), tls, None)?;
-        match balance::Target::single_socket_addr(&targets) {
-            // A server of this very process (`ecoscan up`): an in-memory pipe, no socket.
-            Some(addr) if tls.is_none() && crate::local::is_offered(addr) => endpoint
-                .connect_with_connector_lazy(tower::service_fn(move |_: http::Uri| {
-                    std::future::ready(
-                        crate::local::connect(addr).map(hyper_util::rt::TokioIo::new),
-                    )
-                })),
-            _ => endpoint.connect_lazy(),
-        }
+    // A server of this very process (`ecoscan up`): its service stack, no connection.
+    let local = balance::Target::single_socket_addr(&targets)
+        .filter(|_| tls.is_none())
+        .and_then(crate::local::client);
+    let transport = if let Some(local) = local {
+        Transport(Route::Local(local))
+    } else if let Some(uri) = balance::Target::single_address(&targets) {
+        configure(Endpoint::from(uri.clone()), tls, None)?
+            .connect_lazy()
+            .into()
     } else {
-        balance::channel(targets, tls, balancing)
+        balance::channel(targets, tls, balancing).into()
     };
-    Ok(InterceptedService::new(channel, TraceContext))
+    Ok(InterceptedService::new(transport, TraceContext))
 }
 
 /// The endpoint of one URL (no balancing), for callers that connect it themselves.
