@@ -26,17 +26,35 @@ impl LocalObjectStore {
     }
 }
 
+/// Writes `body` to a temporary name beside `path` and renames it there, so a reader never sees
+/// half an object; makes the parent directories when they are missing.
+fn write_atomically(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", uuid::Uuid::new_v4()));
+    let written = match std::fs::write(&tmp, body) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => path
+            .parent()
+            .map_or(Err(e), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&tmp, body)),
+        written => written,
+    };
+    // A failed write or rename leaves no temporary file behind.
+    written
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+}
+
 #[async_trait]
 impl ObjectStore for LocalObjectStore {
     async fn put(&self, key: &str, body: Bytes) -> Result<(), ObjectError> {
         let path = self.path(key)?;
-        if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent).await?;
-        }
-        // Write to a temporary name and rename, so a reader never sees half an object.
-        let tmp = path.with_extension(format!("tmp-{}", uuid::Uuid::new_v4()));
-        tokio::fs::write(&tmp, &body).await?;
-        tokio::fs::rename(&tmp, &path).await?;
+        // One trip to the blocking pool for the whole put (each `tokio::fs` call is one), and
+        // the directory is made only when the write finds it missing: an object store writes
+        // into the same few hundred directories over and over.
+        tokio::task::spawn_blocking(move || write_atomically(&path, &body))
+            .await
+            .map_err(std::io::Error::other)??;
         Ok(())
     }
 

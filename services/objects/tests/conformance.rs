@@ -151,3 +151,53 @@ async fn s3_delete_all_removes_its_own_prefix_only() {
     assert_eq!(a.delete_all().await.unwrap(), 0, "nothing left to delete");
     b.delete_bucket().await.unwrap();
 }
+
+#[tokio::test]
+async fn local_puts_make_missing_directories_again_and_leave_no_temporary_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects = LocalObjectStore::open(dir.path()).await.unwrap();
+    objects
+        .put("images/ab/one", Bytes::from_static(b"1"))
+        .await
+        .unwrap();
+    // Someone removed a directory the store had made: the next put there makes it again.
+    std::fs::remove_dir_all(dir.path().join("images")).unwrap();
+    objects
+        .put("images/ab/two", Bytes::from_static(b"2"))
+        .await
+        .unwrap();
+    objects
+        .put("images/cd/ef/three", Bytes::from_static(b"3"))
+        .await
+        .unwrap();
+    assert_eq!(
+        objects.get("images/ab/two").await.unwrap().unwrap(),
+        Bytes::from_static(b"2")
+    );
+    // A put whose rename fails (a directory where the object goes) fails and leaves nothing.
+    std::fs::create_dir_all(dir.path().join("images/ab/dir/inside")).unwrap();
+    assert!(
+        objects
+            .put("images/ab/dir", Bytes::from_static(b"x"))
+            .await
+            .is_err()
+    );
+    let mut names = Vec::new();
+    let mut stack = vec![dir.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                names.push(path.strip_prefix(dir.path()).unwrap().to_owned());
+            }
+        }
+    }
+    names.sort();
+    assert_eq!(
+        names,
+        ["images/ab/two", "images/cd/ef/three"].map(std::path::PathBuf::from),
+        "only the objects, no temporary file"
+    );
+}
