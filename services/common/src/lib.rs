@@ -8,6 +8,7 @@ pub mod binary;
 pub mod client;
 pub mod codes;
 pub mod config;
+mod deadline;
 pub mod identity;
 pub mod image;
 pub mod local;

@@ -207,7 +207,7 @@ impl LocalClient {
         // What the server sees of the connection is what an HTTP/2 server would give it: no
         // extension of the caller's (tonic's client keeps its own there), the connection's
         // info (no peer address: the peer is this process).
-        let deadline = crate::server::grpc_timeout(req.headers());
+        let deadline = crate::deadline::grpc_timeout(req.headers());
         *req.extensions_mut() = http::Extensions::new();
         req.extensions_mut().insert(TcpConnectInfo {
             local_addr: None,

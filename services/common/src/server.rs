@@ -412,31 +412,7 @@ fn on_eos(trailers: Option<&http::HeaderMap>, _latency: Duration, span: &Span) {
 /// enforces it only until the response headers; a server stream uses it to bound its whole
 /// life (with a maximum of its own).
 pub fn call_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
-    timeout_value(metadata.get("grpc-timeout")?.to_str().ok()?)
-}
-
-/// [`call_timeout`] from a request's HTTP headers.
-pub(crate) fn grpc_timeout(headers: &http::HeaderMap) -> Option<std::time::Duration> {
-    timeout_value(headers.get("grpc-timeout")?.to_str().ok()?)
-}
-
-fn timeout_value(value: &str) -> Option<std::time::Duration> {
-    // At most 8 digits and one unit letter, by the gRPC spec.
-    if value.len() < 2 || value.len() > 9 {
-        return None;
-    }
-    let (digits, unit) = value.split_at(value.len() - 1);
-    let n: u64 = digits.parse().ok()?;
-    use std::time::Duration;
-    Some(match unit {
-        "H" => Duration::from_secs(n.checked_mul(3600)?),
-        "M" => Duration::from_secs(n.checked_mul(60)?),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
+    crate::deadline::grpc_timeout(metadata.as_ref())
 }
 
 #[cfg(test)]
