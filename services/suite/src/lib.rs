@@ -10,6 +10,7 @@ use std::{
 };
 
 pub mod cli;
+pub mod command;
 pub mod jobs;
 mod serve;
 pub mod tokens;
