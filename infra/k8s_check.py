@@ -261,9 +261,10 @@ def read_code(repo: Path = REPO) -> CodeFacts:
                          "shape, update read_code() in infra/k8s_check.py")
 
     facts_services, addr_var, default_port, reads = [], {}, {}, {}
-    # What the `ecoscan` binary itself reads on the `serve` path (serve_one and main.rs's
-    # `serve`); the rest of the crate (clap's ECOSCAN_* flags, SuiteConfig) is `ecoscan up`.
-    main_rs = (repo / "services/suite/src/main.rs").read_text()
+    # What the `ecoscan` binary itself reads on the `serve` path (serve_one and the command
+    # line's `serve`, in command.rs: main.rs only calls it); the rest of the crate (clap's
+    # ECOSCAN_* flags, SuiteConfig) is `ecoscan up`.
+    main_rs = (repo / "services/suite/src/command.rs").read_text()
     binary = _vars_in_texts([serve_one, _fn_body(main_rs, "serve")], [suite, main_rs])
     for variant, svc in names.items():
         facts_services.append(svc)
@@ -289,7 +290,7 @@ def read_code(repo: Path = REPO) -> CodeFacts:
         where_read=where_read,
         dispatch_stream=stream.group(1), dispatch_group=group.group(1), has_migrate=has_migrate)
     if not has_migrate:
-        facts.notes.append("`ecoscan migrate` is not in services/suite/src/main.rs yet; the "
+        facts.notes.append("`ecoscan migrate` is not in services/suite/src/command.rs yet; the "
                            "migration init container's command is accepted as announced")
     facts.db_services = sorted(s for s in facts_services
                                if (repo / "services" / s / "migrations").is_dir())
