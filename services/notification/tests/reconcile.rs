@@ -33,8 +33,8 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// No periodic sweep within a test: what gets delivered was put back by a kick (an add that
 /// failed, the subscription coming back) or by a retried `Schedule`.
 const NO_PERIODIC_SWEEP: Duration = Duration::from_secs(3_600);
-/// The due set of the empty key prefix.
-const DUE_KEY: &str = "{notif}:due";
+/// The index of waiting segments of the empty key prefix (each segment a sorted set of its own).
+const WAITING_KEY: &str = "{notif}:waiting";
 
 type Client = NotificationServiceClient<ecoscan_common::client::TracedChannel>;
 
@@ -85,13 +85,19 @@ impl Backends {
             .unwrap()
     }
 
-    /// Entries waiting in the due set.
+    /// Entries waiting: the members of every segment the waiting index lists.
     async fn due_len(&self) -> usize {
-        redis::cmd("ZCARD")
-            .arg(DUE_KEY)
-            .query_async(&mut self.redis().await)
-            .await
-            .unwrap()
+        redis::Script::new(
+            "local n = 0 \
+             for _, seg in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do \
+               n = n + redis.call('ZCARD', seg) \
+             end \
+             return n",
+        )
+        .key(WAITING_KEY)
+        .invoke_async(&mut self.redis().await)
+        .await
+        .unwrap()
     }
 
     /// `FLUSHALL` on this test's own Redis.

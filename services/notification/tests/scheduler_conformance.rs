@@ -36,22 +36,34 @@ async fn an_unacknowledged_claim_comes_back_after_its_lease<S: Scheduler>(a: Arc
     assert!(a.claim_due(1_000_000, 10, lease).await.unwrap().is_empty());
 }
 
-async fn a_batch_ack_forgets_claimed_and_waiting_entries<S: Scheduler>(a: Arc<S>, b: Arc<S>) {
-    for (due, id) in ["x", "y", "z", "later"].into_iter().enumerate() {
+async fn a_batch_ack_forgets_claimed_entries_and_those_whose_lease_ran_out<S: Scheduler>(
+    a: Arc<S>,
+    b: Arc<S>,
+) {
+    for (due, id) in ["x", "y", "z", "late", "later"].into_iter().enumerate() {
         a.add(id.into(), due as i64).await.unwrap();
     }
     let lease = Duration::from_micros(1_000);
     assert_eq!(a.claim_due(10, 3, lease).await.unwrap(), ["x", "y", "z"]);
+    assert_eq!(b.claim_due(20, 1, lease).await.unwrap(), ["late"]);
 
-    // `later` was never claimed: acknowledging it removes it all the same (a delivery that was
-    // made by another path needs no second round).
-    a.ack_many(&["x".into(), "z".into(), "later".into()])
-        .await
-        .unwrap();
+    // The lease of `late` ran out and it waits again (nobody claimed it since): acknowledging
+    // it removes it all the same (its delivery was made, only late).
+    a.ack_many(&["x".into(), "z".into()]).await.unwrap();
+    assert_eq!(
+        a.backlog().await.unwrap(),
+        3,
+        "y and late claimed, later waiting"
+    );
+    b.claim_due(2_000, 0, lease).await.unwrap();
+    b.ack_many(&["late".into()]).await.unwrap();
     a.ack_many(&[]).await.unwrap();
 
-    // Past the lease only the unacknowledged `y` comes back.
-    assert_eq!(b.claim_due(5_000, 10, lease).await.unwrap(), ["y"]);
+    // Past the lease only the unacknowledged `y` comes back, with `later`, never claimed.
+    let mut back = b.claim_due(5_000, 10, lease).await.unwrap();
+    back.sort();
+    assert_eq!(back, ["later", "y"]);
+    assert_eq!(a.backlog().await.unwrap(), 2);
 }
 
 async fn the_backlog_counts_waiting_and_claimed_entries_until_acknowledged<S: Scheduler>(
@@ -66,13 +78,18 @@ async fn the_backlog_counts_waiting_and_claimed_entries_until_acknowledged<S: Sc
     assert_eq!((first.len(), second.len()), (3, 4));
     assert_eq!(a.backlog().await.unwrap(), 10, "3 + 4 claimed, 3 waiting");
 
-    // One acknowledgement may span claims made by different replicas, and waiting entries.
-    let mixed: Vec<String> = [&first[..2], &second[..], &["n9".to_owned()][..]].concat();
+    // One acknowledgement may span claims made by different replicas.
+    let mixed: Vec<String> = [&first[..2], &second[..]].concat();
     b.ack_many(&mixed).await.unwrap();
-    assert_eq!(b.backlog().await.unwrap(), 3, "one claimed, two waiting");
+    assert_eq!(b.backlog().await.unwrap(), 4, "one claimed, three waiting");
     a.ack(&first[2]).await.unwrap();
-    assert_eq!(a.claim_due(100, 10, LEASE).await.unwrap(), ["n7", "n8"]);
-    a.ack_many(&["n7".into(), "n8".into()]).await.unwrap();
+    assert_eq!(
+        a.claim_due(100, 10, LEASE).await.unwrap(),
+        ["n7", "n8", "n9"]
+    );
+    a.ack_many(&["n7".into(), "n8".into(), "n9".into()])
+        .await
+        .unwrap();
     assert_eq!(a.backlog().await.unwrap(), 0);
     // Nothing comes back after the leases: every claim was acknowledged in full.
     assert!(
@@ -110,6 +127,71 @@ async fn a_claim_takes_at_most_2000_and_the_next_one_the_rest<S: Scheduler>(a: A
     assert_eq!(rest.len(), 500);
     let back: HashSet<_> = again.into_iter().chain(rest).collect();
     assert_eq!(back, all);
+}
+
+/// Due times spread over many seconds, dense and sparse, and the current second partly due:
+/// every claim takes `max` while that many are due, in due order by second, and each entry is
+/// claimed once (on Redis: whole seconds renamed into parts, small ones and the partly due second
+/// copied, more seconds than a claim has parts).
+async fn a_claim_spanning_many_seconds_takes_max_and_each_entry_once<S: Scheduler>(
+    a: Arc<S>,
+    b: Arc<S>,
+) {
+    const SECOND: i64 = 1_000_000;
+    let mut entries = Vec::new();
+    // 60 seconds of 40 entries, then 30 seconds of 3 (sparse), then 500 in second 100.
+    for s in 0..60 {
+        for j in 0..40 {
+            entries.push((format!("{s:03}-dense-{j:02}"), s * SECOND + j));
+        }
+    }
+    for s in 60..90 {
+        for j in 0..3 {
+            entries.push((format!("{s:03}-sparse-{j:02}"), s * SECOND + j));
+        }
+    }
+    for j in 0..500 {
+        entries.push((format!("100-part-{j:03}"), 100 * SECOND + j * 1_000));
+    }
+    assert_eq!(a.add_missing(&entries).await.unwrap(), entries.len());
+    assert_eq!(a.add_missing(&entries).await.unwrap(), 0);
+    // Half of second 100 is due.
+    let now = 100 * SECOND + 249_500;
+
+    let first = a.claim_due(now, 2_000, LEASE).await.unwrap();
+    let second = b.claim_due(now, 2_000, LEASE).await.unwrap();
+    let third = a.claim_due(now, 2_000, LEASE).await.unwrap();
+
+    assert_eq!(first.len(), 2_000);
+    // 2,400 + 90 sparse + 250 of second 100 were due.
+    assert_eq!(second.len(), 740);
+    assert!(third.is_empty());
+    let seconds =
+        |ids: &[String]| -> Vec<String> { ids.iter().map(|id| id[..3].to_owned()).collect() };
+    let (s1, s2) = (seconds(&first), seconds(&second));
+    assert!(s1.is_sorted(), "the first claim is in due order by second");
+    assert!(s2.is_sorted(), "the second claim is in due order by second");
+    assert!(
+        s1.last() <= s2.first(),
+        "the second claim follows the first"
+    );
+    let all: HashSet<_> = first.iter().chain(&second).cloned().collect();
+    assert_eq!(all.len(), 2_740, "no entry was claimed twice");
+    assert_eq!(a.backlog().await.unwrap(), entries.len() as u64);
+
+    // The rest of second 100 falls due; acknowledged, everything is gone.
+    let rest = b.claim_due(101 * SECOND, 2_000, LEASE).await.unwrap();
+    assert_eq!(rest.len(), 250);
+    for ids in [&first, &second, &rest] {
+        a.ack_many(ids).await.unwrap();
+    }
+    assert_eq!(b.backlog().await.unwrap(), 0);
+    assert!(
+        a.claim_due(i64::MAX / 2, 2_000, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 async fn concurrent_claimers_never_share_an_entry<S: Scheduler>(a: Arc<S>, b: Arc<S>) {
@@ -256,7 +338,8 @@ macro_rules! conformance {
 }
 
 conformance!(
-    a_batch_ack_forgets_claimed_and_waiting_entries,
+    a_batch_ack_forgets_claimed_entries_and_those_whose_lease_ran_out,
+    a_claim_spanning_many_seconds_takes_max_and_each_entry_once,
     the_backlog_counts_waiting_and_claimed_entries_until_acknowledged,
     only_due_entries_are_claimed_in_due_order,
     an_unacknowledged_claim_comes_back_after_its_lease,

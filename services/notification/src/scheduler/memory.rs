@@ -82,19 +82,6 @@ impl Scheduler for MemoryScheduler {
         Ok(self.len() as u64)
     }
 
-    async fn add(&self, id: String, due_at_us: i64) -> Result<(), SchedulerError> {
-        let earliest = {
-            let mut s = self.lock();
-            let earliest = s.peek().is_none_or(|due| due_at_us < due);
-            s.push(id, due_at_us);
-            earliest
-        };
-        if earliest {
-            self.earlier.notify_one();
-        }
-        Ok(())
-    }
-
     async fn add_missing(&self, entries: &[(String, i64)]) -> Result<usize, SchedulerError> {
         let (added, earliest) = {
             let mut s = self.lock();
@@ -150,8 +137,8 @@ impl Scheduler for MemoryScheduler {
     }
 
     async fn ack(&self, id: &str) -> Result<(), SchedulerError> {
-        // Out of both, as on Redis: had the lease run out meanwhile, the entry was queued again,
-        // and it needs no second round either.
+        // Out of both: had the lease run out meanwhile, the entry was queued again, and it needs
+        // no second round either (Redis finds those too, in their returned segments).
         let mut s = self.lock();
         s.leased.remove(id);
         s.queued.remove(id);

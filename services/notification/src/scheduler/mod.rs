@@ -39,8 +39,11 @@ impl SchedulerError {
 /// Due-time ordering with leased claims.
 #[async_trait]
 pub trait Scheduler: Send + Sync + 'static {
-    /// Adds `id`, due at `due_at_us` (microseconds since the Unix epoch).
-    async fn add(&self, id: String, due_at_us: i64) -> Result<(), SchedulerError>;
+    /// Adds `id`, due at `due_at_us` (microseconds since the Unix epoch), unless it is waiting or
+    /// claimed already: [`Self::add_missing`] of one entry.
+    async fn add(&self, id: String, due_at_us: i64) -> Result<(), SchedulerError> {
+        self.add_missing(&[(id, due_at_us)]).await.map(drop)
+    }
 
     /// Claims up to `max` ids due at `now_us`, each leased for `lease`: an id not acknowledged
     /// before its lease ends can be claimed again (a delivery that failed is retried).
@@ -58,7 +61,10 @@ pub trait Scheduler: Send + Sync + 'static {
     /// the reconcile sweep, the reload at start and a retried `Schedule` use.
     async fn add_missing(&self, entries: &[(String, i64)]) -> Result<usize, SchedulerError>;
 
-    /// Forgets a claimed id: it was delivered, or there was nothing left to deliver.
+    /// Forgets a claimed id: it was delivered, or there was nothing left to deliver. Also when
+    /// its lease ran out meanwhile and it waits again. An id that was never claimed may stay
+    /// scheduled (Redis keeps waiting entries by due time, which an acknowledgement does not
+    /// know); its row says there is nothing to deliver when it is claimed.
     async fn ack(&self, id: &str) -> Result<(), SchedulerError>;
 
     /// [`Self::ack`] for many ids at once (one round trip on Redis).

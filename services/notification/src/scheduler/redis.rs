@@ -1,129 +1,252 @@
-//! The production scheduler on Redis: one sorted set of due notifications scored by due time
-//! (`<prefix>{notif}:due`), and the claims: each claim is a sorted set of its own
-//! (`<prefix>{notif}:claim:<id>`, the members with their due times), listed in a sorted set of
-//! claims scored by lease deadline (`<prefix>{notif}:claims`). One Lua script first returns
-//! expired claims to the due set, then moves up to `max` due members into a new claim,
-//! atomically: every replica can claim, none gets a member another holds under a live lease, and
-//! a claim that is never acknowledged comes back (at-least-once; the SQL row guards against
-//! delivering twice). The `{notif}` hash tag keeps every key in one Redis Cluster slot, so every
-//! script and pipeline here is legal on a Cluster too.
+//! The production scheduler on Redis. Scheduled notifications wait in *segments*, small sorted
+//! sets scored by due time: one per second of due time (`<prefix>{notif}:s:<second>`), listed in
+//! the waiting index (`<prefix>{notif}:waiting`, each segment scored by its earliest member). A
+//! claim is a few sorted sets of its own (`<prefix>{notif}:part:<claim>:<n>`), listed by lease
+//! deadline in `<prefix>{notif}:leases`; a part whose lease ran out goes back to the waiting index
+//! as a segment as it is (and into `<prefix>{notif}:returned`, so an acknowledgement still finds
+//! it). `<prefix>{notif}:count` counts what is neither delivered nor acknowledged. One Lua script
+//! returns expired parts and claims up to `max` due members atomically: every replica can claim,
+//! none gets a member another holds under a live lease, and a claim never acknowledged comes back
+//! (at-least-once; the SQL row guards against delivering twice). The `{notif}` hash tag keeps
+//! every key in one Redis Cluster slot, so every script and pipeline here is legal on a Cluster.
 //!
-//! One lease per claim, not one per member: the claim is copied in one command
-//! (`ZRANGESTORE`) instead of 2,000 members passing through Lua into a shared in-flight set
-//! (`notification-claim` in `bench/`, 2,000 of 1M, two runs each on one machine: Redis time per
-//! claim 3.45–3.89 ms with a lease per member, 2.45–2.68 ms with this; the README has the
-//! figures). An acknowledgement looks for its members in the live claims, oldest first; there
-//! are few at once (one per delivery loop).
+//! Why segments: a claim that copies its members out of one big sorted set pays for each member
+//! twice, once to insert it into the claim and once to remove it from the set (`notification-claim`
+//! in `bench/`, 2,000 of 1M: Redis 3.99 ms per claim, p50 4.96 ms). A segment wholly due is
+//! claimed by `RENAME`, whatever its size, and a claimed part is freed by `UNLINK` off Redis's
+//! main thread: the members move without being touched. Only a segment partly due (the current
+//! second), one larger than what is left of `max`, or one smaller than [`SMALL`] is copied, and
+//! then only the members claimed. A second of due time with more members than a claim takes is
+//! copied as before (no worse than the one big set).
+//!
+//! An acknowledgement looks for its members in the live parts (oldest first, stopping once every
+//! id is found) and in the returned segments; a part is at most [`PARTS`] per claim and there are
+//! few claims at once (one per delivery loop). Since acknowledgements do not know due times,
+//! an id that was never claimed is not looked for among the waiting segments.
+//!
+//! Upgrading from releases before 2026-12-06 (one `{notif}:due` set and claims listed in
+//! `{notif}:claims`): those keys are not read; what they held is neither waiting nor claimed here,
+//! so the reconcile sweep at start puts every scheduled row back, and the old keys can be deleted.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use ecoscan_redis::{
     Conn, Redis, Settings,
-    redis::{self, AsyncCommands, Script},
+    redis::{self, Script},
 };
 use tokio::sync::Notify;
 
 use super::{Scheduler, SchedulerError};
 
-/// Returns expired claims to the due set (a few per call), then claims up to ARGV[2] members due
-/// at ARGV[1] under the lease deadline ARGV[3]. KEYS[1] = due set, KEYS[2] = the claims by
-/// deadline, KEYS[3] = the new claim's key. Returns how many it claimed; the caller reads the
-/// claim's members in the same round trip.
+/// Due time covered by one waiting segment: a second. Finer means more keys and more parts per
+/// claim; coarser, that the segment of the current second (copied, not renamed, because only
+/// part of it is due) is larger.
+const SEGMENT_US: i64 = 1_000_000;
+
+/// Most parts in one claim: bounds what an acknowledgement looks through, and the claim's reads
+/// travel with the claim itself in one round trip (one `ZRANGE` per possible part).
+const PARTS: usize = 24;
+
+/// Segments with fewer members are copied into the claim rather than renamed into a part of
+/// their own, so a sparse schedule does not spend the claim's parts on one or two members each.
+const SMALL: usize = 32;
+
+/// Adds each member of ARGV (after ARGV[1] = the segment key prefix, ARGV[2] = 1 to skip ids that
+/// are waiting or claimed, then pairs: due time, id) to the segment of its due second, lists a new
+/// segment in the waiting index (KEYS[1]) or lowers its score, and counts what it added
+/// (KEYS[4]). KEYS[2] = the live parts, KEYS[3] = the returned segments. Returns how many it added.
 ///
-/// A range from `-inf` is the lowest ranks of its set, so the members claimed are removed by
-/// rank (`ZREMRANGEBYRANK 0 n-1`: one range deletion) rather than one by one by name; the script
-/// runs atomically, so the ranks cannot have changed. An expired claim's members go back at
-/// their own due times: past, so due at once, and ahead of what fell due since.
-const CLAIM_SCRIPT: &str = r"
-local now, max, deadline = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local slice = 500
-
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 8)
-for _, claim in ipairs(expired) do
-  local members = redis.call('ZRANGE', claim, 0, -1, 'WITHSCORES')
-  for i = 1, #members, 2 * slice do
-    local add = {}
-    for j = i, math.min(i + 2 * slice - 1, #members), 2 do
-      add[#add + 1] = members[j + 1]
-      add[#add + 1] = members[j]
-    end
-    redis.call('ZADD', KEYS[1], unpack(add))
-  end
-  redis.call('DEL', claim)
-  redis.call('ZREM', KEYS[2], claim)
-end
-
-local n = redis.call('ZRANGESTORE', KEYS[3], KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, max)
-if n > 0 then
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
-  redis.call('ZADD', KEYS[2], deadline, KEYS[3])
-end
-return n
-";
-
-/// Acknowledges the ids in ARGV: out of the live claims that hold them (oldest first, stopping
-/// once every id is found; an emptied claim is dropped) and out of the due set (a lease that ran
-/// out put them back). KEYS[1] = due set, KEYS[2] = the claims. Every key shares the `{notif}`
-/// slot, so the claims' keys, read from KEYS[2], are legal on a Cluster.
-const ACK_SCRIPT: &str = r"
-local slice = 500
-local left = #ARGV
-for _, claim in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  if left <= 0 then break end
-  for i = 1, #ARGV, slice do
-    left = left - redis.call('ZREM', claim, unpack(ARGV, i, math.min(i + slice - 1, #ARGV)))
-  end
-  if redis.call('EXISTS', claim) == 0 then
-    redis.call('ZREM', KEYS[2], claim)
-  end
-end
-for i = 1, #ARGV, slice do
-  redis.call('ZREM', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, #ARGV)))
-end
-return 0
-";
-
-/// Adds each member of ARGV (pairs: due time, id) that is neither due (KEYS[1]) nor in a live
-/// claim (listed in KEYS[2]); returns how many it added. One script, so a claim cannot move a
+/// Checked: the id's own segment (due times do not change), then every live part and returned
+/// segment for the ids not found there, one `ZMSCORE` each. One script, so a claim cannot move a
 /// member between the check and the add, and two replicas restoring the same entries add each
 /// once.
-const ADD_MISSING_SCRIPT: &str = r"
-local claims = redis.call('ZRANGE', KEYS[2], 0, -1)
+const ADD_SCRIPT: &str = r"
+local W, L, R, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local seg_prefix, check = ARGV[1], ARGV[2] == '1'
+local width = tonumber(ARGV[3])
+local function segment(due)
+  return seg_prefix .. string.format('%.0f', math.floor(tonumber(due) / width))
+end
+local todo = {}
+for i = 4, #ARGV, 2 do
+  local due, id = ARGV[i], ARGV[i + 1]
+  if not (check and redis.call('ZSCORE', segment(due), id)) then
+    todo[#todo + 1] = i
+  end
+end
+if check and #todo > 0 then
+  local held = {}
+  for _, list in ipairs({L, R}) do
+    for _, seg in ipairs(redis.call('ZRANGE', list, 0, -1)) do
+      local ids = {}
+      for _, i in ipairs(todo) do
+        if not held[i] then ids[#ids + 1] = ARGV[i + 1] end
+      end
+      if #ids == 0 then break end
+      local scores = redis.call('ZMSCORE', seg, unpack(ids))
+      local k = 0
+      for _, i in ipairs(todo) do
+        if not held[i] then
+          k = k + 1
+          if scores[k] then held[i] = true end
+        end
+      end
+    end
+  end
+  local left = {}
+  for _, i in ipairs(todo) do
+    if not held[i] then left[#left + 1] = i end
+  end
+  todo = left
+end
 local added = 0
-for i = 1, #ARGV, 2 do
-  local id = ARGV[i + 1]
-  local held = redis.call('ZSCORE', KEYS[1], id)
-  for _, claim in ipairs(claims) do
-    if held then break end
-    held = redis.call('ZSCORE', claim, id)
+for _, i in ipairs(todo) do
+  local due, id = ARGV[i], ARGV[i + 1]
+  local seg = segment(due)
+  if redis.call('ZADD', seg, 'NX', due, id) == 1 then
+    added = added + 1
+    redis.call('ZADD', W, 'LT', due, seg)
   end
-  if not held then
-    added = added + redis.call('ZADD', KEYS[1], 'NX', ARGV[i], id)
-  end
+end
+if added > 0 then
+  redis.call('INCRBY', C, added)
 end
 return added
 ";
 
-/// Entries waiting (KEYS[1]) plus the members of every live claim (listed in KEYS[2]).
-const BACKLOG_SCRIPT: &str = r"
-local n = redis.call('ZCARD', KEYS[1])
-for _, claim in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  n = n + redis.call('ZCARD', claim)
+/// Claims up to ARGV[2] members due at ARGV[1] under the lease deadline ARGV[3], into parts named
+/// ARGV[4] followed by 0, 1, … (at most ARGV[5] of them); segments with fewer than ARGV[6]
+/// members are copied rather than renamed. First, parts whose lease ran out (KEYS[2]) go back
+/// to the waiting index (KEYS[1]) and the returned segments (KEYS[3]). Returns how many parts the
+/// claim has; the caller reads them in the same round trip.
+///
+/// A segment whose members are all due and that fits is renamed into a part: no member is
+/// touched. Otherwise its due members are copied: into a new part by `ZRANGESTORE` (one command)
+/// when the claim has no copy part yet, through this script into the copy part after that, then
+/// removed from the segment by rank (`ZREMRANGEBYRANK 0 n-1`: a range from `-inf` is the lowest
+/// ranks, and the script runs atomically). A segment left with members is scored by its new
+/// earliest one, so the index always says when something is next due.
+const CLAIM_SCRIPT: &str = r"
+local W, L, R = KEYS[1], KEYS[2], KEYS[3]
+local now_arg, left, deadline, part_prefix = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local now, parts_max, small = tonumber(now_arg), tonumber(ARGV[5]), tonumber(ARGV[6])
+local slice = 500
+
+for _, seg in ipairs(redis.call('ZRANGE', L, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, 4 * parts_max)) do
+  redis.call('ZREM', L, seg)
+  local first = redis.call('ZRANGE', seg, 0, 0, 'WITHSCORES')
+  if first[1] then
+    redis.call('ZADD', W, first[2], seg)
+    redis.call('ZADD', R, 0, seg)
+  end
 end
-return n
+
+local parts, copy = 0, nil
+local function new_part()
+  local key = part_prefix .. parts
+  parts = parts + 1
+  redis.call('ZADD', L, deadline, key)
+  return key
+end
+local function forget(seg)
+  redis.call('ZREM', W, seg)
+  redis.call('ZREM', R, seg)
+end
+
+for _, seg in ipairs(redis.call('ZRANGE', W, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, left)) do
+  if left <= 0 then break end
+  local n = redis.call('ZCARD', seg)
+  local whole = n >= small and n <= left and parts < parts_max - 1
+    and tonumber(redis.call('ZRANGE', seg, -1, -1, 'WITHSCORES')[2]) <= now
+  if n == 0 then
+    forget(seg)
+  elseif whole then
+    redis.call('RENAME', seg, new_part())
+    forget(seg)
+    left = left - n
+  elseif copy == nil and parts < parts_max then
+    copy = new_part()
+    local k = redis.call('ZRANGESTORE', copy, seg, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, left)
+    if k > 0 then
+      redis.call('ZREMRANGEBYRANK', seg, 0, k - 1)
+      left = left - k
+    end
+  elseif copy ~= nil then
+    local members = redis.call('ZRANGE', seg, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, left, 'WITHSCORES')
+    local k = #members / 2
+    for i = 1, #members, 2 * slice do
+      local add = {}
+      for j = i, math.min(i + 2 * slice - 1, #members), 2 do
+        add[#add + 1] = members[j + 1]
+        add[#add + 1] = members[j]
+      end
+      redis.call('ZADD', copy, unpack(add))
+    end
+    if k > 0 then
+      redis.call('ZREMRANGEBYRANK', seg, 0, k - 1)
+      left = left - k
+    end
+  else
+    break
+  end
+  if n > 0 and not whole then
+    local first = redis.call('ZRANGE', seg, 0, 0, 'WITHSCORES')
+    if first[1] then
+      redis.call('ZADD', W, 'XX', first[2], seg)
+    else
+      forget(seg)
+    end
+  end
+end
+if copy ~= nil and redis.call('EXISTS', copy) == 0 then
+  redis.call('ZREM', L, copy)
+end
+return parts
 ";
 
-/// Removes the due set, every claim and the claims' list (benchmarks and tools cleaning up).
+/// Acknowledges the ids in ARGV: out of the live parts that hold them (KEYS[1], oldest first,
+/// stopping once every id is found), then out of the returned segments (KEYS[2]: a lease that ran
+/// out put them back), and out of the count (KEYS[3]). An emptied part or segment is dropped from
+/// its list (and from the waiting index, KEYS[4]).
+const ACK_SCRIPT: &str = r"
+local L, R, C, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local slice = 500
+local left = #ARGV
+local removed = 0
+for _, list in ipairs({L, R}) do
+  for _, seg in ipairs(redis.call('ZRANGE', list, 0, -1)) do
+    if left <= 0 then break end
+    for i = 1, #ARGV, slice do
+      local n = redis.call('ZREM', seg, unpack(ARGV, i, math.min(i + slice - 1, #ARGV)))
+      left = left - n
+      removed = removed + n
+    end
+    if redis.call('EXISTS', seg) == 0 then
+      redis.call('ZREM', list, seg)
+      if list == R then redis.call('ZREM', W, seg) end
+    end
+  end
+end
+if removed > 0 then
+  redis.call('DECRBY', C, removed)
+end
+return removed
+";
+
+/// Removes every segment, part and list of this scheduler, and the count (benchmarks and tools
+/// cleaning up; `UNLINK`, so a million members are freed off Redis's main thread).
 const REMOVE_ALL_SCRIPT: &str = r"
-local claims = redis.call('ZRANGE', KEYS[2], 0, -1)
-for i = 1, #claims, 500 do
-  redis.call('UNLINK', unpack(claims, i, math.min(i + 499, #claims)))
+for _, list in ipairs({KEYS[1], KEYS[2]}) do
+  local keys = redis.call('ZRANGE', list, 0, -1)
+  for i = 1, #keys, 500 do
+    redis.call('UNLINK', unpack(keys, i, math.min(i + 499, #keys)))
+  end
 end
-return redis.call('UNLINK', KEYS[1], KEYS[2])
+return redis.call('UNLINK', unpack(KEYS))
 ";
 
-/// Members per ZADD (or per add-missing script call) when many are added at once.
+/// Members per add script call when many are added at once.
 const ADD_CHUNK: usize = 1000;
 
 /// Connects to one Redis server at `url` (tests and tools; services use [`open`]).
@@ -136,25 +259,24 @@ pub(crate) async fn connect_single(url: &str) -> anyhow::Result<Redis> {
 /// Members of a sorted set with their scores, as `ZRANGE … WITHSCORES` returns them.
 type Scored = Vec<(String, f64)>;
 
-fn score(us: i64) -> f64 {
-    // Microseconds since the epoch stay below 2^53 until the year 2255, so the score is exact.
-    #[allow(clippy::cast_precision_loss)]
-    let s = us as f64;
-    s
-}
-
 /// [`Scheduler`] on Redis sorted sets; see the module docs.
 pub struct RedisScheduler {
     conn: Conn,
-    due_key: String,
-    /// The live claims' keys, scored by lease deadline.
-    claims_key: String,
-    /// What every claim's key starts with (a fresh id follows).
-    claim_prefix: String,
+    /// The waiting segments, scored by their earliest member.
+    waiting_key: String,
+    /// The live claims' parts, scored by lease deadline.
+    leases_key: String,
+    /// Waiting segments that were claim parts once (a lease ran out).
+    returned_key: String,
+    /// Entries neither delivered nor acknowledged.
+    count_key: String,
+    /// What every waiting segment's key starts with (its second of due time follows).
+    segment_prefix: String,
+    /// What every claim part's key starts with (the claim's id and the part's number follow).
+    part_prefix: String,
     claim: Script,
     ack: Script,
-    add_missing: Script,
-    backlog: Script,
+    add: Script,
     /// Longest a wait lasts: other replicas add entries this process is not told about.
     poll: Duration,
     /// Wakes this process's waiter when it adds an entry itself.
@@ -173,78 +295,105 @@ impl RedisScheduler {
     pub fn new(redis: &Redis, prefix: &str, poll: Duration) -> Self {
         Self {
             conn: redis.conn(),
-            due_key: format!("{prefix}{{notif}}:due"),
-            claims_key: format!("{prefix}{{notif}}:claims"),
-            claim_prefix: format!("{prefix}{{notif}}:claim:"),
+            waiting_key: format!("{prefix}{{notif}}:waiting"),
+            leases_key: format!("{prefix}{{notif}}:leases"),
+            returned_key: format!("{prefix}{{notif}}:returned"),
+            count_key: format!("{prefix}{{notif}}:count"),
+            segment_prefix: format!("{prefix}{{notif}}:s:"),
+            part_prefix: format!("{prefix}{{notif}}:part:"),
             claim: Script::new(CLAIM_SCRIPT),
             ack: Script::new(ACK_SCRIPT),
-            add_missing: Script::new(ADD_MISSING_SCRIPT),
-            backlog: Script::new(BACKLOG_SCRIPT),
+            add: Script::new(ADD_SCRIPT),
             poll,
             added: Notify::new(),
         }
     }
 
-    /// The due set and the list of claims (each claim has a key of its own besides, listed in
-    /// the second: [`Self::remove_all`] removes them all).
-    pub fn keys(&self) -> [&str; 2] {
-        [&self.due_key, &self.claims_key]
+    /// The keys that list everything else (the waiting index, the live parts, the returned
+    /// segments) and the count: [`Self::remove_all`] removes them and what they list.
+    pub fn keys(&self) -> [&str; 4] {
+        [
+            &self.waiting_key,
+            &self.leases_key,
+            &self.returned_key,
+            &self.count_key,
+        ]
     }
 
-    /// Removes every key of this scheduler: the due set, the claims and their list (benchmarks
-    /// and tools cleaning up after themselves; `UNLINK`, so a million members are freed off
-    /// Redis's main thread).
+    /// Removes every key of this scheduler: each segment and part, their lists and the count
+    /// (benchmarks and tools cleaning up after themselves; `UNLINK`, so a million members are
+    /// freed off Redis's main thread).
     pub async fn remove_all(&self) -> Result<(), SchedulerError> {
         let _: i64 = Script::new(REMOVE_ALL_SCRIPT)
-            .key(&self.due_key)
-            .key(&self.claims_key)
+            .key(&self.waiting_key)
+            .key(&self.leases_key)
+            .key(&self.returned_key)
+            .key(&self.count_key)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(SchedulerError::redis("remove the scheduler's keys"))?;
         Ok(())
     }
 
-    /// Entries waiting plus entries claimed and not yet acknowledged.
+    /// Entries waiting plus entries claimed and not yet acknowledged (one counter, kept by the
+    /// scripts that add and acknowledge).
     pub async fn backlog(&self) -> Result<u64, SchedulerError> {
-        self.backlog
-            .key(&self.due_key)
-            .key(&self.claims_key)
-            .invoke_async(&mut self.conn.clone())
+        let n: Option<i64> = redis::cmd("GET")
+            .arg(&self.count_key)
+            .query_async(&mut self.conn.clone())
             .await
-            .map_err(SchedulerError::redis("read the scheduled backlog"))
+            .map_err(SchedulerError::redis("read the scheduled backlog"))?;
+        Ok(n.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
     }
 
-    /// Adds many entries at once, leaving any already waiting as they are (`ZADD NX` on the due
-    /// set only: a claimed entry is added again; [`Scheduler::add_missing`] does not do that).
-    /// For filling a schedule quickly (the `notification-claim` benchmark).
+    /// Adds many entries at once, leaving any already waiting in its segment as it is, without
+    /// looking for them in claims (a claimed entry is added again; [`Scheduler::add_missing`]
+    /// does not do that). For filling a schedule quickly (the benchmarks).
     pub async fn add_many(&self, entries: &[(String, i64)]) -> Result<(), SchedulerError> {
-        for chunk in entries.chunks(ADD_CHUNK) {
-            let members: Vec<(f64, &str)> = chunk
-                .iter()
-                .map(|(id, due)| (score(*due), id.as_str()))
-                .collect();
-            let _: () = redis::cmd("ZADD")
-                .arg(&self.due_key)
-                .arg("NX")
-                .arg(&members)
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(SchedulerError::redis("add scheduled notifications"))?;
-        }
-        if !entries.is_empty() {
-            self.added.notify_one();
-        }
+        self.add_entries(entries, false)
+            .await
+            .map_err(SchedulerError::redis("add scheduled notifications"))?;
         Ok(())
     }
 
-    /// Acknowledges `ids`: out of the claims holding them and out of the due set, atomically.
-    /// Had a lease run out meanwhile, the entry went back to the due set, and it needs no second
-    /// round either.
+    /// Runs the add script over `entries`, [`ADD_CHUNK`] at a time; `check` skips ids that are
+    /// waiting or claimed. Returns how many it added.
+    async fn add_entries(
+        &self,
+        entries: &[(String, i64)],
+        check: bool,
+    ) -> redis::RedisResult<usize> {
+        let mut added = 0;
+        for chunk in entries.chunks(ADD_CHUNK) {
+            let mut call = self.add.key(&self.waiting_key);
+            call.key(&self.leases_key)
+                .key(&self.returned_key)
+                .key(&self.count_key)
+                .arg(&self.segment_prefix)
+                .arg(if check { "1" } else { "0" })
+                .arg(SEGMENT_US);
+            for (id, due) in chunk {
+                call.arg(*due).arg(id);
+            }
+            let n: usize = call.invoke_async(&mut self.conn.clone()).await?;
+            added += n;
+        }
+        if added > 0 {
+            self.added.notify_one();
+        }
+        Ok(added)
+    }
+
+    /// Acknowledges `ids`: out of the claims holding them and out of the returned segments,
+    /// atomically. Had a lease run out meanwhile, the entry went back to waiting as part of its
+    /// returned segment, and it needs no second round either.
     async fn remove(&self, ids: &[&str]) -> Result<(), SchedulerError> {
         let _: i64 = self
             .ack
-            .key(&self.due_key)
-            .key(&self.claims_key)
+            .key(&self.leases_key)
+            .key(&self.returned_key)
+            .key(&self.count_key)
+            .key(&self.waiting_key)
             .arg(ids)
             .invoke_async(&mut self.conn.clone())
             .await
@@ -252,60 +401,65 @@ impl RedisScheduler {
         Ok(())
     }
 
-    /// Runs the claim script and reads the new claim's members, in one round trip (the members
-    /// leave Redis as a plain reply, not through Lua, which costs more than the claim itself
-    /// for 2,000 of them). After a Redis restart the script is loaded again and the pair resent.
+    /// Runs the claim script and reads the new claim's parts, in one round trip (the members
+    /// leave Redis as plain replies, not through Lua, which costs more than the claim itself
+    /// for 2,000 of them: a `ZRANGE` for each part the claim may have, an absent one empty).
+    /// After a Redis restart the script is loaded again and the pipeline resent.
     async fn claim_and_read(
         &self,
         now_us: i64,
         max: usize,
         deadline_us: i64,
     ) -> redis::RedisResult<Vec<String>> {
-        let claim_key = format!("{}{}", self.claim_prefix, uuid::Uuid::new_v4().simple());
-        let mut invocation = self.claim.key(&self.due_key);
+        let part_prefix = format!("{}{}:", self.part_prefix, uuid::Uuid::new_v4().simple());
+        let mut invocation = self.claim.key(&self.waiting_key);
         invocation
-            .key(&self.claims_key)
-            .key(&claim_key)
+            .key(&self.leases_key)
+            .key(&self.returned_key)
             .arg(now_us)
             .arg(max)
-            .arg(deadline_us);
+            .arg(deadline_us)
+            .arg(&part_prefix)
+            .arg(PARTS)
+            .arg(SMALL);
         let mut pipe = redis::pipe();
-        pipe.invoke_script(&invocation)
-            .ignore()
-            .cmd("ZRANGE")
-            .arg(&claim_key)
-            .arg(0)
-            .arg(-1);
+        pipe.invoke_script(&invocation).ignore();
+        for n in 0..PARTS {
+            pipe.cmd("ZRANGE")
+                .arg(format!("{part_prefix}{n}"))
+                .arg(0)
+                .arg(-1);
+        }
         let mut conn = self.conn.clone();
-        let (ids,) = match pipe.query_async(&mut conn).await {
+        let parts: Vec<Vec<String>> = match pipe.query_async(&mut conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 invocation.load_async(&mut conn).await?;
                 pipe.query_async(&mut conn).await
             }
             result => result,
         }?;
-        Ok(ids)
+        Ok(parts.concat())
     }
 
     /// The earliest due time or lease deadline, if anything is waiting.
     async fn next_at(&self) -> Result<Option<i64>, SchedulerError> {
         let mut pipe = redis::pipe();
         pipe.cmd("ZRANGE")
-            .arg(&self.due_key)
+            .arg(&self.waiting_key)
             .arg(0)
             .arg(0)
             .arg("WITHSCORES")
             .cmd("ZRANGE")
-            .arg(&self.claims_key)
+            .arg(&self.leases_key)
             .arg(0)
             .arg(0)
             .arg("WITHSCORES");
-        let (due, claims): (Scored, Scored) = pipe
+        let (due, leases): (Scored, Scored) = pipe
             .query_async(&mut self.conn.clone())
             .await
             .map_err(SchedulerError::redis("read the next due time"))?;
         #[allow(clippy::cast_possible_truncation)]
-        Ok(due.into_iter().chain(claims).map(|(_, s)| s as i64).min())
+        Ok(due.into_iter().chain(leases).map(|(_, s)| s as i64).min())
     }
 }
 
@@ -315,35 +469,10 @@ impl Scheduler for RedisScheduler {
         RedisScheduler::backlog(self).await
     }
 
-    async fn add(&self, id: String, due_at_us: i64) -> Result<(), SchedulerError> {
-        let _: () = self
-            .conn
-            .clone()
-            .zadd(&self.due_key, id, score(due_at_us))
-            .await
-            .map_err(SchedulerError::redis("schedule a notification"))?;
-        self.added.notify_one();
-        Ok(())
-    }
-
     async fn add_missing(&self, entries: &[(String, i64)]) -> Result<usize, SchedulerError> {
-        let mut added = 0;
-        for chunk in entries.chunks(ADD_CHUNK) {
-            let mut call = self.add_missing.key(&self.due_key);
-            call.key(&self.claims_key);
-            for (id, due) in chunk {
-                call.arg(*due).arg(id);
-            }
-            let n: usize = call
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(SchedulerError::redis("restore scheduled notifications"))?;
-            added += n;
-        }
-        if added > 0 {
-            self.added.notify_one();
-        }
-        Ok(added)
+        self.add_entries(entries, true)
+            .await
+            .map_err(SchedulerError::redis("restore scheduled notifications"))
     }
 
     async fn claim_due(
