@@ -1,11 +1,13 @@
-//! `notification-claim`: claiming due notifications from a sorted set of a million.
+//! `notification-claim`: claiming due notifications from a schedule of a million.
 //!
 //! Fills the notification service's `RedisScheduler` (under a private key prefix) with
-//! `--scheduled` entries, of which `--claims × --batch` are due and the rest due over the next
-//! day, then claims `--batch` due entries `--claims` times, one claim after another, timing each
-//! (one Lua script — expired claims back to the due set, then up to `--batch` due members into
-//! a claim of their own under one lease deadline — and the claim's members read in the same
-//! round trip). The keys are removed at the end, also when the run fails.
+//! `--scheduled` entries, of which `--claims × --batch` are due (spread over the `--due-spread`
+//! before now: an hour by default) and the rest due over the next day, then claims `--batch` due
+//! entries `--claims` times, one claim after another, timing each (one Lua script — expired
+//! parts back to waiting, then up to `--batch` due members into parts of a claim under one lease
+//! deadline, whole seconds of due time renamed — and the claim's members read in the same round
+//! trip). `--due-spread 1s` puts every due entry into one second, which the claim must copy
+//! member by member. The keys are removed at the end, also when the run fails.
 //!
 //! Needs Redis: `REDIS_URL` (default `redis://127.0.0.1:6379`, which `infra/services.sh` starts).
 //!
@@ -43,6 +45,9 @@ struct Args {
     /// Lease given to claimed entries.
     #[arg(long, default_value = "30s", value_parser = ecoscan_bench::parse_duration)]
     lease: Duration,
+    /// How far before now the due entries are spread (evenly at random).
+    #[arg(long, default_value = "1h", value_parser = ecoscan_bench::parse_duration)]
+    due_spread: Duration,
     /// Keep every claim live instead of acknowledging each batch (untimed) between claims as
     /// delivery does; the live claims then hold claims × batch entries.
     #[arg(long)]
@@ -100,13 +105,16 @@ async fn run(
     let due = args.claims * args.batch;
     let now = now_us();
     let hour_us = 3_600_000_000i64;
+    let spread_us = i64::try_from(args.due_spread.as_micros())
+        .unwrap_or(i64::MAX)
+        .max(2);
     // Due entries spread over the past hour, the rest over the next day: the claim must find
     // the due ones at the low end of the set, as in production.
     let mut rng = rand::rng();
     let entries: Vec<(String, i64)> = (0..args.scheduled)
         .map(|i| {
             let at = if i < due {
-                now - rng.random_range(1..hour_us)
+                now - rng.random_range(1..spread_us)
             } else {
                 now + rng.random_range(hour_us..24 * hour_us)
             };
@@ -129,18 +137,22 @@ async fn run(
     );
 
     let mut latencies = Samples::new();
-    let mut redis_usec = 0u64;
+    let mut script_usec = 0u64;
+    let mut redis_cpu_usec = 0u64;
     let mut short = 0usize;
     for _ in 0..args.claims {
         // Redis's own time for the claim: the commands it ran between two readings, the
         // readings and the acknowledgement outside them.
-        let before = command_usec(conn).await?;
+        let (script_before, cpu_before) = (script_usec_so_far(conn).await?, cpu_usec(conn).await?);
         let start = Instant::now();
         let ids = scheduler
             .claim_due(now_us(), args.batch, args.lease)
             .await?;
         latencies.push(start.elapsed());
-        redis_usec += command_usec(conn).await?.saturating_sub(before);
+        redis_cpu_usec += cpu_usec(conn).await?.saturating_sub(cpu_before);
+        script_usec += script_usec_so_far(conn)
+            .await?
+            .saturating_sub(script_before);
         if ids.len() != args.batch {
             short += 1;
         }
@@ -149,9 +161,12 @@ async fn run(
             scheduler.ack_many(&ids).await?;
         }
     }
-    let redis_time = (args.claims > 0)
-        .then(|| Duration::from_micros(redis_usec / args.claims as u64))
-        .filter(|d| !d.is_zero());
+    let per_claim = |usec: u64| {
+        (args.claims > 0)
+            .then(|| Duration::from_micros(usec / args.claims as u64))
+            .filter(|d| !d.is_zero())
+    };
+    let (script_time, redis_cpu) = (per_claim(script_usec), per_claim(redis_cpu_usec));
     let p50 = latencies.percentile(50.0);
     report
         .figure(
@@ -165,9 +180,10 @@ async fn run(
         .header(
             "settings",
             format!(
-                "{} scheduled ({} due), {} claims of {} one after another, lease {:?}; {}",
+                "{} scheduled ({} due over the {:?} before now), {} claims of {} one after another, lease {:?}; {}",
                 thousands(args.scheduled as f64),
                 thousands(due as f64),
+                args.due_spread,
                 args.claims,
                 args.batch,
                 args.lease,
@@ -203,15 +219,19 @@ async fn run(
             ),
         )
         .info(
-            "Redis time per claim (INFO commandstats: the script and the read of its members)",
-            redis_time.map_or_else(|| "not reported".to_owned(), fmt_duration),
+            "Redis CPU per claim (INFO cpu: every thread, one INFO reading included)",
+            redis_cpu.map_or_else(|| "not reported".to_owned(), fmt_duration),
+        )
+        .info(
+            "claim script per claim (INFO commandstats, EVALSHA)",
+            script_time.map_or_else(|| "not reported".to_owned(), fmt_duration),
         )
         .info(
             "claims that returned fewer than the batch",
             short.to_string(),
         )
         .info(
-            "scheduling the entries (ZADD NX, 1,000 per command)",
+            "scheduling the entries (the add script, 1,000 per call)",
             format!(
                 "{} ({})",
                 fmt_duration(load_time),
@@ -222,11 +242,9 @@ async fn run(
     Ok(report)
 }
 
-/// Microseconds Redis has spent in commands run from a client so far (`INFO commandstats`):
-/// `EVALSHA` (the commands a script calls are inside its time, and counted again under their
-/// own names, so they are left out) and `ZRANGE` (the claim's read; no script called between two
-/// readings runs one: there are no expired claims here).
-async fn command_usec(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
+/// Microseconds Redis has spent in scripts so far (`INFO commandstats`, `EVALSHA`; the commands
+/// a script calls are inside its time).
+async fn script_usec_so_far(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -234,13 +252,30 @@ async fn command_usec(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::R
     Ok(info
         .lines()
         .filter_map(|l| {
-            let rest = l
-                .strip_prefix("cmdstat_evalsha:")
-                .or_else(|| l.strip_prefix("cmdstat_zrange:"))?;
-            rest.split(',')
+            l.strip_prefix("cmdstat_evalsha:")?
+                .split(',')
                 .find_map(|f| f.strip_prefix("usec="))?
                 .parse::<u64>()
                 .ok()
         })
         .sum())
+}
+
+/// Microseconds of CPU the Redis server has used so far, every thread (`INFO cpu`: system and
+/// user time in seconds with six decimals): the claim's script, the reads of its parts, reading
+/// and writing the sockets.
+async fn cpu_usec(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    let seconds: f64 = info
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .sum();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok((seconds * 1e6).round() as u64)
 }

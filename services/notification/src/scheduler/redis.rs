@@ -131,7 +131,7 @@ const CLAIM_SCRIPT: &str = r"
 local W, L, R = KEYS[1], KEYS[2], KEYS[3]
 local now_arg, left, deadline, part_prefix = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local now, parts_max, small = tonumber(now_arg), tonumber(ARGV[5]), tonumber(ARGV[6])
-local slice = 500
+local slice, page_size = 500, 32
 
 for _, seg in ipairs(redis.call('ZRANGE', L, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, 4 * parts_max)) do
   redis.call('ZREM', L, seg)
@@ -154,48 +154,59 @@ local function forget(seg)
   redis.call('ZREM', R, seg)
 end
 
-for _, seg in ipairs(redis.call('ZRANGE', W, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, left)) do
-  if left <= 0 then break end
-  local n = redis.call('ZCARD', seg)
-  local whole = n >= small and n <= left and parts < parts_max - 1
-    and tonumber(redis.call('ZRANGE', seg, -1, -1, 'WITHSCORES')[2]) <= now
-  if n == 0 then
-    forget(seg)
-  elseif whole then
-    redis.call('RENAME', seg, new_part())
-    forget(seg)
-    left = left - n
-  elseif copy == nil and parts < parts_max then
-    copy = new_part()
-    local k = redis.call('ZRANGESTORE', copy, seg, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, left)
-    if k > 0 then
-      redis.call('ZREMRANGEBYRANK', seg, 0, k - 1)
-      left = left - k
-    end
-  elseif copy ~= nil then
-    local members = redis.call('ZRANGE', seg, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, left, 'WITHSCORES')
-    local k = #members / 2
-    for i = 1, #members, 2 * slice do
-      local add = {}
-      for j = i, math.min(i + 2 * slice - 1, #members), 2 do
-        add[#add + 1] = members[j + 1]
-        add[#add + 1] = members[j]
-      end
-      redis.call('ZADD', copy, unpack(add))
-    end
-    if k > 0 then
-      redis.call('ZREMRANGEBYRANK', seg, 0, k - 1)
-      left = left - k
-    end
-  else
-    break
-  end
-  if n > 0 and not whole then
-    local first = redis.call('ZRANGE', seg, 0, 0, 'WITHSCORES')
-    if first[1] then
-      redis.call('ZADD', W, 'XX', first[2], seg)
-    else
+-- A page of segments at a time: the claim usually ends within the first few, and each one
+-- fetched is a string into Lua. Every segment looked at leaves the due range (renamed, emptied,
+-- or scored by a member not yet due) unless the claim is full, so the next page starts at 0.
+-- The page count is capped all the same: a script that never ends would stop Redis.
+local done, pages = false, 0
+while left > 0 and not done and pages < 1000 do
+  pages = pages + 1
+  local page = redis.call('ZRANGE', W, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, page_size)
+  done = #page < page_size
+  for _, seg in ipairs(page) do
+    if left <= 0 then break end
+    local n = redis.call('ZCARD', seg)
+    local whole = n >= small and n <= left and parts < parts_max - 1
+      and tonumber(redis.call('ZRANGE', seg, -1, -1, 'WITHSCORES')[2]) <= now
+    if n == 0 then
       forget(seg)
+    elseif whole then
+      redis.call('RENAME', seg, new_part())
+      forget(seg)
+      left = left - n
+    elseif copy == nil and parts < parts_max then
+      copy = new_part()
+      local k = redis.call('ZRANGESTORE', copy, seg, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, left)
+      if k > 0 then
+        redis.call('ZREMRANGEBYRANK', seg, 0, k - 1)
+        left = left - k
+      end
+    elseif copy ~= nil then
+      local members = redis.call('ZRANGE', seg, '-inf', now_arg, 'BYSCORE', 'LIMIT', 0, left, 'WITHSCORES')
+      local k = #members / 2
+      for i = 1, #members, 2 * slice do
+        local add = {}
+        for j = i, math.min(i + 2 * slice - 1, #members), 2 do
+          add[#add + 1] = members[j + 1]
+          add[#add + 1] = members[j]
+        end
+        redis.call('ZADD', copy, unpack(add))
+      end
+      if k > 0 then
+        redis.call('ZREMRANGEBYRANK', seg, 0, k - 1)
+        left = left - k
+      end
+    else
+      done = true
+      break
+    end
+    if n > 0 and not whole then
+      local first = redis.call('ZRANGE', seg, 0, 0, 'WITHSCORES')
+      if first[1] then
+        redis.call('ZADD', W, 'XX', first[2], seg)
+      else
+        forget(seg)
+      end
     end
   end
 end
