@@ -25,7 +25,7 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://./data/notification.db?mode=rwc
 /// - `NOTIFICATION_DELIVERY_LEASE`: how long a claimed due notification stays claimed before
 ///   another round may retry it, e.g. `30s` (default 30 s).
 /// - `NOTIFICATION_RECONCILE_INTERVAL`: with Redis, how often a sweep puts scheduled rows that
-///   Redis lost (a failed add, a Redis that came back empty) back into the due set, e.g. `30s`
+///   Redis lost (a failed add, a Redis that came back empty) back on the schedule, e.g. `30s`
 ///   (default 30 s). A sweep also runs soon after the Redis subscription comes back from a lost
 ///   connection and soon after an add fails; a failed sweep is retried after 1 s, 2 s, … up to
 ///   this interval.

@@ -1,7 +1,7 @@
 //! Puts scheduled notifications the scheduler lost back on it.
 //!
 //! The row store is the truth: a notification is due for delivery while its row is `scheduled`.
-//! The scheduler (Redis' due set) can lose entries behind the rows' back: an add that failed after
+//! The scheduler (Redis' schedule) can lose entries behind the rows' back: an add that failed after
 //! the row was written (Redis down or too slow), or a Redis that came back empty (a restart
 //! without persistence, `FLUSHALL`, a failover to a replica that had not caught up). A sweep
 //! walks the scheduled rows, earliest due first, in pages, and hands each page to
