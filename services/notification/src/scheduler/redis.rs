@@ -13,11 +13,12 @@
 //! Why segments: a claim that copies its members out of one big sorted set pays for each member
 //! twice, once to insert it into the claim and once to remove it from the set (`notification-claim`
 //! in `bench/`, 2,000 of 1M: Redis 3.99 ms per claim, p50 4.96 ms). A segment wholly due is
-//! claimed by `RENAME`, whatever its size, and a claimed part is freed by `UNLINK` off Redis's
-//! main thread: the members move without being touched. Only a segment partly due (the current
-//! second), one larger than what is left of `max`, or one smaller than [`SMALL`] is copied, and
-//! then only the members claimed. A second of due time with more members than a claim takes is
-//! copied as before (no worse than the one big set).
+//! claimed by `RENAME`, whatever its size: the members move without being touched, and each
+//! leaves its part when it is acknowledged (a `ZREM` from a set of about a second's members,
+//! outside the claim). Only a segment partly due (the current second), one larger than what is
+//! left of `max`, or one smaller than [`SMALL`] is copied, and then only the members claimed. A
+//! second of due time with more members than a claim takes is copied as before (no worse than
+//! the one big set).
 //!
 //! An acknowledgement looks for its members in the live parts (oldest first, stopping once every
 //! id is found) and in the returned segments; a part is at most [`PARTS`] per claim and there are
