@@ -45,8 +45,9 @@ pub trait Scheduler: Send + Sync + 'static {
         self.add_missing(&[(id, due_at_us)]).await.map(drop)
     }
 
-    /// Claims up to `max` ids due at `now_us`, each leased for `lease`: an id not acknowledged
-    /// before its lease ends can be claimed again (a delivery that failed is retried).
+    /// Claims up to `max` ids due at `now_us`, earliest due first (to within a second of due time
+    /// on Redis), each leased for `lease`: an id not acknowledged before its lease ends can be
+    /// claimed again (a delivery that failed is retried).
     async fn claim_due(
         &self,
         now_us: i64,

@@ -17,8 +17,8 @@
 //! leaves its part when it is acknowledged (a `ZREM` from a set of about a second's members,
 //! outside the claim). Only a segment partly due (the current second), one larger than what is
 //! left of `max`, or one smaller than [`SMALL`] is copied, and then only the members claimed. A
-//! second of due time with more members than a claim takes is copied as before (no worse than
-//! the one big set).
+//! second shared by more than [`CROWDED`] members (a campaign due at one moment) spreads over
+//! more segments as it fills, so it too is claimed by renaming.
 //!
 //! An acknowledgement looks for its members in the live parts (oldest first, stopping once every
 //! id is found) and in the returned segments; a part is at most [`PARTS`] per claim and there are
@@ -58,26 +58,57 @@ const PARTS_READ_AT_ONCE: usize = 4;
 /// their own, so a sparse schedule does not spend the claim's parts on one or two members each.
 const SMALL: usize = 32;
 
-/// Adds each member of ARGV (after ARGV[1] = the segment key prefix, ARGV[2] = 1 to skip ids that
-/// are waiting or claimed, then pairs: due time, id) to the segment of its due second, lists a new
-/// segment in the waiting index (KEYS[1]) or lowers its score, and counts what it added
-/// (KEYS[4]). KEYS[2] = the live parts, KEYS[3] = the returned segments. Returns how many it added.
+/// Segments of one second hold at most about this many members before the second is *crowded*:
+/// later adds for it spread over more segments (see [`ADD_SCRIPT`]), so that a second every
+/// notification of a campaign shares is still claimed by renaming, not member by member.
+const CROWDED: usize = 1024;
+
+/// Segments a crowded second's first extra level has; each further level has four times more.
+const FAN_OUT: usize = 16;
+
+/// Adds each member of ARGV to a segment of its second of due time, lists a new segment in the
+/// waiting index (KEYS[1]) or lowers its score, and counts what it added (KEYS[4]). KEYS[2] = the
+/// live parts, KEYS[3] = the returned segments, KEYS[5] = the crowded seconds (second → levels).
+/// ARGV[1] = the segment key prefix, ARGV[2] = 1 to skip ids that are waiting or claimed, ARGV[3]
+/// = the width of a second in µs, ARGV[4] = [`CROWDED`], ARGV[5] = [`FAN_OUT`], then pairs: due
+/// time, id. Returns how many it added.
 ///
-/// Checked: the id's own segment (due times do not change), then every live part and returned
-/// segment for the ids not found there, one `ZMSCORE` each. One script, so a claim cannot move a
-/// member between the check and the add, and two replicas restoring the same entries add each
-/// once.
+/// A second's members go to its segment `<second>` until that holds [`CROWDED`]; the second then
+/// has a level 1 of [`FAN_OUT`] segments `<second>:1:<h>`, `h` from a hash of the id, until one
+/// of those fills, then a level 2 four times wider, and so on (`HINCRBY` of the second's field in
+/// KEYS[5]; a field is left behind once the second is delivered, a few bytes per crowded second).
+/// So an id is found again by looking at one segment per level of its second: the check looks
+/// there (due times do not change), then in every live part and returned segment for the ids not
+/// found, one `ZMSCORE` each. One script, so a claim cannot move a member between the check and
+/// the add, and two replicas restoring the same entries add each once.
 const ADD_SCRIPT: &str = r"
-local W, L, R, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local W, L, R, C, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local seg_prefix, check = ARGV[1], ARGV[2] == '1'
-local width = tonumber(ARGV[3])
-local function segment(due)
-  return seg_prefix .. string.format('%.0f', math.floor(tonumber(due) / width))
+local width, crowded, fan = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local levels = {}
+local function second(due)
+  return string.format('%.0f', math.floor(tonumber(due) / width))
+end
+local function levels_of(sec)
+  if levels[sec] == nil then
+    levels[sec] = tonumber(redis.call('HGET', X, sec) or '0')
+  end
+  return levels[sec]
+end
+local function segment(sec, level, id)
+  if level == 0 then return seg_prefix .. sec end
+  local h = tonumber(string.sub(redis.sha1hex(id), 1, 8), 16) % (fan * 4 ^ (level - 1))
+  return seg_prefix .. sec .. ':' .. level .. ':' .. string.format('%.0f', h)
+end
+local function waiting(sec, id)
+  for level = 0, levels_of(sec) do
+    if redis.call('ZSCORE', segment(sec, level, id), id) then return true end
+  end
+  return false
 end
 local todo = {}
-for i = 4, #ARGV, 2 do
-  local due, id = ARGV[i], ARGV[i + 1]
-  if not (check and redis.call('ZSCORE', segment(due), id)) then
+for i = 6, #ARGV, 2 do
+  if not (check and waiting(second(ARGV[i]), ARGV[i + 1])) then
     todo[#todo + 1] = i
   end
 end
@@ -109,10 +140,15 @@ end
 local added = 0
 for _, i in ipairs(todo) do
   local due, id = ARGV[i], ARGV[i + 1]
-  local seg = segment(due)
+  local sec = second(due)
+  local level = levels_of(sec)
+  local seg = segment(sec, level, id)
   if redis.call('ZADD', seg, 'NX', due, id) == 1 then
     added = added + 1
     redis.call('ZADD', W, 'LT', due, seg)
+    if redis.call('ZCARD', seg) >= crowded then
+      levels[sec] = redis.call('HINCRBY', X, sec, 1)
+    end
   end
 end
 if added > 0 then
@@ -287,6 +323,8 @@ pub struct RedisScheduler {
     returned_key: String,
     /// Entries neither delivered nor acknowledged.
     count_key: String,
+    /// The crowded seconds: second → levels of extra segments.
+    crowded_key: String,
     /// What every waiting segment's key starts with (its second of due time follows).
     segment_prefix: String,
     /// What every claim part's key starts with (the claim's id and the part's number follow).
@@ -316,6 +354,7 @@ impl RedisScheduler {
             leases_key: format!("{prefix}{{notif}}:leases"),
             returned_key: format!("{prefix}{{notif}}:returned"),
             count_key: format!("{prefix}{{notif}}:count"),
+            crowded_key: format!("{prefix}{{notif}}:crowded"),
             segment_prefix: format!("{prefix}{{notif}}:s:"),
             part_prefix: format!("{prefix}{{notif}}:part:"),
             claim: Script::new(CLAIM_SCRIPT),
@@ -327,13 +366,15 @@ impl RedisScheduler {
     }
 
     /// The keys that list everything else (the waiting index, the live parts, the returned
-    /// segments) and the count: [`Self::remove_all`] removes them and what they list.
-    pub fn keys(&self) -> [&str; 4] {
+    /// segments), the count and the crowded seconds: [`Self::remove_all`] removes them and what
+    /// they list.
+    pub fn keys(&self) -> [&str; 5] {
         [
             &self.waiting_key,
             &self.leases_key,
             &self.returned_key,
             &self.count_key,
+            &self.crowded_key,
         ]
     }
 
@@ -346,6 +387,7 @@ impl RedisScheduler {
             .key(&self.leases_key)
             .key(&self.returned_key)
             .key(&self.count_key)
+            .key(&self.crowded_key)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(SchedulerError::redis("remove the scheduler's keys"))?;
@@ -386,9 +428,12 @@ impl RedisScheduler {
             call.key(&self.leases_key)
                 .key(&self.returned_key)
                 .key(&self.count_key)
+                .key(&self.crowded_key)
                 .arg(&self.segment_prefix)
                 .arg(if check { "1" } else { "0" })
-                .arg(SEGMENT_US);
+                .arg(SEGMENT_US)
+                .arg(CROWDED)
+                .arg(FAN_OUT);
             for (id, due) in chunk {
                 call.arg(*due).arg(id);
             }
