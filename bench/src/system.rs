@@ -197,28 +197,38 @@ pub async fn redis_spent() -> Option<RedisSpent> {
     }
     let mut total = RedisSpent::default();
     for node in nodes {
-        let mut conn = redis_connect(&node).await?;
-        let info = redis_text(&mut conn, "INFO", "commandstats").await?;
-        for (cmd, calls, usec) in parse_commandstats(&info) {
+        let node = redis_node_spent(&mut redis_connect(&node).await?).await?;
+        for (cmd, (calls, usec)) in node.commands {
             let e = total.commands.entry(cmd).or_insert((0, 0));
             e.0 += calls;
             e.1 += usec;
         }
-        let cpu = redis_text(&mut conn, "INFO", "cpu").await?;
-        total.cpu_secs += ["used_cpu_sys_main_thread", "used_cpu_user_main_thread"]
-            .iter()
-            .filter_map(|k| {
-                cpu.lines().find_map(|l| {
-                    l.strip_prefix(k)?
-                        .strip_prefix(':')?
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                })
-            })
-            .sum::<f64>();
+        total.cpu_secs += node.cpu_secs;
     }
     Some(total)
+}
+
+/// [`RedisSpent`] so far of the one Redis server `conn` talks to; `None` when it does not answer.
+pub async fn redis_node_spent(conn: &mut redis::aio::MultiplexedConnection) -> Option<RedisSpent> {
+    let info = redis_text(conn, "INFO", "commandstats").await?;
+    let commands = parse_commandstats(&info)
+        .into_iter()
+        .map(|(cmd, calls, usec)| (cmd, (calls, usec)))
+        .collect();
+    let cpu = redis_text(conn, "INFO", "cpu").await?;
+    let cpu_secs = ["used_cpu_sys_main_thread", "used_cpu_user_main_thread"]
+        .iter()
+        .filter_map(|k| {
+            cpu.lines().find_map(|l| {
+                l.strip_prefix(k)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+        })
+        .sum::<f64>();
+    Some(RedisSpent { commands, cpu_secs })
 }
 
 /// A connection to the Redis at `url`; `None` when it does not answer.

@@ -143,16 +143,15 @@ async fn run(
     for _ in 0..args.claims {
         // Redis's own time for the claim: the commands it ran between two readings, the
         // readings and the acknowledgement outside them.
-        let (script_before, cpu_before) = (script_usec_so_far(conn).await?, cpu_usec(conn).await?);
+        let before = redis_spent(conn).await?;
         let start = Instant::now();
         let ids = scheduler
             .claim_due(now_us(), args.batch, args.lease)
             .await?;
         latencies.push(start.elapsed());
-        redis_cpu_usec += cpu_usec(conn).await?.saturating_sub(cpu_before);
-        script_usec += script_usec_so_far(conn)
-            .await?
-            .saturating_sub(script_before);
+        let after = redis_spent(conn).await?;
+        redis_cpu_usec += after.cpu_usec.saturating_sub(before.cpu_usec);
+        script_usec += after.script_usec.saturating_sub(before.script_usec);
         if ids.len() != args.batch {
             short += 1;
         }
@@ -219,7 +218,7 @@ async fn run(
             ),
         )
         .info(
-            "Redis CPU per claim (INFO cpu: every thread, one INFO reading included)",
+            "Redis CPU per claim (INFO cpu, main thread; the INFO readings included)",
             redis_cpu.map_or_else(|| "not reported".to_owned(), fmt_duration),
         )
         .info(
@@ -242,40 +241,21 @@ async fn run(
     Ok(report)
 }
 
-/// Microseconds Redis has spent in scripts so far (`INFO commandstats`, `EVALSHA`; the commands
-/// a script calls are inside its time).
-async fn script_usec_so_far(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await?;
-    Ok(info
-        .lines()
-        .filter_map(|l| {
-            l.strip_prefix("cmdstat_evalsha:")?
-                .split(',')
-                .find_map(|f| f.strip_prefix("usec="))?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum())
+/// What Redis has spent so far, in microseconds: in scripts (`INFO commandstats`, `EVALSHA`; the
+/// commands a script calls are inside its time) and of its main thread's CPU (`INFO cpu`: the
+/// claim's script, the reads of its parts, the sockets).
+struct Spent {
+    script_usec: u64,
+    cpu_usec: u64,
 }
 
-/// Microseconds of CPU the Redis server has used so far, every thread (`INFO cpu`: system and
-/// user time in seconds with six decimals): the claim's script, the reads of its parts, reading
-/// and writing the sockets.
-async fn cpu_usec(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
-    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
-    let seconds: f64 = info
-        .lines()
-        .filter_map(|l| {
-            l.strip_prefix("used_cpu_sys:")
-                .or_else(|| l.strip_prefix("used_cpu_user:"))?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .sum();
+async fn redis_spent(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<Spent> {
+    let spent = system::redis_node_spent(conn)
+        .await
+        .context("Redis did not answer INFO")?;
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok((seconds * 1e6).round() as u64)
+    Ok(Spent {
+        script_usec: spent.commands.get("evalsha").map_or(0, |(_, usec)| *usec),
+        cpu_usec: (spent.cpu_secs * 1e6).round() as u64,
+    })
 }
