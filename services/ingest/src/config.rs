@@ -67,6 +67,9 @@ impl Default for PendingConfig {
     }
 }
 
+/// How long a finished job's log is kept (`INGEST_EVENT_TTL`).
+pub const DEFAULT_EVENT_TTL: Duration = Duration::from_secs(3600);
+
 /// Tuning of the hub and its watchers.
 #[derive(Clone, Debug)]
 pub struct HubConfig {
@@ -79,6 +82,10 @@ pub struct HubConfig {
     pub max_lifetime: Duration,
     /// Rows of running jobs kept for `GetResult` until the feed brings an item of their job.
     pub pending: PendingConfig,
+    /// How long a job's log is kept once closed, when a watcher is the one that closes it
+    /// (its job finished and the final event never reached the log): `serve` sets it from
+    /// `INGEST_EVENT_TTL`, as the workers use.
+    pub event_ttl: Duration,
 }
 
 impl Default for HubConfig {
@@ -88,6 +95,7 @@ impl Default for HubConfig {
             idle_check: Duration::from_secs(30),
             max_lifetime: Duration::from_secs(10 * 60),
             pending: PendingConfig::default(),
+            event_ttl: DEFAULT_EVENT_TTL,
         }
     }
 }
@@ -203,7 +211,7 @@ impl Default for Config {
             fetch_connect_timeout: Duration::from_secs(3),
             fetch_concurrency: 16,
             fetch_allow: Allowlist::default(),
-            event_ttl: Duration::from_secs(3600),
+            event_ttl: DEFAULT_EVENT_TTL,
             event_max_len: DEFAULT_EVENT_MAX_LEN,
             append_linger: DEFAULT_APPEND_LINGER,
             delta_interval: Duration::from_millis(250),

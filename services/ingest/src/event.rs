@@ -87,10 +87,10 @@ pub fn terminal_event_from_row(job: &Job) -> ScanEvent {
 }
 
 /// The final event of a finished job for a watcher, rebuilt from its row: it takes the
-/// position of the log's final event, `end` (its id and `seq`; the position it is about to
-/// take when the log does not hold it yet), so a watcher that has it already recognizes it as
-/// the same event. Without a log (it expired) the position is the watcher's own, `resumed`,
-/// when it gave one: nothing newer is left to name.
+/// position of the log's final event, `end` (its id and `seq`, as the row recorded it or the
+/// log holds it), so a watcher that has it already recognizes it as the same event. Without
+/// a log (it expired) the position is the watcher's own, `resumed`, when it gave one: nothing
+/// newer is left to name.
 pub fn rebuilt_end(job: &Job, end: Option<EventId>, resumed: Option<EventId>) -> ScanEvent {
     let mut ev = terminal_event_from_row(job);
     if let Some(at) = end.or(resumed) {

@@ -430,9 +430,15 @@ impl Watcher {
     }
 
     /// Ends the watch if the job has finished: with what its log took since it was last read
-    /// (the final event among it), else with the final event rebuilt from its row at that
-    /// event's position ([`rebuilt_end`]): from the row when it has recorded it, else from the
-    /// log ([`Self::end_position`]).
+    /// (the final event among it), else with the final event at the position the row recorded
+    /// for it ([`rebuilt_end`]). A finished row without that position means the log has not
+    /// taken its final event yet — a moment after the row finished, or for good when the
+    /// writer's append failed (Redis refused it, lost the log, or the process died) — and the
+    /// watcher closes the log itself, as the claim that finished the job would
+    /// ([`Stores::close_log`]): the end so stands where the log holds it, one final event
+    /// whoever appended it, and never at a position the watcher guessed (a log Redis lost
+    /// starts a new numbering that no reader could foresee). When a newer claim fences the
+    /// watcher off, that claim closes the log and the watch goes on until its event comes.
     async fn end_if_finished(&mut self) -> Result<Sent, Status> {
         let row = self
             .stores()
@@ -449,10 +455,22 @@ impl Watcher {
         if let Sent::Ended = self.send_all(events).await {
             return Ok(Sent::Ended);
         }
-        let end = match self.end_from_row(&row) {
-            Some(end) => Some(end),
-            None => self.end_position().await?,
+        if let Some(end) = self.end_from_row(&row) {
+            return self.end_at(&row, Some(end)).await;
+        }
+        let ttl = self.hub.inner.config.event_ttl;
+        let end = match self.stores().close_log(&row, row.lease_epoch, ttl).await {
+            Ok(end) => end.map(|seq| EventId::of(&self.job.id, seq)),
+            Err(StoreError::Fenced { .. }) => return Ok(Sent::More),
+            Err(e) => return Err(Error::from(e).into()),
         };
+        tracing::info!(job.id = %self.job.id, end = ?end.map(|e| e.to_string()), "a watcher closed its finished job's log");
+        // The final event, now in the log, after the watcher's position (a resume at or past
+        // it gets it again below).
+        let events = self.read_log().await?;
+        if let Sent::Ended = self.send_all(events).await {
+            return Ok(Sent::Ended);
+        }
         self.end_at(&row, end).await
     }
 
@@ -485,40 +503,6 @@ impl Watcher {
             .send(Ok(Watched::Event(rebuilt_end(row, end, resumed))))
             .await;
         Ok(Sent::Ended)
-    }
-
-    /// Where a finished job's end stands in its log: the final event's position when the log
-    /// holds it, else the position right after the log's last event. The row is finished
-    /// before its final event is appended (by a task of its own, moments later — or by the
-    /// next claim when the process died between the two), and nothing else is appended in
-    /// between, so that next position is the one the final event takes: an end rebuilt there
-    /// names the event the log holds, or will hold, and never an id the log gave another
-    /// event. `None` when the log holds nothing of the job (it expired).
-    async fn end_position(&self) -> Result<Option<EventId>, Status> {
-        let events = &self.stores().events;
-        let Some(last) = events.last_id(&self.job.id).await.map_err(Error::from)? else {
-            return Ok(None);
-        };
-        // The last event itself (and whatever came after it meanwhile).
-        let before_last = EventId {
-            n: last.n.saturating_sub(1),
-            ..last
-        };
-        let tail = events
-            .read_after(&self.job.id, Some(before_last))
-            .await
-            .map_err(Error::from)?;
-        let Some((ev, id)) = tail
-            .last()
-            .and_then(|ev| Some((ev, ev.event_id.parse::<EventId>().ok()?)))
-        else {
-            return Ok(Some(last));
-        };
-        Ok(Some(if is_final(ev) {
-            id
-        } else {
-            EventId { n: id.n + 1, ..id }
-        }))
     }
 
     /// Sends the events after the last one sent, in order; ends after a final event.

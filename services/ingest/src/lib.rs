@@ -83,7 +83,11 @@ pub async fn serve_with(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let hub = hub::Hub::start(stores.clone(), config.hub.clone(), shutdown.clone())
+    let hub_config = hub::HubConfig {
+        event_ttl: config.event_ttl,
+        ..config.hub.clone()
+    };
+    let hub = hub::Hub::start(stores.clone(), hub_config, shutdown.clone())
         .await
         .context("failed to start the event hub")?;
     let stages = pipeline::StageClients::connect(&config)?;

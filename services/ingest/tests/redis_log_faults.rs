@@ -36,6 +36,7 @@ struct Setup {
     server: PrivateRedis,
     redis: Redis,
     hub: Hub,
+    jobs: Arc<dyn JobStore>,
     job: Job,
     shutdown: CancellationToken,
     _dir: tempfile::TempDir,
@@ -64,7 +65,7 @@ impl Setup {
         let jobs: Arc<dyn JobStore> = Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap());
         let (job, _) = jobs.insert(new_job("images/ab/abcdef")).await.unwrap();
         let stores = Stores {
-            jobs,
+            jobs: jobs.clone(),
             events: Arc::new(log_on(&redis)),
             queue: Arc::new(MemoryQueue::new()),
             objects: Arc::new(LocalObjectStore::open(dir.path()).await.unwrap()),
@@ -81,6 +82,7 @@ impl Setup {
             server,
             redis,
             hub,
+            jobs,
             job,
             shutdown,
             _dir: dir,
@@ -117,6 +119,35 @@ impl Setup {
             message: message.into(),
             ..Default::default()
         }
+    }
+
+    /// The job's row claimed (epoch 1, the claim [`Self::claimed_writer`] fenced the log for)
+    /// and finished: the worker's `finish`, before it appends the final event.
+    async fn finish_row(&self) -> Job {
+        let claimed = self
+            .jobs
+            .claim(&self.job.id, Stage::Vision)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claimed.lease_epoch, 1);
+        self.jobs
+            .finish(&self.job.id, 1, ecoscan_proto::v1::JobStatus::Succeeded, None)
+            .await
+            .unwrap()
+            .expect("the row finishes")
+    }
+
+    /// Every event of the job's log, as (seq, stage), as a reader of the log gets them.
+    async fn logged(&self) -> Vec<(u64, i32)> {
+        let reader = self.writer("test-reader").await;
+        reader
+            .read_after(&self.job.id, None)
+            .await
+            .unwrap()
+            .iter()
+            .map(|ev| (ev.seq, ev.stage))
+            .collect()
     }
 
     fn events_key(&self) -> String {
@@ -486,4 +517,110 @@ async fn kept_rows_go_with_their_jobs_events_and_all_of_them_when_the_feed_recon
         async || !kept(hub, &other.id),
     )
     .await;
+}
+
+/// The job finished (its row) and Redis lost its log before the worker appended the final
+/// event (the worker's append failed: `WRONGTYPE`, a restart, a deleted key). A watcher that
+/// finds the row finished without its end closes the log itself, as a claim would: the final
+/// event goes in the log (a new run's numbering, which nobody could have foreseen), the row
+/// records it, and every watcher — the one resuming and the one following live — ends with
+/// that one event; the worker's late append, and a later claim's, add nothing. A watcher
+/// that guessed the end's position instead stood it at its own last event's id, an id the log
+/// had given another event.
+#[tokio::test]
+async fn a_watcher_closes_the_log_of_a_finished_job_whose_final_event_redis_lost() {
+    let setup = Setup::start().await;
+    let writer = setup.claimed_writer("test-worker", "first").await;
+    let mut live = setup.hub.watch(setup.job.clone(), None, None);
+    assert_eq!(next(&mut live).await.seq, 1);
+    assert_eq!(next(&mut live).await.seq, 2);
+    let row = setup.finish_row().await;
+    setup.command(redis::cmd("DEL").arg(setup.events_key())).await;
+
+    let resumed_at = EventId::of(&setup.job.id, 2);
+    let mut resumed = setup.hub.watch(row.clone(), Some(resumed_at), None);
+    let end = next(&mut resumed).await;
+    assert_eq!(end.stage, Stage::Done as i32);
+    assert_eq!(end.seq, RUN_SPAN + 1, "the log lost: a new run's numbering");
+    assert_eq!(
+        setup.logged().await,
+        vec![(end.seq, Stage::Done as i32)],
+        "the end stands where the log holds it"
+    );
+    let live_end = next(&mut live).await;
+    assert_eq!(
+        live_end.event_id, end.event_id,
+        "the live watcher ends with the same event"
+    );
+    let recorded = setup.jobs.get(&setup.job.id).await.unwrap().unwrap();
+    assert_eq!(recorded.end_seq, Some(end.seq), "the row records it");
+
+    // The worker's append, late, and a later claim's find the log closed.
+    let late = writer
+        .append_final_as(setup.ev(Stage::Done, "late"), 1)
+        .await
+        .unwrap();
+    assert!(late.is_none(), "one final event: {late:?}");
+    let claim = setup.writer("test-next-claim").await;
+    claim.fence(&setup.job.id, 2).await.unwrap();
+    let again = claim
+        .append_final_as(setup.ev(Stage::Done, "again"), 2)
+        .await
+        .unwrap();
+    assert!(again.is_none(), "one final event: {again:?}");
+    assert_eq!(setup.logged().await, vec![(end.seq, Stage::Done as i32)]);
+
+    // A resume at the end, after all this, gets that end from the row at once.
+    let mut at_end = setup
+        .hub
+        .watch(recorded, Some(end.event_id.parse().unwrap()), None);
+    assert_eq!(next(&mut at_end).await.event_id, end.event_id);
+}
+
+/// The moment between the row finishing and the log taking the final event: a watcher that
+/// comes then appends the final event where the worker would (right after the log's last
+/// event), and the worker's own append finds it there.
+#[tokio::test]
+async fn a_watcher_between_the_row_finishing_and_the_final_event_ends_with_the_logs_end() {
+    let setup = Setup::start().await;
+    let writer = setup.claimed_writer("test-worker", "first").await;
+    let row = setup.finish_row().await;
+    let mut watch = setup.hub.watch(row, Some(EventId::of(&setup.job.id, 2)), None);
+    let end = next(&mut watch).await;
+    assert_eq!((end.seq, end.stage), (3, Stage::Done as i32));
+    let late = writer
+        .append_final_as(setup.ev(Stage::Done, "late"), 1)
+        .await
+        .unwrap();
+    assert!(late.is_none(), "one final event: {late:?}");
+    let logged = setup.logged().await;
+    assert_eq!(logged.last(), Some(&(3, Stage::Done as i32)));
+    assert_eq!(logged.len(), 3);
+}
+
+/// A watcher that finds the row finished while a newer claim holds the job (its fence is
+/// raised, the row it read is older) is refused the append; it waits for the final event that
+/// claim appends, and ends with it.
+#[tokio::test]
+async fn a_watcher_fenced_off_by_a_newer_claim_ends_with_that_claims_final_event() {
+    let setup = Setup::start().await;
+    setup.claimed_writer("test-worker", "first").await;
+    let row = setup.finish_row().await;
+    let claim = setup.writer("test-next-claim").await;
+    claim.fence(&setup.job.id, 2).await.unwrap();
+    let mut watch = setup.hub.watch(row, Some(EventId::of(&setup.job.id, 2)), None);
+    // The watcher's append is refused, and it waits.
+    let waited = tokio::time::timeout(Duration::from_millis(300), watch.next()).await;
+    assert!(waited.is_err(), "nothing before the claim appends: {waited:?}");
+    let appended = claim
+        .append_final_as(setup.ev(Stage::Done, "from the claim"), 2)
+        .await
+        .unwrap()
+        .expect("the claim's final event");
+    let end = next(&mut watch).await;
+    assert_eq!(
+        (end.event_id.as_str(), end.message.as_str()),
+        (appended.event_id.as_str(), "from the claim")
+    );
+    assert_eq!(setup.logged().await.len(), 3, "one final event");
 }

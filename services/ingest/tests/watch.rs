@@ -248,9 +248,11 @@ async fn a_resume_of_a_job_whose_log_expired_says_so_and_ends_with_the_end_from_
 }
 
 #[tokio::test]
-async fn a_job_whose_row_has_no_end_position_keeps_the_watchers_own_after_its_log_expired() {
-    // A row finished before the end's position was recorded (an earlier version): nothing
-    // is left to name a position, so the end keeps the watcher's own.
+async fn a_job_whose_row_has_no_end_position_gets_its_log_closed_after_it_expired() {
+    // A row finished before the end's position was recorded (an earlier version, or a worker
+    // whose final append failed): the watcher closes the log, as a claim would, with the final
+    // event numbered as a new run (above every seq the expired log gave, never an id it gave
+    // another event), and the row records it.
     let (env, job, events) = a_finished_job_whose_log_expired().await;
     let db = sqlx::SqlitePool::connect(&format!(
         "sqlite://{}",
@@ -268,10 +270,15 @@ async fn a_job_whose_row_has_no_end_position_keeps_the_watchers_own_after_its_lo
         .unwrap();
     assert!(error.is_none(), "{error:?}");
     assert_eq!(msgs.len(), 2, "{msgs:?}");
-    assert!(matches!(&msgs[0], Msg::Resync(g) if g.reason == ResyncReason::LogExpired as i32));
+    assert!(matches!(&msgs[0], Msg::Resync(g) if g.reason == ResyncReason::EventsLost as i32));
     let end = event(&msgs[1]).expect("then the end");
     assert!(is_done(end));
-    assert_eq!(end.event_id, after);
+    assert_eq!(end.seq, ecoscan_ingest::store::RUN_SPAN + 1, "a new run");
+    let row = env.stores.jobs.get(&job).await.unwrap().unwrap();
+    assert_eq!(row.end_seq, Some(end.seq));
+    let logged = env.stores.events.read_after(&job, None).await.unwrap();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0].event_id, end.event_id);
 }
 
 #[tokio::test]
@@ -459,9 +466,9 @@ async fn a_retried_answer_stage_announces_itself_and_its_deltas_give_the_stored_
 }
 
 #[tokio::test]
-async fn an_end_rebuilt_before_the_log_takes_its_final_event_stands_where_that_event_will() {
+async fn a_watch_before_the_log_takes_its_final_event_appends_it_where_the_worker_would() {
     // The row finishes a moment before the log takes the final event (a task of its own, or the
-    // next claim after a crash); a watcher in between gets the end from the row. Made here by
+    // next claim after a crash); a watcher in between closes the log itself. Made here by
     // hand: a finished row whose log stops at `vision started`.
     let env = start(None, |_| {}).await;
     let job = uuid::Uuid::now_v7().to_string();
@@ -498,8 +505,9 @@ async fn an_end_rebuilt_before_the_log_takes_its_final_event_stands_where_that_e
     .await
     .unwrap();
 
-    // Resumed at the log's last event, or past it: the end at once, at the position after
-    // the last event, never at the id the log gave `vision started`.
+    // Resumed at the log's last event, or past it: the end at once, appended by the first
+    // watcher at the position after the last event, never at the id the log gave `vision
+    // started`.
     for after in [id_of(&job, 2), id_of(&job, 9)] {
         let (events, error) = watch_from(&env, &job, &after, Duration::from_secs(5)).await;
         assert!(error.is_none(), "{error:?}");
@@ -512,17 +520,22 @@ async fn an_end_rebuilt_before_the_log_takes_its_final_event_stands_where_that_e
         );
     }
 
-    // The final event, once appended, is the one the rebuilt end named.
+    // The worker's own append, late, finds the final event there: the log holds one.
+    let row = jobs.get(&job).await.unwrap().unwrap();
+    assert_eq!(row.end_seq, Some(3), "the row records it");
     let appended = env
         .stores
         .events
-        .append_final(ecoscan_ingest::event::terminal_event_from_row(
-            &jobs.get(&job).await.unwrap().unwrap(),
-        ))
+        .append_final_as(
+            ecoscan_ingest::event::terminal_event_from_row(&row),
+            claimed.lease_epoch,
+        )
         .await
-        .unwrap()
-        .expect("the log takes its final event");
-    assert_eq!(appended.event_id, id_of(&job, 3));
+        .unwrap();
+    assert!(appended.is_none(), "one final event: {appended:?}");
+    let logged = env.stores.events.read_after(&job, None).await.unwrap();
+    assert_eq!(logged.len(), 3, "{logged:?}");
+    assert_eq!(logged[2].event_id, id_of(&job, 3));
 }
 
 /// A `queued` event of `job_id`, appended as `Submit` appends it.

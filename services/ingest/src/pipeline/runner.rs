@@ -22,9 +22,8 @@ use crate::{
     error::StoreError,
     event::{
         delta, event, failed, progress_range, restarted, stage_error, stage_name,
-        terminal_event_from_row,
     },
-    store::{Job, Lease, Stores, jobs::Checkpoint},
+    store::{Job, Lease, jobs::Checkpoint},
 };
 
 /// A stage failed for good; the job fails with this.
@@ -121,7 +120,11 @@ impl Ctx {
         if job.is_terminal() {
             // Finished before, but the final event may not have made it to the log (the
             // process died between the row and the log).
-            return close_log(&self.stores, &job, epoch, self.config.event_ttl).await;
+            return self
+                .stores
+                .close_log(&job, epoch, self.config.event_ttl)
+                .await
+                .map(drop);
         }
         if job.attempts > self.config.max_attempts {
             let message = format!(
@@ -206,7 +209,7 @@ impl Ctx {
                         StoreError::Corrupt(format!("job {job_id} vanished while running"))
                     })?,
                 };
-                close_log(&stores, &row, epoch, ttl).await
+                stores.close_log(&row, epoch, ttl).await.map(drop)
             }
             .in_current_span(),
         );
@@ -478,28 +481,4 @@ impl Ctx {
         .await?;
         Ok(())
     }
-}
-
-/// Ends finished job `job`'s log: its final event, unless the log has one, then its position
-/// on the row (so that a watcher's end is known from the row alone), then the log's expiry.
-async fn close_log(
-    stores: &Stores,
-    job: &Job,
-    epoch: u64,
-    ttl: Duration,
-) -> Result<(), StoreError> {
-    let appended = stores
-        .events
-        .append_final_as(terminal_event_from_row(job), epoch)
-        .await?;
-    let seq = match appended {
-        Some(ev) => Some(ev.seq),
-        // The log has its final event already, as its last; the row may know it too.
-        None if job.end_seq.is_some() => None,
-        None => stores.events.last_id(&job.id).await?.map(|id| id.n),
-    };
-    if let Some(seq) = seq.filter(|s| job.end_seq != Some(*s)) {
-        stores.jobs.set_end_seq(&job.id, seq).await?;
-    }
-    stores.events.expire(&job.id, ttl).await
 }

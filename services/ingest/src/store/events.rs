@@ -180,7 +180,13 @@ impl MemoryEventLog {
     ) -> Result<Option<ScanEvent>, StoreError> {
         {
             let mut map = self.inner.lock().expect("event log lock poisoned");
-            let log = map.entry(event.job_id.clone()).or_insert_with(JobLog::new);
+            // A claim's writer that finds no record of its job (the log expired: a watcher
+            // closing the log of a job that finished long ago) numbers a new run, as the
+            // Redis log does, above every seq the expired log gave.
+            let log = map.entry(event.job_id.clone()).or_insert_with(|| JobLog {
+                seq: epoch.saturating_mul(RUN_SPAN),
+                ..JobLog::new()
+            });
             if epoch < log.fence {
                 return Err(StoreError::Fenced {
                     job: event.job_id,
