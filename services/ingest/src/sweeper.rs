@@ -23,8 +23,15 @@ const MAX_PAGES: usize = 10;
 const MIN_HOLD: Duration = Duration::from_secs(30);
 
 /// One pass: re-enqueues unfinished jobs older than `grace` that have no queue entry. Returns
-/// how many were re-enqueued.
+/// how many were re-enqueued. A sweeper of its own: what it reserves ([`sweep_as`]) holds off
+/// every other pass for a while.
 pub async fn sweep_once(stores: &Stores, grace: Duration) -> Result<usize, StoreError> {
+    sweep_as(stores, grace, &uuid::Uuid::new_v4().to_string()).await
+}
+
+/// [`sweep_once`] as sweeper `holder`: the re-enqueue reservations it made at an earlier pass
+/// whose enqueue failed are its own, and it puts those jobs back now.
+pub async fn sweep_as(stores: &Stores, grace: Duration, holder: &str) -> Result<usize, StoreError> {
     let mut before = SystemTime::now()
         .checked_sub(grace)
         .unwrap_or(SystemTime::UNIX_EPOCH);
@@ -45,7 +52,7 @@ pub async fn sweep_once(stores: &Stores, grace: Duration) -> Result<usize, Store
             // Another replica's sweeper found it too and is putting it back.
             if !stores
                 .queue
-                .reserve_requeue(&job.id, grace.max(MIN_HOLD))
+                .reserve_requeue(&job.id, grace.max(MIN_HOLD), holder)
                 .await?
             {
                 continue;
@@ -85,6 +92,9 @@ pub fn spawn(
     grace: Duration,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
+    // One holder for the task's life: a pass that failed after reserving a job (its enqueue
+    // refused) is followed by one that may put the job back.
+    let holder = uuid::Uuid::new_v4().to_string();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -96,7 +106,7 @@ pub fn spawn(
             };
             let grace = if after_loss { Duration::ZERO } else { grace };
             loop {
-                match sweep_once(&stores, grace).await {
+                match sweep_as(&stores, grace, &holder).await {
                     Ok(0) => {}
                     Ok(n) if after_loss => tracing::warn!(
                         requeued = n,

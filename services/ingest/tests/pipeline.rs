@@ -242,8 +242,13 @@ impl Queue for LosesFirstLease {
     async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError> {
         self.0.queued(job_ids).await
     }
-    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
-        self.0.reserve_requeue(job_id, hold).await
+    async fn reserve_requeue(
+        &self,
+        job_id: &str,
+        hold: Duration,
+        holder: &str,
+    ) -> Result<bool, StoreError> {
+        self.0.reserve_requeue(job_id, hold, holder).await
     }
     async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         self.0.release(leases).await

@@ -132,7 +132,12 @@ impl Setup {
             .unwrap();
         assert_eq!(claimed.lease_epoch, 1);
         self.jobs
-            .finish(&self.job.id, 1, ecoscan_proto::v1::JobStatus::Succeeded, None)
+            .finish(
+                &self.job.id,
+                1,
+                ecoscan_proto::v1::JobStatus::Succeeded,
+                None,
+            )
             .await
             .unwrap()
             .expect("the row finishes")
@@ -535,7 +540,9 @@ async fn a_watcher_closes_the_log_of_a_finished_job_whose_final_event_redis_lost
     assert_eq!(next(&mut live).await.seq, 1);
     assert_eq!(next(&mut live).await.seq, 2);
     let row = setup.finish_row().await;
-    setup.command(redis::cmd("DEL").arg(setup.events_key())).await;
+    setup
+        .command(redis::cmd("DEL").arg(setup.events_key()))
+        .await;
 
     let resumed_at = EventId::of(&setup.job.id, 2);
     let mut resumed = setup.hub.watch(row.clone(), Some(resumed_at), None);
@@ -585,7 +592,9 @@ async fn a_watcher_between_the_row_finishing_and_the_final_event_ends_with_the_l
     let setup = Setup::start().await;
     let writer = setup.claimed_writer("test-worker", "first").await;
     let row = setup.finish_row().await;
-    let mut watch = setup.hub.watch(row, Some(EventId::of(&setup.job.id, 2)), None);
+    let mut watch = setup
+        .hub
+        .watch(row, Some(EventId::of(&setup.job.id, 2)), None);
     let end = next(&mut watch).await;
     assert_eq!((end.seq, end.stage), (3, Stage::Done as i32));
     let late = writer
@@ -608,10 +617,15 @@ async fn a_watcher_fenced_off_by_a_newer_claim_ends_with_that_claims_final_event
     let row = setup.finish_row().await;
     let claim = setup.writer("test-next-claim").await;
     claim.fence(&setup.job.id, 2).await.unwrap();
-    let mut watch = setup.hub.watch(row, Some(EventId::of(&setup.job.id, 2)), None);
+    let mut watch = setup
+        .hub
+        .watch(row, Some(EventId::of(&setup.job.id, 2)), None);
     // The watcher's append is refused, and it waits.
     let waited = tokio::time::timeout(Duration::from_millis(300), watch.next()).await;
-    assert!(waited.is_err(), "nothing before the claim appends: {waited:?}");
+    assert!(
+        waited.is_err(),
+        "nothing before the claim appends: {waited:?}"
+    );
     let appended = claim
         .append_final_as(setup.ev(Stage::Done, "from the claim"), 2)
         .await

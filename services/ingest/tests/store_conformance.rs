@@ -19,7 +19,7 @@ use ecoscan_ingest::{
         NewJob, PgJobStore, Queue, QueueEntry, RUN_SPAN, RedisEventLog, RedisQueue, SqliteJobStore,
         jobs::Checkpoint,
     },
-    sweeper::sweep_once,
+    sweeper::{sweep_as, sweep_once},
 };
 use ecoscan_proto::v1::{
     Classification, DisposalRules, ErrorInfo, EventStatus, JobStatus, ScanEvent, Stage,
@@ -1420,27 +1420,46 @@ async fn concurrent_sweepers_requeue_once(stores: Stores, other: Arc<dyn Queue>)
         .unwrap();
     assert_eq!(l.entry.job_id, lost.id);
     stores.queue.ack(&l).await.unwrap();
-    // A reservation is one job's: another job is not held back by it.
+    // A reservation is one job's and one holder's: another job is not held back by it, nor
+    // its own holder, which reserves it again.
+    let hold = Duration::from_secs(5);
+    assert!(stores.queue.reserve_requeue("x", hold, "a").await.unwrap());
+    assert!(!twin.queue.reserve_requeue("x", hold, "b").await.unwrap());
+    assert!(twin.queue.reserve_requeue("y", hold, "b").await.unwrap());
+    assert!(twin.queue.reserve_requeue("x", hold, "a").await.unwrap());
+
+    // A pass that reserved a job and then could not enqueue it (Redis refused the write:
+    // `OOM`, a restart) leaves its reservation behind: the same sweeper's next pass puts the
+    // job back; another sweeper's does not.
+    let (stuck, _) = stores.jobs.insert(new_job("u", None)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(
         stores
             .queue
-            .reserve_requeue("x", Duration::from_secs(5))
+            .reserve_requeue(&stuck.id, Duration::from_secs(30), "sweeper-a")
             .await
             .unwrap()
     );
-    assert!(
-        !twin
-            .queue
-            .reserve_requeue("x", Duration::from_secs(5))
-            .await
-            .unwrap()
+    assert_eq!(
+        sweep_as(&twin, Duration::ZERO, "sweeper-b").await.unwrap(),
+        0,
+        "another sweeper holds it"
     );
-    assert!(
-        twin.queue
-            .reserve_requeue("y", Duration::from_secs(5))
+    assert_eq!(
+        sweep_as(&stores, Duration::ZERO, "sweeper-a")
             .await
-            .unwrap()
+            .unwrap(),
+        1,
+        "the sweeper that reserved it puts it back"
     );
+    let l = stores
+        .queue
+        .claim(Duration::from_secs(5), Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(l.entry.job_id, stuck.id);
+    stores.queue.ack(&l).await.unwrap();
 }
 
 #[tokio::test]

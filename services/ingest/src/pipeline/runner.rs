@@ -20,9 +20,7 @@ use super::{
 };
 use crate::{
     error::StoreError,
-    event::{
-        delta, event, failed, progress_range, restarted, stage_error, stage_name,
-    },
+    event::{delta, event, failed, progress_range, restarted, stage_error, stage_name},
     store::{Job, Lease, jobs::Checkpoint},
 };
 

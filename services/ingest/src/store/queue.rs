@@ -83,10 +83,18 @@ pub trait Queue: Send + Sync + 'static {
     /// quarter lease). A process that is shutting down releases the jobs it could not finish
     /// rather than leaving them to wait out their whole lease.
     async fn release(&self, leases: &[Lease]) -> Result<(), StoreError>;
-    /// Reserves, for `hold`, the right to re-enqueue `job_id`: true for the one caller that
-    /// got it. Sweepers of several replicas may find the same lost job at once; only the one
-    /// holding the reservation enqueues it, so a job is not put back twice.
-    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError>;
+    /// Reserves, for `hold`, the right to re-enqueue `job_id` for `holder` (one sweeper): true
+    /// when nobody else holds it. Sweepers of several replicas may find the same lost job at
+    /// once; only the one holding the reservation enqueues it, so a job is not put back twice.
+    /// A holder that reserves again gets it again (its hold renewed): a sweeper whose enqueue
+    /// failed after it reserved (Redis refused the write: `OOM`, a restart) puts the job back
+    /// at its next pass instead of being held off by its own reservation.
+    async fn reserve_requeue(
+        &self,
+        job_id: &str,
+        hold: Duration,
+        holder: &str,
+    ) -> Result<bool, StoreError>;
     /// Resolves when the queue notices that its store lost entries (Redis restarted without
     /// persistence, `FLUSHALL`, a failover that had not caught up): every unfinished job
     /// whose entry went with them must be put back now, not after the sweeper's grace. Each
@@ -115,7 +123,8 @@ struct State {
     claimed: HashMap<String, (QueueEntry, Instant)>,
     next_id: u64,
     /// Re-enqueue reservations and when they lapse.
-    requeues: HashMap<String, Instant>,
+    /// Re-enqueue reservations: until when, and whose.
+    requeues: HashMap<String, (Instant, String)>,
 }
 
 impl MemoryQueue {
@@ -166,14 +175,25 @@ impl Queue for MemoryQueue {
         Ok(())
     }
 
-    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
+    async fn reserve_requeue(
+        &self,
+        job_id: &str,
+        hold: Duration,
+        holder: &str,
+    ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.state.lock().expect("queue lock poisoned");
-        state.requeues.retain(|_, until| *until > now);
-        if state.requeues.contains_key(job_id) {
+        state.requeues.retain(|_, (until, _)| *until > now);
+        if state
+            .requeues
+            .get(job_id)
+            .is_some_and(|(_, held_by)| held_by != holder)
+        {
             return Ok(false);
         }
-        state.requeues.insert(job_id.to_owned(), now + hold);
+        state
+            .requeues
+            .insert(job_id.to_owned(), (now + hold, holder.to_owned()));
         Ok(true)
     }
 

@@ -18,7 +18,7 @@ use ecoscan_redis::{
     },
 };
 
-use super::scripts::{ACK_HELD_SCRIPT, EXTEND_MANY, FORGET_IDLE};
+use super::scripts::{ACK_HELD_SCRIPT, EXTEND_MANY, FORGET_IDLE, RESERVE_REQUEUE};
 use crate::{
     error::StoreError,
     store::queue::{Lease, Queue, QueueEntry},
@@ -451,17 +451,21 @@ impl Queue for RedisQueue {
         name = "SET scan:dispatch:requeue",
         fields(job.id = %job_id)
     )]
-    async fn reserve_requeue(&self, job_id: &str, hold: Duration) -> Result<bool, StoreError> {
-        // One key per job (any slot on a cluster); NX makes the first sweeper the only one.
-        let set: Option<String> = redis::cmd("SET")
-            .arg(format!("{}:requeue:{job_id}", self.key))
-            .arg(1)
-            .arg("NX")
-            .arg("PX")
+    async fn reserve_requeue(
+        &self,
+        job_id: &str,
+        hold: Duration,
+        holder: &str,
+    ) -> Result<bool, StoreError> {
+        // One key per job (any slot on a cluster), holding its holder's name: the first
+        // sweeper is the only one, and it again at its next pass.
+        let reserved: i64 = RESERVE_REQUEUE
+            .key(format!("{}:requeue:{job_id}", self.key))
+            .arg(holder)
             .arg(hold.as_millis().max(1) as u64)
-            .query_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn.clone())
             .await?;
-        Ok(set.is_some())
+        Ok(reserved == 1)
     }
 
     async fn forget_idle_claimers(&self, idle: Duration) -> Result<usize, StoreError> {
