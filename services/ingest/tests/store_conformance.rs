@@ -1398,6 +1398,17 @@ async fn sweeper_conformance(stores: Stores) {
     }
 }
 
+/// Claims the queue's next entry, which is `job_id`'s, and acknowledges it.
+async fn take_next(queue: &dyn Queue, job_id: &str) {
+    let l = queue
+        .claim(Duration::from_secs(5), Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("an entry");
+    assert_eq!(l.entry.job_id, job_id);
+    queue.ack(&l).await.unwrap();
+}
+
 /// Sweepers of two replicas that find the same lost job at once put it back once.
 async fn concurrent_sweepers_requeue_once(stores: Stores, other: Arc<dyn Queue>) {
     let (lost, _) = stores.jobs.insert(new_job("u", None)).await.unwrap();
@@ -1412,14 +1423,7 @@ async fn concurrent_sweepers_requeue_once(stores: Stores, other: Arc<dyn Queue>)
     );
     assert_eq!(a.unwrap() + b.unwrap(), 1, "one of the two re-enqueued it");
     assert_eq!(stores.queue.backlog().await.unwrap(), 1);
-    let l = stores
-        .queue
-        .claim(Duration::from_secs(5), Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(l.entry.job_id, lost.id);
-    stores.queue.ack(&l).await.unwrap();
+    take_next(stores.queue.as_ref(), &lost.id).await;
     // A reservation is one job's and one holder's: another job is not held back by it, nor
     // its own holder, which reserves it again.
     let hold = Duration::from_secs(5);
@@ -1452,14 +1456,7 @@ async fn concurrent_sweepers_requeue_once(stores: Stores, other: Arc<dyn Queue>)
         1,
         "the sweeper that reserved it puts it back"
     );
-    let l = stores
-        .queue
-        .claim(Duration::from_secs(5), Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(l.entry.job_id, stuck.id);
-    stores.queue.ack(&l).await.unwrap();
+    take_next(stores.queue.as_ref(), &stuck.id).await;
 }
 
 #[tokio::test]
