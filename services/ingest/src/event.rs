@@ -6,7 +6,12 @@ use ecoscan_proto::v1::{
     ErrorInfo, EventStatus, JobStatus, Resync, ResyncReason, ScanEvent, Stage, scan_event::Payload,
 };
 
-use crate::store::{EventId, Job};
+use std::time::Duration;
+
+use crate::{
+    error::StoreError,
+    store::{EventId, Job, Stores},
+};
 
 /// What a watch stream carries: the job's events, and the gaps its log could not fill.
 #[derive(Clone, Debug, PartialEq)]
@@ -234,6 +239,36 @@ pub(crate) fn stage_name(stage: Stage) -> &'static str {
 }
 
 pub use ecoscan_proto::event::is_final;
+
+/// Ends finished job `job`'s log as the writer of claim `epoch`: its final event, from the
+/// row, unless the log has one, then its position on the row (so that a watcher's end is
+/// known from the row alone), then the log's expiry. Whoever finds the row finished and
+/// the log not closed calls it — the claim that finished the job, a later claim, a watcher
+/// — and the log takes one final event whoever appends it; a claim newer than `epoch`
+/// refuses it (`Fenced`) and closes the log itself. Returns the final event's seq, `None`
+/// when the log says nothing of it (it holds no event).
+pub async fn close_log(
+    stores: &Stores,
+    job: &Job,
+    epoch: u64,
+    ttl: Duration,
+) -> Result<Option<u64>, StoreError> {
+    let appended = stores
+        .events
+        .append_final_as(terminal_event_from_row(job), epoch)
+        .await?;
+    let seq = match appended {
+        Some(ev) => Some(ev.seq),
+        // The log has its final event already, as its last; the row may know it too.
+        None if job.end_seq.is_some() => job.end_seq,
+        None => stores.events.last_id(&job.id).await?.map(|id| id.n),
+    };
+    if let Some(seq) = seq.filter(|s| job.end_seq != Some(*s)) {
+        stores.jobs.set_end_seq(&job.id, seq).await?;
+    }
+    stores.events.expire(&job.id, ttl).await?;
+    Ok(seq)
+}
 
 #[cfg(test)]
 mod tests {

@@ -31,7 +31,7 @@ use tracing::Instrument;
 
 use crate::{
     error::{Error, StoreError},
-    event::{Watched, is_final, rebuilt_end, resync},
+    event::{Watched, close_log, is_final, rebuilt_end, resync},
     pending::PendingCache,
     store::{EventId, FeedItem, Job, Stores},
 };
@@ -435,7 +435,7 @@ impl Watcher {
     /// taken its final event yet — a moment after the row finished, or for good when the
     /// writer's append failed (Redis refused it, lost the log, or the process died) — and the
     /// watcher closes the log itself, as the claim that finished the job would
-    /// ([`Stores::close_log`]): the end so stands where the log holds it, one final event
+    /// ([`close_log`]): the end so stands where the log holds it, one final event
     /// whoever appended it, and never at a position the watcher guessed (a log Redis lost
     /// starts a new numbering that no reader could foresee). When a newer claim fences the
     /// watcher off, that claim closes the log and the watch goes on until its event comes.
@@ -459,7 +459,7 @@ impl Watcher {
             return self.end_at(&row, Some(end)).await;
         }
         let ttl = self.hub.inner.config.event_ttl;
-        let end = match self.stores().close_log(&row, row.lease_epoch, ttl).await {
+        let end = match close_log(self.stores(), &row, row.lease_epoch, ttl).await {
             Ok(end) => end.map(|seq| EventId::of(&self.job.id, seq)),
             Err(StoreError::Fenced { .. }) => return Ok(Sent::More),
             Err(e) => return Err(Error::from(e).into()),

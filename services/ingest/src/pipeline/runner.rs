@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     error::StoreError,
-    event::{delta, event, failed, progress_range, restarted, stage_error, stage_name},
+    event::{close_log, delta, event, failed, progress_range, restarted, stage_error, stage_name},
     store::{Job, Lease, jobs::Checkpoint},
 };
 
@@ -118,9 +118,7 @@ impl Ctx {
         if job.is_terminal() {
             // Finished before, but the final event may not have made it to the log (the
             // process died between the row and the log).
-            return self
-                .stores
-                .close_log(&job, epoch, self.config.event_ttl)
+            return close_log(&self.stores, &job, epoch, self.config.event_ttl)
                 .await
                 .map(drop);
         }
@@ -207,7 +205,7 @@ impl Ctx {
                         StoreError::Corrupt(format!("job {job_id} vanished while running"))
                     })?,
                 };
-                stores.close_log(&row, epoch, ttl).await.map(drop)
+                close_log(&stores, &row, epoch, ttl).await.map(drop)
             }
             .in_current_span(),
         );

@@ -21,11 +21,11 @@ pub use redis::{RedisEventLog, RedisQueue};
 pub use sql::SqlJobStore;
 pub use sqlite::SqliteJobStore;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::{Config, error::StoreError, event::terminal_event_from_row};
+use crate::Config;
 
 /// Bytes of recently stored images kept in memory for the vision stage (with S3).
 const RECENT_IMAGES_BYTES: usize = 64 * 1024 * 1024;
@@ -108,35 +108,5 @@ impl Stores {
             queue,
             objects,
         })
-    }
-
-    /// Ends finished job `job`'s log as the writer of claim `epoch`: its final event, from the
-    /// row, unless the log has one, then its position on the row (so that a watcher's end is
-    /// known from the row alone), then the log's expiry. Whoever finds the row finished and
-    /// the log not closed calls it — the claim that finished the job, a later claim, a watcher
-    /// — and the log takes one final event whoever appends it; a claim newer than `epoch`
-    /// refuses it (`Fenced`) and closes the log itself. Returns the final event's seq, `None`
-    /// when the log says nothing of it (it holds no event).
-    pub async fn close_log(
-        &self,
-        job: &Job,
-        epoch: u64,
-        ttl: Duration,
-    ) -> Result<Option<u64>, StoreError> {
-        let appended = self
-            .events
-            .append_final_as(terminal_event_from_row(job), epoch)
-            .await?;
-        let seq = match appended {
-            Some(ev) => Some(ev.seq),
-            // The log has its final event already, as its last; the row may know it too.
-            None if job.end_seq.is_some() => job.end_seq,
-            None => self.events.last_id(&job.id).await?.map(|id| id.n),
-        };
-        if let Some(seq) = seq.filter(|s| job.end_seq != Some(*s)) {
-            self.jobs.set_end_seq(&job.id, seq).await?;
-        }
-        self.events.expire(&job.id, ttl).await?;
-        Ok(seq)
     }
 }
