@@ -122,8 +122,7 @@ struct State {
     waiting: VecDeque<QueueEntry>,
     claimed: HashMap<String, (QueueEntry, Instant)>,
     next_id: u64,
-    /// Re-enqueue reservations and when they lapse.
-    /// Re-enqueue reservations: until when, and whose.
+    /// Re-enqueue reservations: when each lapses, and whose it is.
     requeues: HashMap<String, (Instant, String)>,
 }
 

@@ -18,7 +18,7 @@ use ecoscan_redis::{
     },
 };
 
-use super::scripts::{ACK_HELD_SCRIPT, EXTEND_MANY, FORGET_IDLE, RESERVE_REQUEUE};
+use super::scripts::{ACK_HELD_SCRIPT, EXTEND_MANY, FORGET_IDLE, RESERVE_REQUEUE_SCRIPT};
 use crate::{
     error::StoreError,
     store::queue::{Lease, Queue, QueueEntry},
@@ -447,8 +447,8 @@ impl Queue for RedisQueue {
 
     #[db_span(
         system = "redis",
-        op = "SET",
-        name = "SET scan:dispatch:requeue",
+        op = "EVALSHA",
+        name = "EVALSHA scan:dispatch:requeue",
         fields(job.id = %job_id)
     )]
     async fn reserve_requeue(
@@ -459,7 +459,7 @@ impl Queue for RedisQueue {
     ) -> Result<bool, StoreError> {
         // One key per job (any slot on a cluster), holding its holder's name: the first
         // sweeper is the only one, and it again at its next pass.
-        let reserved: i64 = RESERVE_REQUEUE
+        let reserved: i64 = RESERVE_REQUEUE_SCRIPT
             .key(format!("{}:requeue:{job_id}", self.key))
             .arg(holder)
             .arg(hold.as_millis().max(1) as u64)

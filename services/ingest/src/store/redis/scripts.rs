@@ -120,13 +120,13 @@ return removed
 
 /// Reserves KEYS[1] (a job's re-enqueue) for holder ARGV[1], for ARGV[2] ms: 1 when it was
 /// free or the holder's own (its hold renewed), 0 when another holds it.
-pub(super) static RESERVE_REQUEUE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
+pub(super) const RESERVE_REQUEUE: &str = r"
 local held = redis.call('GET', KEYS[1])
 if held and held ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
-",
-    )
-});
+";
+
+/// [`RESERVE_REQUEUE`], with its SHA computed once.
+pub(super) static RESERVE_REQUEUE_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(RESERVE_REQUEUE));
