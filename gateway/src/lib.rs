@@ -15,7 +15,7 @@
 //! | `GET /api/v1/notifications/stream` | `NotificationService.Subscribe` → SSE |
 //! | `POST /api/v1/notifications` | `NotificationService.Schedule` → 201 |
 //! | `GET /api/v1/analytics/usage?since=&until=` | `AnalyticsService.Usage` |
-//! | `POST /api/v1/sse-tickets` | none (a single-use ticket for one event stream) |
+//! | `POST /api/v1/sse-tickets` | none (a ticket for one event stream and its reconnects) |
 //! | `GET /healthz` | none |
 //! | `GET /api/v1/openapi.json` | none (the OpenAPI 3.1 document of all of these) |
 //! | `GET /` | the demo page |
@@ -29,7 +29,7 @@
 //! crate root assembles both routers from all of them:
 //!
 //! 1. `config`, `error`, `event`, `headers`, `results`, `admin`: import no other module;
-//! 2. `schema` (the OpenAPI pieces handlers name), `limits`, `input`;
+//! 2. `schema` (the OpenAPI pieces handlers name), `limits`, `input`, `proxy`;
 //! 3. `auth`;
 //! 4. `body`, `server`, `watch`;
 //! 5. `sse`, `metrics`;
@@ -50,6 +50,7 @@ mod input;
 mod limits;
 mod metrics;
 mod openapi;
+mod proxy;
 mod results;
 mod routes;
 mod schema;
@@ -86,7 +87,10 @@ use crate::limits::{IpLimits, RateLimits, SseSlots};
 
 pub use admin::DEFAULT_ADMIN_ADDR;
 pub use auth::{Peer, mint as mint_token};
-pub use config::{AuthConfig, Config, DEFAULT_ADDR, Limits, TrustHeader};
+pub use config::{
+    AuthConfig, Config, DEFAULT_ADDR, ForwardedHeader, Limits, ProxyConfig, ProxyProtocol,
+    TrustHeader,
+};
 pub use error::ApiError;
 
 /// Deadline of ordinary unary calls.
@@ -208,6 +212,14 @@ impl AppState {
     fn events_url(&self, job_id: &str) -> String {
         self.config
             .public_url(&format!("/api/v1/scan/{job_id}/events"))
+    }
+
+    /// The lifetime and keepalive of every SSE response.
+    fn stream_times(&self) -> sse::StreamTimes {
+        sse::StreamTimes {
+            lifetime: self.config.sse_max_lifetime,
+            keepalive: self.config.sse_keepalive,
+        }
     }
 
     /// [`Self::result_url`] as a shareable function, for SSE streams.
@@ -467,15 +479,22 @@ pub async fn serve_with_admin(
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().context("listener has no address")?;
     let limits = config.limits.clone();
+    let proxies = config.proxies.clone();
     let header_mode = config.auth.trust_header;
     let (app, admin_state) = router_with(config, shutdown.clone())?;
-    tracing::info!(%addr, header_mode = ?header_mode, "gateway listening");
+    tracing::info!(
+        %addr,
+        header_mode = ?header_mode,
+        trusted_proxies = proxies.trusted.len(),
+        proxy_protocol = ?proxies.protocol,
+        "gateway listening"
+    );
     // Both end with the API server, whatever ends it.
     let stop = shutdown.child_token();
     let monitor = tokio::spawn(admin_state.health.clone().monitor(stop.clone()));
     let admin_task =
         admin.map(|l| tokio::spawn(admin::serve(admin_router(&admin_state), l, stop.clone())));
-    let served = server::serve(app, listener, &limits, shutdown)
+    let served = server::serve(app, listener, &limits, proxies, shutdown)
         .await
         .context("gateway server failed");
     stop.cancel();
@@ -516,7 +535,11 @@ fn request_span(req: &Request) -> Span {
         url.path = path,
         http.response.status_code = Empty,
         user.id = Empty,
+        client.address = Empty,
     );
+    if let Some(client) = req.extensions().get::<proxy::ClientAddr>() {
+        span.record("client.address", tracing::field::display(client.ip));
+    }
     let _ = span.set_parent(ecoscan_common::telemetry::context_from_headers(
         req.headers(),
     ));

@@ -31,22 +31,29 @@ use hyper_util::{
 };
 use tokio::{
     net::{TcpListener, TcpStream},
-    sync::Semaphore,
+    sync::{OwnedSemaphorePermit, Semaphore},
 };
 use tower::ServiceExt as _;
 
-use crate::{auth::Peer, config::Limits, limits::ConnectionsPerIp};
+use crate::{
+    auth::Peer,
+    config::{Limits, ProxyConfig, ProxyProtocol},
+    limits::{ConnectionsPerIp, IpSlot},
+    proxy::{self, ClientAddr},
+};
 
 /// How long open connections may take to finish after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(30);
 /// The largest request line and headers accepted (hyper's minimum buffer size).
 pub(crate) const MAX_REQUEST_HEAD: usize = 8 * 1024;
 
-/// Serves `app` on `listener` until `shutdown`, with the connection limits of `limits`.
+/// Serves `app` on `listener` until `shutdown`, with the connection limits of `limits`, behind
+/// the proxies of `proxies`.
 pub(crate) async fn serve(
     app: Router,
     listener: TcpListener,
     limits: &Limits,
+    proxies: ProxyConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let max = limits.max_connections;
@@ -77,6 +84,8 @@ pub(crate) async fn serve(
         first_byte: limits.first_byte_timeout,
         first_request: limits.header_timeout,
         idle: limits.idle_timeout,
+        per_ip,
+        proxies: Arc::new(proxies),
     });
     loop {
         // At the cap, stop accepting: new connections wait in the listen backlog until one
@@ -98,10 +107,17 @@ pub(crate) async fn serve(
             },
         };
         // One address may not hold the connections everyone needs: past its cap, closed at
-        // once (the peer sees a reset or an immediate end).
-        let Some(ip_slot) = per_ip.take(remote.ip()) else {
-            tracing::debug!(%remote, "closing a connection past its address's cap");
-            continue;
+        // once (the peer sees a reset or an immediate end). A trusted proxy holds the
+        // connections of many clients: it is held to the total only (its clients, when its
+        // PROXY header names them, to their own caps).
+        let ip_slot = if conn.proxies.trusts(remote.ip()) {
+            None
+        } else {
+            let Some(slot) = conn.per_ip.take(remote.ip()) else {
+                tracing::debug!(%remote, "closing a connection past its address's cap");
+                continue;
+            };
+            Some(slot)
         };
         let Ok(local) = stream.local_addr() else {
             continue;
@@ -110,7 +126,11 @@ pub(crate) async fn serve(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "failed to set TCP_NODELAY");
         }
-        let peer = Peer { remote, local };
+        let peer = Peer {
+            remote,
+            local,
+            via: None,
+        };
         tokio::spawn(serve_connection(
             conn.clone(),
             stream,
@@ -140,16 +160,18 @@ struct ConnLimits {
     /// settings and request headers): what hyper's header timeout does for HTTP/1 alone.
     first_request: Duration,
     idle: Duration,
+    per_ip: ConnectionsPerIp,
+    proxies: Arc<ProxyConfig>,
 }
 
-/// One connection, from its first byte to its end; `_held` (its slots) is released with it.
-async fn serve_connection<H: Send>(
+/// One connection, from its first byte to its end; `held` (its slots) is released with it.
+async fn serve_connection(
     limits: Arc<ConnLimits>,
-    stream: TcpStream,
-    peer: Peer,
+    mut stream: TcpStream,
+    mut peer: Peer,
     app: Router,
     shutdown: CancellationToken,
-    _held: H,
+    mut held: (OwnedSemaphorePermit, Option<IpSlot>),
 ) {
     // Nothing is allocated for a connection that never speaks: hyper's version detection and
     // header timeout start only with bytes to read.
@@ -162,10 +184,31 @@ async fn serve_connection<H: Send>(
             return;
         }
     }
+    if limits.proxies.protocol == ProxyProtocol::V2 && limits.proxies.trusts(peer.remote.ip()) {
+        match proxy::read_proxy_header(&mut stream, limits.first_request).await {
+            Ok(None) => {}
+            Ok(Some(client)) => {
+                // The client's own connection cap, now that its address is known.
+                let Some(slot) = limits.per_ip.take(client.ip()) else {
+                    tracing::debug!(%client, "closing a proxied connection past its address's cap");
+                    return;
+                };
+                held.1 = Some(slot);
+                peer.via = Some(peer.remote);
+                peer.remote = client;
+            }
+            Err(e) => {
+                tracing::warn!(proxy = %peer.remote, error = %e, "closing a connection from a trusted proxy without a valid PROXY header (GATEWAY_PROXY_PROTOCOL=v2)");
+                return;
+            }
+        }
+    }
+    let _held = held;
     let activity = Arc::new(Activity::default());
     let service = TowerToHyperService::new(ConnService {
         app,
         peer,
+        proxies: limits.proxies.clone(),
         activity: activity.clone(),
     });
     let connection = limits
@@ -273,6 +316,7 @@ impl Drop for InFlight {
 struct ConnService {
     app: Router,
     peer: Peer,
+    proxies: Arc<ProxyConfig>,
     activity: Arc<Activity>,
 }
 
@@ -288,7 +332,12 @@ impl tower::Service<hyper::Request<Incoming>> for ConnService {
 
     fn call(&mut self, req: hyper::Request<Incoming>) -> Self::Future {
         let mut req: Request = req.map(Body::new);
+        let mut client: ClientAddr =
+            proxy::client_addr(self.peer.remote.ip(), req.headers(), &self.proxies);
+        // A PROXY header named the connection's client already.
+        client.proxied |= self.peer.via.is_some();
         req.extensions_mut().insert(self.peer);
+        req.extensions_mut().insert(client);
         let in_flight = self.activity.begin();
         let app = self.app.clone();
         Box::pin(async move {

@@ -1,5 +1,5 @@
 //! Who is calling: JWT bearer tokens (HS256 with a shared secret, or RS256/ES256 from an OIDC
-//! provider's JWKS), single-use SSE tickets, and — only when asked for — a trusted `X-User-Id`
+//! provider's JWKS), SSE tickets (one stream and its reconnects each), and — only when asked for — a trusted `X-User-Id`
 //! header ([`header`]). There is no anonymous caller: a request that proves nobody is 401.
 //!
 //! A verified token's `sub` is the user; a configurable claim grants the `admin` role. The
@@ -37,6 +37,7 @@ use crate::{
     config::{AuthConfig, TrustHeader},
     error::ApiError,
     limits::IpLimits,
+    proxy::ClientAddr,
 };
 
 /// Cookie an `EventSource` may carry the token in.
@@ -66,7 +67,7 @@ pub enum AuthError {
     /// A token in the URL: refused, so nobody learns to put one there.
     #[error(
         "tokens are not accepted in URLs, where proxies and histories keep them: send \
-         `Authorization: Bearer <token>`, or for an EventSource get a single-use ticket from \
+         `Authorization: Bearer <token>`, or for an EventSource get a ticket from \
          `POST /api/v1/sse-tickets` and open the stream with `?ticket=`"
     )]
     TokenInUrl,
@@ -124,7 +125,7 @@ impl Authenticator {
             )?),
             None => None,
         };
-        let tickets = tickets::Tickets::new(config.ticket_secret.as_deref())?;
+        let tickets = tickets::Tickets::new(config.ticket_secret.as_deref(), config.ticket_resume)?;
         Ok(Self {
             config,
             jwks,
@@ -224,7 +225,7 @@ impl Authenticator {
         }
         if is_sse_route(parts) {
             if let Some(ticket) = query_param(parts, "ticket") {
-                return self.tickets.spend(&ticket);
+                return self.tickets.spend(&ticket, parts.uri.path());
             }
             if let Some(token) = token_cookie(parts) {
                 return self.verify(&token).await;
@@ -233,9 +234,13 @@ impl Authenticator {
         header::identify(self.config.trust_header, parts)?.ok_or(AuthError::Missing)
     }
 
-    /// A single-use SSE ticket for `caller`.
-    pub(crate) fn issue_ticket(&self, caller: &Caller) -> Result<String, AuthError> {
-        self.tickets.issue(caller)
+    /// An SSE ticket for `caller`, bound to `stream` when one is named.
+    pub(crate) fn issue_ticket(
+        &self,
+        caller: &Caller,
+        stream: Option<&str>,
+    ) -> Result<String, AuthError> {
+        self.tickets.issue(caller, stream)
     }
 }
 
@@ -314,7 +319,9 @@ pub(crate) async fn authenticate(State(gate): State<Gate>, req: Request, next: N
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned());
-    let ip: Option<IpAddr> = req.extensions().get::<Peer>().map(|p| p.remote.ip());
+    // The client as a trusted proxy names it: the proxy's other clients are not held to this
+    // one's limit.
+    let ip: Option<IpAddr> = req.extensions().get::<ClientAddr>().map(|c| c.ip);
     let route = route.as_deref();
     if is_public(route) {
         if !is_probe(route)

@@ -57,6 +57,9 @@ pub struct AuthConfig {
     /// Key of SSE tickets (`GATEWAY_SSE_TICKET_SECRET`), shared by replicas; unset, each
     /// process makes its own (a ticket then works only on the replica that issued it).
     pub ticket_secret: Option<String>,
+    /// How long a spent SSE ticket stays good for reconnects of the stream it opened
+    /// (`GATEWAY_SSE_TICKET_RESUME`): an `EventSource` reconnects with the URL it was given.
+    pub ticket_resume: Duration,
 }
 
 impl Default for AuthConfig {
@@ -72,6 +75,7 @@ impl Default for AuthConfig {
             jwks_max_age: Duration::from_secs(10 * 60),
             jwks_min_refresh: Duration::from_secs(30),
             ticket_secret: None,
+            ticket_resume: Duration::from_secs(60 * 60),
         }
     }
 }

@@ -2,11 +2,15 @@
 //! they configure.
 
 mod auth;
+mod proxy;
 
 use anyhow::{Context, ensure};
 use ecoscan_common::config::{env_duration, env_opt, env_or};
 
 pub use auth::{AuthConfig, TrustHeader};
+pub use proxy::{ForwardedHeader, ProxyConfig, ProxyProtocol};
+#[cfg(test)]
+pub(crate) use proxy::parse_trusted;
 
 /// Address the binary listens on when `GATEWAY_ADDR` is unset.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
@@ -27,6 +31,11 @@ const MIB: usize = 1024 * 1024;
 /// | `GATEWAY_CONCURRENCY_LIMIT` | `1024` | requests handled at once before new ones are shed with 503 |
 /// | `GATEWAY_PUBLIC_BASE_URL` | unset | prefix for the URLs the gateway hands out (`https://scan.example.com`); relative URLs when unset |
 /// | `GATEWAY_SSE_MAX_LIFETIME` | `30m` | longest life of one SSE response; clients reconnect with `Last-Event-ID` |
+/// | `GATEWAY_SSE_KEEPALIVE` | `15s` | a `: keepalive` comment after this much silence on an SSE stream (below every proxy's idle timeout) |
+/// | `GATEWAY_SSE_TICKET_RESUME` | `1h` | how long a spent SSE ticket stays good for the reconnects of the stream it opened |
+/// | `GATEWAY_TRUSTED_PROXIES` | unset | addresses or networks of the proxies in front, whose word about the client's address is taken |
+/// | `GATEWAY_TRUSTED_PROXY_HEADER` | `x-forwarded-for` | the header those proxies name the client in: `x-forwarded-for` or `forwarded` |
+/// | `GATEWAY_PROXY_PROTOCOL` | `off` | `v2`: connections from a trusted proxy begin with a PROXY protocol v2 header naming the client |
 /// | `GATEWAY_JWT_SECRET` | unset | accept HS256 bearer tokens signed with this secret |
 /// | `GATEWAY_JWKS_URL` | unset | accept RS256/ES256 bearer tokens signed by a key of this JWKS (an OIDC provider's) |
 /// | `GATEWAY_JWT_ISSUER` / `GATEWAY_JWT_AUDIENCE` | unset | required `iss` / `aud` of tokens (both must be set with a JWKS) |
@@ -66,7 +75,12 @@ pub struct Config {
     /// Every SSE response ends after this long (an `EventSource` reconnects by itself), so no
     /// connection is held forever.
     pub sse_max_lifetime: std::time::Duration,
+    /// Silence on an SSE stream longer than this gets a `: keepalive` comment, so that no proxy
+    /// between the gateway and the client takes the stream for dead.
+    pub sse_keepalive: std::time::Duration,
     pub auth: AuthConfig,
+    /// The proxies in front, and how they name the client.
+    pub proxies: ProxyConfig,
     pub limits: Limits,
     /// Origins allowed to call the API from a browser (CORS); none by default.
     pub cors_origins: Vec<String>,
@@ -173,7 +187,9 @@ impl Default for Config {
             concurrency_limit: 1024,
             public_base_url: None,
             sse_max_lifetime: std::time::Duration::from_secs(30 * 60),
+            sse_keepalive: std::time::Duration::from_secs(15),
             auth: AuthConfig::default(),
+            proxies: ProxyConfig::default(),
             limits: Limits::default(),
             cors_origins: Vec::new(),
             jaeger_url: None,
@@ -215,6 +231,7 @@ impl Config {
             concurrency_limit: env_or("GATEWAY_CONCURRENCY_LIMIT", d.concurrency_limit)?,
             public_base_url: env_opt("GATEWAY_PUBLIC_BASE_URL"),
             sse_max_lifetime: env_duration("GATEWAY_SSE_MAX_LIFETIME", d.sse_max_lifetime)?,
+            sse_keepalive: env_duration("GATEWAY_SSE_KEEPALIVE", d.sse_keepalive)?,
             auth: AuthConfig {
                 hs256_secret: env_opt("GATEWAY_JWT_SECRET"),
                 jwks_url: env_opt("GATEWAY_JWKS_URL"),
@@ -235,6 +252,15 @@ impl Config {
                         .filter(|k| k.len() >= 32)
                         .map(|k| format!("ecoscan-sse-ticket/{k}"))
                 }),
+                ticket_resume: env_duration("GATEWAY_SSE_TICKET_RESUME", d.auth.ticket_resume)?,
+            },
+            proxies: ProxyConfig {
+                trusted: env_opt("GATEWAY_TRUSTED_PROXIES")
+                    .map(|v| proxy::parse_trusted(&v))
+                    .transpose()?
+                    .unwrap_or_default(),
+                header: env_or("GATEWAY_TRUSTED_PROXY_HEADER", d.proxies.header)?,
+                protocol: env_or("GATEWAY_PROXY_PROTOCOL", d.proxies.protocol)?,
             },
             limits: Limits::from_env()?,
             cors_origins: env_opt("GATEWAY_CORS_ORIGINS")
@@ -267,6 +293,10 @@ impl Config {
         ensure!(
             !self.sse_max_lifetime.is_zero(),
             "GATEWAY_SSE_MAX_LIFETIME must be positive"
+        );
+        ensure!(
+            !self.sse_keepalive.is_zero() && self.sse_keepalive < self.sse_max_lifetime,
+            "GATEWAY_SSE_KEEPALIVE must be positive and shorter than GATEWAY_SSE_MAX_LIFETIME"
         );
         ensure!(
             self.concurrency_limit > 0,
@@ -305,6 +335,7 @@ impl Config {
              GATEWAY_BODIES_PER_CALLER must be positive"
         );
         self.auth.validate()?;
+        self.proxies.validate()?;
         for origin in &self.cors_origins {
             ensure!(
                 origin.starts_with("https://") || origin.starts_with("http://"),

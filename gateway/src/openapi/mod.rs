@@ -12,7 +12,7 @@
 //! - **Server-Sent Events**: a `text/event-stream` response's `schema` is the schema of one event
 //!   (`crate::sse::doc`), and the response's description lists the events.
 //! - **Credentials** depend on the gateway ([`security`]): the bearer token always (and, on the
-//!   SSE routes, a single-use ticket in `?ticket=` or the token in the `ecoscan_token` cookie);
+//!   SSE routes, a ticket in `?ticket=` or the token in the `ecoscan_token` cookie);
 //!   in header mode the `X-User-Id` header too (and `X-User-Roles` with `force`).
 //!
 //! Nothing imports this module but the router: it names the handlers, never the other way round.

@@ -13,7 +13,7 @@ use crate::{auth::TOKEN_COOKIE, config::TrustHeader};
 
 /// Security scheme: `Authorization: Bearer <JWT>`.
 const BEARER: &str = "bearerAuth";
-/// Security scheme: a single-use ticket in `?ticket=` (SSE routes only).
+/// Security scheme: a ticket in `?ticket=` (SSE routes only).
 const QUERY_TICKET: &str = "sseTicket";
 /// Security scheme: the token in the `ecoscan_token` cookie (SSE routes only).
 const COOKIE_TOKEN: &str = "tokenCookie";
@@ -46,8 +46,9 @@ pub(super) fn add_schemes(components: &mut Components, header: TrustHeader) {
         QUERY_TICKET,
         SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
             "ticket",
-            "A single-use ticket from `POST /api/v1/sse-tickets`, good for 60 s, for the SSE \
-             routes only (an `EventSource` cannot set headers; a token never goes in a URL).",
+            "A ticket from `POST /api/v1/sse-tickets` (first use within 60 s, then good for \
+             that stream's reconnects), for the SSE routes only (an `EventSource` cannot set \
+             headers; a token never goes in a URL).",
         ))),
     );
     components.add_security_scheme(

@@ -140,7 +140,7 @@ pub(crate) async fn notifications(
     summary = "The caller's notifications, live",
     description = "The caller's notifications as Server-Sent Events as they are delivered. The \
                    headers go out at once; a quiet inbox sends only keepalive comments. For an \
-                   `EventSource`, a single-use ticket (`POST /api/v1/sse-tickets`) may come \
+                   `EventSource`, a ticket (`POST /api/v1/sse-tickets`) may come \
                    in `?ticket=`, or the token in the `ecoscan_token` cookie. Counts against the caller's open streams.",
     responses(
         (status = 200, response = NotificationEvents),
@@ -180,7 +180,7 @@ pub(crate) async fn notification_stream(
         None,
         slot,
         state.shutdown.clone(),
-        state.config.sse_max_lifetime,
+        state.stream_times(),
     ))
 }
 

@@ -12,7 +12,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use ecoscan_proto::{
-    event::{job_status_name, stage_name},
+    event::{EventId, job_status_name, stage_name},
     v1::{GetResultRequest, JobStatus, ScanRequest, ScanResult, SubmitRequest, WatchRequest},
 };
 use serde::{Deserialize, Serialize};
@@ -224,7 +224,7 @@ pub(crate) async fn completion(
         state.result_url_fn(),
         slot,
         state.shutdown.clone(),
-        state.config.sse_max_lifetime,
+        state.stream_times(),
     ))
 }
 
@@ -374,9 +374,10 @@ pub(crate) struct LastEventId {
     operation_id = "scanEvents",
     summary = "A scan's events",
     description = "The job's events as Server-Sent Events, from the start or after \
-                   `Last-Event-ID`, until `ready` or `error`; a finished job replays and ends. \
+                   `Last-Event-ID`, until `ready` or `error`; a finished job replays and ends, \
+                   and a resume at or past its end is answered 204. \
                    Every client of a job shares one upstream watch. For an `EventSource`, a \
-                   single-use ticket (`POST /api/v1/sse-tickets`) may come in `?ticket=`, or \
+                   ticket (`POST /api/v1/sse-tickets`) may come in `?ticket=`, or \
                    the token in the `ecoscan_token` cookie. An \
                    unknown job is a 404, not an event. Counts against the caller's open \
                    streams.",
@@ -387,6 +388,10 @@ pub(crate) struct LastEventId {
     ),
     responses(
         (status = 200, response = ScanEvents),
+        (status = 204, description = "The job has ended at or before `Last-Event-ID`: the \
+                                      client has its end, and nothing follows (an \
+                                      `EventSource` stops reconnecting). Its result is at \
+                                      `/api/v1/scan/{id}`."),
         CommonErrors,
         (status = 404, response = NotFound),
         (status = 429, response = TooManyRequests),
@@ -445,7 +450,7 @@ pub(crate) async fn events(
         Err(Refused::OutsideWindow) => {
             let msg = WatchRequest {
                 job_id: id.clone(),
-                after_event_id: after,
+                after_event_id: after.clone(),
             };
             match state
                 .scan
@@ -469,6 +474,21 @@ pub(crate) async fn events(
             }
         }
     };
+    let (stream, first) = if after.is_empty() {
+        (stream, first)
+    } else {
+        peek(stream, first).await
+    };
+    // A client resuming at (or past) the job's end has it: nothing follows, which 204 says.
+    // For an `EventSource` it is the one answer that stops its reconnecting (the standard's
+    // "no content"); every client knows the job is over and may read its result.
+    if let Some(ev) = &first
+        && ev.kind().is_terminal()
+        && ev.event_id().parse::<EventId>().ok() <= after.parse::<EventId>().ok()
+    {
+        crate::event::finish_upstream(stream);
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     Ok(sse::scan_events(
         stream,
         first,
@@ -476,8 +496,29 @@ pub(crate) async fn events(
         state.result_url_fn(),
         slot,
         state.shutdown.clone(),
-        state.config.sse_max_lifetime,
+        state.stream_times(),
     ))
+}
+
+/// The stream's first message, waited for briefly when none was read yet; an error is put back
+/// for the stream to end with, as it would have.
+async fn peek(
+    mut stream: sse::ScanEvents,
+    first: Option<Arc<SharedEvent>>,
+) -> (sse::ScanEvents, Option<Arc<SharedEvent>>) {
+    if first.is_some() {
+        return (stream, first);
+    }
+    match sse::first_item(&mut stream).await {
+        Some(Ok(ev)) => (stream, Some(ev)),
+        Some(Err(status)) => (
+            futures::stream::once(std::future::ready(Err(status)))
+                .chain(stream)
+                .boxed(),
+            None,
+        ),
+        None => (stream, None),
+    }
 }
 
 #[cfg(test)]

@@ -66,8 +66,8 @@ fn sse_event(name: &str, description: &str, data: Value, id: &str) -> RefOr<Sche
 /// schema name(s))`.
 fn sse_response(intro: &str, events: &[(&str, &str, Value, &str)]) -> RefOr<openapi::Response> {
     let mut description = format!(
-        "{intro}\n\nA `text/event-stream` of these events (`: keepalive` comments every 15 s \
-         in between):\n"
+        "{intro}\n\nA `text/event-stream` of these events (a `: keepalive` comment after each \
+         `GATEWAY_SSE_KEEPALIVE` of silence, 15 s by default, in between):\n"
     );
     let mut one_of = OneOfBuilder::new();
     for (name, meaning, data, _) in events {

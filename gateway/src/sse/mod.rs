@@ -36,8 +36,13 @@ use crate::{
     limits::SseSlot,
 };
 
-/// Interval of the `: keepalive` comment that keeps idle connections (and proxies) open.
-const KEEPALIVE: Duration = Duration::from_secs(15);
+/// How long an SSE response may live, and how much silence on it gets a `: keepalive`
+/// comment (which keeps idle connections, and the proxies on their way, open).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StreamTimes {
+    pub(crate) lifetime: Duration,
+    pub(crate) keepalive: Duration,
+}
 
 /// How long to wait for a stream's first message before answering with SSE headers. An error
 /// within this window still gets a proper HTTP status (e.g. 404 for an unknown job).
@@ -296,7 +301,7 @@ where
         .flatten()
 }
 
-fn respond<S>(events: S, shutdown: CancellationToken, lifetime: Duration) -> Response
+fn respond<S>(events: S, shutdown: CancellationToken, times: StreamTimes) -> Response
 where
     S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
 {
@@ -305,9 +310,9 @@ where
     // last event id.
     let events = events
         .take_until(shutdown.cancelled_owned())
-        .take_until(tokio::time::sleep(lifetime));
+        .take_until(tokio::time::sleep(times.lifetime));
     let mut res = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
+        .keep_alive(KeepAlive::new().interval(times.keepalive).text("keepalive"))
         .into_response();
     // Tell buffering reverse proxies (nginx) to pass events through as they come.
     res.headers_mut().insert(
@@ -335,7 +340,7 @@ pub(crate) fn scan_events(
     result_url: Arc<dyn Fn(&str) -> String + Send + Sync>,
     guard: SseSlot,
     shutdown: CancellationToken,
-    lifetime: Duration,
+    times: StreamTimes,
 ) -> Response {
     let state = ScanStreamState {
         upstream,
@@ -376,7 +381,7 @@ pub(crate) fn scan_events(
         };
         Some((Ok::<_, Infallible>(event), st))
     });
-    respond(events, shutdown, lifetime)
+    respond(events, shutdown, times)
 }
 
 /// An SSE response of a user's notifications (`event: notification`), until upstream ends.
@@ -385,7 +390,7 @@ pub(crate) fn notification_events<S>(
     first: Option<Notification>,
     guard: SseSlot,
     shutdown: CancellationToken,
-    lifetime: Duration,
+    times: StreamTimes,
 ) -> Response
 where
     S: Stream<Item = Result<Notification, Status>> + Send + Unpin + 'static,
@@ -417,7 +422,7 @@ where
             Some((Ok::<_, Infallible>(event), (upstream, None, done, guard)))
         },
     );
-    respond(events, shutdown, lifetime)
+    respond(events, shutdown, times)
 }
 
 #[cfg(test)]

@@ -103,7 +103,10 @@ async fn body_of(upstream: Vec<Result<ScanEvent, Status>>) -> String {
         Arc::new(|id: &str| format!("/api/v1/scan/{id}")),
         slots.take("u").unwrap(),
         CancellationToken::new(),
-        Duration::from_secs(60),
+        StreamTimes {
+            lifetime: Duration::from_secs(60),
+            keepalive: Duration::from_secs(15),
+        },
     );
     let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
         .await

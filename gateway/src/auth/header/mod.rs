@@ -1,21 +1,25 @@
 //! Header mode: believing `X-User-Id` without a token, for a developer's own machine (or a
 //! gateway behind an authenticating proxy, with `force`).
 //!
-//! Off unless asked for. When asked for (`loopback`), it is decided per request from what the
-//! connection shows, never from the address the gateway listens on: the peer must be a loopback
-//! address; the request must carry no forwarding header and must not be HTTP/1.0 (what a proxy
-//! on the same host adds, or speaks upstream by default: such a proxy would otherwise turn every
-//! remote caller into a loopback peer); and its `Host` must name the listener itself by a
+//! Off unless asked for. When asked for (`loopback`), it is decided per request by the
+//! connection, never by anything the client sends: the peer must be a loopback address, not a
+//! trusted proxy and not one that sent a PROXY header, and the process holding its socket must
+//! run as the gateway's own user ([`owner`]: a proxy on the same machine — HAProxy, nginx — runs
+//! as a user of its own, and would otherwise turn every remote caller into a loopback peer).
+//! What the client sends can only make it refuse: a forwarding header or HTTP/1.0 (what a proxy
+//! adds, or speaks upstream by default), or a `Host` that does not name the listener by a
 //! loopback name (a page on another site that resolves its own name to 127.0.0.1 — DNS
 //! rebinding — sends its own name). Roles are never taken from a header in that mode: an admin
 //! needs a token.
+
+mod owner;
 
 use std::net::{IpAddr, SocketAddr};
 
 use axum::http::{HeaderMap, header, request::Parts};
 
 use super::{AuthError, Caller};
-use crate::config::TrustHeader;
+use crate::{config::TrustHeader, proxy::ClientAddr};
 
 /// Header naming the acting user in header mode.
 pub const USER_HEADER: &str = "x-user-id";
@@ -29,6 +33,9 @@ pub struct Peer {
     pub remote: SocketAddr,
     /// The address it connected to (this listener's, as the peer dialled it).
     pub local: SocketAddr,
+    /// The trusted proxy that connected and named `remote` in a PROXY header; `None` for a
+    /// direct connection (then `remote` is the TCP peer).
+    pub via: Option<SocketAddr>,
 }
 
 /// Headers a proxy adds: a request carrying one came through something that may have
@@ -61,6 +68,16 @@ pub(super) fn names_listener(authority: &str, local: SocketAddr) -> bool {
 /// The caller a header names, if `mode` believes it for this request: `Ok(None)` when the
 /// request names nobody, an error saying why when it names someone who is not believed.
 pub(super) fn identify(mode: TrustHeader, parts: &Parts) -> Result<Option<Caller>, AuthError> {
+    identify_with(mode, parts, owner::same_user)
+}
+
+/// [`identify`], with `same_user` telling whether the peer's process runs as the gateway's
+/// user (tests decide it for connections that do not exist).
+fn identify_with(
+    mode: TrustHeader,
+    parts: &Parts,
+    same_user: impl Fn(SocketAddr, SocketAddr) -> Result<bool, String>,
+) -> Result<Option<Caller>, AuthError> {
     let Some(value) = parts.headers.get(USER_HEADER) else {
         return Ok(None);
     };
@@ -69,11 +86,17 @@ pub(super) fn identify(mode: TrustHeader, parts: &Parts) -> Result<Option<Caller
         TrustHeader::Force => {}
         TrustHeader::Loopback => {
             let peer = parts.extensions.get::<Peer>();
-            let Some(peer) = peer.filter(|p| p.remote.ip().is_loopback()) else {
+            let Some(peer) = peer.filter(|p| p.remote.ip().to_canonical().is_loopback()) else {
                 return Err(AuthError::HeaderRefused(
                     "the caller is not on this machine".into(),
                 ));
             };
+            let proxied = parts.extensions.get::<ClientAddr>().is_none_or(|c| c.proxied);
+            if peer.via.is_some() || proxied {
+                return Err(AuthError::HeaderRefused(
+                    "the request came through a trusted proxy".into(),
+                ));
+            }
             // What a proxy speaks upstream by default (nginx, for one); no browser or curl
             // sends it.
             if parts.version < axum::http::Version::HTTP_11 {
@@ -101,6 +124,17 @@ pub(super) fn identify(mode: TrustHeader, parts: &Parts) -> Result<Option<Caller
                 return Err(AuthError::HeaderRefused(
                     "its Host does not name this gateway by a loopback name".into(),
                 ));
+            }
+            match same_user(peer.remote, peer.local) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(AuthError::HeaderRefused(
+                        "the connecting process runs as another user than the gateway, as a \
+                         proxy on this machine does"
+                            .into(),
+                    ));
+                }
+                Err(why) => return Err(AuthError::HeaderRefused(why)),
             }
         }
     }

@@ -6,11 +6,22 @@ fn parts(headers: &[(&str, &str)], remote: &str, local: &str) -> Parts {
         req = req.header(*k, *v);
     }
     let mut parts = req.body(()).unwrap().into_parts().0;
+    let remote: std::net::SocketAddr = remote.parse().unwrap();
     parts.extensions.insert(Peer {
-        remote: remote.parse().unwrap(),
+        remote,
         local: local.parse().unwrap(),
+        via: None,
+    });
+    parts.extensions.insert(ClientAddr {
+        ip: remote.ip(),
+        proxied: false,
     });
     parts
+}
+
+/// The peer's process runs as the gateway's user.
+fn own(_: SocketAddr, _: SocketAddr) -> Result<bool, String> {
+    Ok(true)
 }
 
 const LOCAL: &str = "127.0.0.1:8080";
@@ -20,7 +31,7 @@ fn user(
     headers: &[(&str, &str)],
     remote: &str,
 ) -> Result<Option<Caller>, AuthError> {
-    identify(mode, &parts(headers, remote, LOCAL))
+    identify_with(mode, &parts(headers, remote, LOCAL), own)
 }
 
 #[test]
@@ -108,7 +119,7 @@ fn loopback_refuses_remote_peers_and_anything_forwarded() {
     let mut p = parts(&base, "127.0.0.1:5000", LOCAL);
     p.version = axum::http::Version::HTTP_10;
     assert!(
-        identify(TrustHeader::Loopback, &p)
+        identify_with(TrustHeader::Loopback, &p, own)
             .unwrap_err()
             .to_string()
             .contains("HTTP/1.0")
@@ -116,7 +127,7 @@ fn loopback_refuses_remote_peers_and_anything_forwarded() {
     // No connection information at all (a router used without the server): refused.
     let mut p = parts(&base, "127.0.0.1:1", LOCAL);
     p.extensions.clear();
-    assert!(identify(TrustHeader::Loopback, &p).is_err());
+    assert!(identify_with(TrustHeader::Loopback, &p, own).is_err());
 }
 
 #[test]
@@ -141,4 +152,35 @@ fn force_believes_anyone_with_roles() {
         ),
         Err(AuthError::BadUserHeader)
     );
+}
+
+#[test]
+fn loopback_refuses_a_proxy_however_it_connects_and_another_users_process() {
+    let base = [("x-user-id", "ann"), ("host", LOCAL)];
+    // A trusted proxy's request, named client or not.
+    let mut p = parts(&base, "127.0.0.1:5000", LOCAL);
+    p.extensions.insert(ClientAddr {
+        ip: "127.0.0.1".parse().unwrap(),
+        proxied: true,
+    });
+    let e = identify_with(TrustHeader::Loopback, &p, own).unwrap_err();
+    assert!(e.to_string().contains("trusted proxy"), "{e}");
+    // A connection whose PROXY header named a loopback client.
+    let mut p = parts(&base, "127.0.0.1:5000", LOCAL);
+    p.extensions.insert(Peer {
+        remote: "127.0.0.1:5000".parse().unwrap(),
+        local: LOCAL.parse().unwrap(),
+        via: Some("127.0.0.1:6000".parse().unwrap()),
+    });
+    assert!(identify_with(TrustHeader::Loopback, &p, own).is_err());
+    // A same-host proxy that adds nothing and passes the forged Host: its user gives it away.
+    let p = parts(&base, "127.0.0.1:5000", LOCAL);
+    let e = identify_with(TrustHeader::Loopback, &p, |_, _| Ok(false)).unwrap_err();
+    assert!(e.to_string().contains("another user"), "{e}");
+    // Not knowing who it is believes nobody.
+    let e = identify_with(TrustHeader::Loopback, &p, |_, _| Err("no /proc".into())).unwrap_err();
+    assert!(e.to_string().contains("no /proc"), "{e}");
+    // A dual-stack listener's view of an IPv4 loopback peer is loopback too.
+    let p = parts(&base, "[::ffff:127.0.0.1]:5000", LOCAL);
+    assert!(identify_with(TrustHeader::Loopback, &p, own).unwrap().is_some());
 }

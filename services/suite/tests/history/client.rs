@@ -69,6 +69,11 @@ pub async fn run(http: &reqwest::Client, gateway: &str, user: &str, plan: Plan) 
             }
         };
         let status = res.status().as_u16();
+        if status == 204 {
+            conn.outcome = Outcome::Ended;
+            history.connections.push(conn);
+            return history;
+        }
         if status != 200 {
             let body = tokio::time::timeout(Duration::from_secs(5), res.text())
                 .await

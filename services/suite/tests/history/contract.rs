@@ -236,6 +236,10 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                 "malformed-id-400",
                 format!("{:?} answered 200 with a stream", c.after),
             ),
+            (Kind::Malformed, Outcome::Ended) => v(
+                "malformed-id-400",
+                format!("{:?} answered 204", c.after),
+            ),
             (Kind::Malformed, Outcome::NoAnswer(e)) => {
                 v("malformed-id-400", format!("{:?}: no answer: {e}", c.after));
             }
@@ -481,7 +485,38 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
         Some(JobStatus::Failed) => Some("error"),
         _ => None,
     };
+    // A 204 says the job ended at or before the client's position: the end it has already.
+    let ended = h
+        .connections
+        .last()
+        .filter(|c| matches!(c.outcome, Outcome::Ended));
+    match (ends.as_slice(), ended) {
+        ([], Some(c)) => {
+            let at = c.after.as_deref().and_then(EventId::parse);
+            if expected.is_none() {
+                v(
+                    "one-end",
+                    format!("204 after {:?} for a job that has not ended", c.after),
+                );
+            } else if at.is_none() || final_id.is_some_and(|f| at < Some(f)) {
+                v(
+                    "one-end",
+                    format!(
+                        "204 after {:?}, before the job's end {:?}: the client never got it",
+                        c.after,
+                        final_id.map(|EventId(ms, n)| format!("{ms}-{n}"))
+                    ),
+                );
+            }
+        }
+        (_, Some(c)) => v(
+            "one-end",
+            format!("204 after {:?} following an end already sent", c.after),
+        ),
+        _ => {}
+    }
     match ends.as_slice() {
+        [] if ended.is_some() => {}
         [] if h.gave_up => v(
             "one-end",
             format!(

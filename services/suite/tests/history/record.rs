@@ -45,6 +45,8 @@ pub enum Outcome {
     NoAnswer(String),
     /// A non-200 answer and its body.
     Refused(u16, String),
+    /// 204: the job ended at or before the id the client sent (nothing follows).
+    Ended,
     /// 200 and an SSE body, which ended: `cut` when the client dropped it on purpose.
     Streamed { cut: bool },
 }
