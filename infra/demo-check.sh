@@ -41,21 +41,8 @@ esac
 command -v curl >/dev/null || die "curl is not installed"
 command -v node >/dev/null || die "node is not installed (apt-get install nodejs npm)"
 
-apt_install() {
-    local run=()
-    if ((EUID != 0)); then
-        command -v sudo >/dev/null && sudo -n true 2>/dev/null ||
-            die "$* missing and no root to install it: apt-get install $*"
-        run=(sudo -n)
-    fi
-    say "installing $* with apt-get"
-    "${run[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
-        >/dev/null || {
-        "${run[@]}" apt-get update -qq >/dev/null
-        "${run[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
-            >/dev/null
-    } || die "apt-get install $* failed"
-}
+# shellcheck source=lib/apt.sh
+source infra/lib/apt.sh
 missing=()
 [[ -x "$CHROMIUM" ]] || missing+=(chromium)
 # (Into variables, not `| grep -q`: under pipefail an early exit of grep fails the pipe.)

@@ -45,7 +45,7 @@ ecoscan="${CARGO_TARGET_DIR:-$PWD/target}/debug/ecoscan"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
-EDGE_ECOSCAN="$ecoscan" EDGE_NGINX="$nginx_bin" EDGE_WORK="$work" \
+CHECK_NAME=edge-check CHECK_ECOSCAN="$ecoscan" CHECK_WORK="$work" EDGE_NGINX="$nginx_bin" \
     timeout 600 python3 infra/edge_check.py || status=$?
 if ((status != 0)); then
     for log in "$work"/*.log; do

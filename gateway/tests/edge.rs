@@ -231,7 +231,7 @@ async fn usage_needs_the_admin_claim() {
 }
 
 #[tokio::test]
-async fn sse_routes_take_a_single_use_ticket_or_the_cookie_and_never_a_token_in_the_url() {
+async fn sse_routes_take_a_stream_bound_ticket_or_the_cookie_and_never_a_token_in_the_url() {
     let env = start_with(token_auth).await;
     let dave = hs256(&claims("dave", json!({})), SECRET);
 
@@ -252,15 +252,47 @@ async fn sse_routes_take_a_single_use_ticket_or_the_cookie_and_never_a_token_in_
     assert_eq!(res.status(), StatusCode::OK);
     drop(res);
     assert_eq!(env.calls.user_of("subscribe").as_deref(), Some("dave"));
-    // Spent: the same URL again (a replayed log line) is refused.
+    // Bound to that stream: the EventSource's own reconnect (the same URL) is accepted, as
+    // the same caller; another stream is refused, with a message saying what to do.
     let res = env.http.get(&stream_url).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(res);
+    assert_eq!(env.calls.user_of("subscribe").as_deref(), Some("dave"));
+    let other = env.url(&format!("/api/v1/scan/{DONE_JOB}/events?ticket={ticket}"));
+    let res = env.http.get(&other).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let message = json_of(res).await["message"].as_str().unwrap().to_owned();
     assert!(
-        json_of(res).await["message"]
-            .as_str()
-            .unwrap()
-            .contains("used already")
+        message.contains("another stream") && message.contains("/api/v1/sse-tickets"),
+        "{message}"
     );
+    // Bound at issue with `?stream=`: good for that stream only, from the first use.
+    let res = env
+        .http
+        .post(env.url("/api/v1/sse-tickets?stream=/api/v1/notifications/stream"))
+        .bearer_auth(&dave)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = json_of(res).await;
+    assert_eq!(body["stream"], "/api/v1/notifications/stream");
+    let bound = body["ticket"].as_str().unwrap().to_owned();
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{DONE_JOB}/events?ticket={bound}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let res = env
+        .http
+        .post(env.url("/api/v1/sse-tickets?stream=/api/v1/characters/me"))
+        .bearer_auth(&dave)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     // A ticket is not a bearer token, and no ticket comes without one.
     let res = get(&env, "/api/v1/characters/me", Some(&ticket)).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
