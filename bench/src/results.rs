@@ -304,7 +304,7 @@ impl Comparison {
     }
 
     /// `bench/README.md`'s generated section: what ran where, then [`Self::render`]. Its link to
-/// the results file is relative to `bench/`.
+    /// the results file is relative to `bench/`.
     pub fn readme_table(&self, results: &serde_json::Value, file: &str) -> String {
         let s = |k: &str| results[k].as_str().unwrap_or("?").to_owned();
         let failed: Vec<String> = results["benchmarks"]

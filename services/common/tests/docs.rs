@@ -347,10 +347,7 @@ fn runbooks(root: &Path) -> Vec<(PathBuf, usize, String)> {
                 let p = e.path();
                 if p.is_dir() {
                     stack.push(p);
-                } else if p
-                    .extension()
-                    .is_some_and(|x| x == "yml" || x == "yaml")
-                {
+                } else if p.extension().is_some_and(|x| x == "yml" || x == "yaml") {
                     files.push(p);
                 }
             }
@@ -389,7 +386,11 @@ fn the_readme_is_short() {
 fn every_relative_link_and_fragment_resolves() {
     let root = repo_root();
     let files = markdown_files(&root);
-    assert!(!files.is_empty(), "no Markdown files found under {}", root.display());
+    assert!(
+        !files.is_empty(),
+        "no Markdown files found under {}",
+        root.display()
+    );
     let mut problems = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(root.join(file)).unwrap_or_default();
@@ -433,14 +434,17 @@ fn every_alert_has_a_runbook_heading() {
         .filter_map(|l| l.trim_start().strip_prefix("- alert:"))
         .map(str::trim)
         .collect();
-    assert!(!alerts.is_empty(), "no alerts found in infra/prometheus/alerts.yml");
+    assert!(
+        !alerts.is_empty(),
+        "no alerts found in infra/prometheus/alerts.yml"
+    );
     let books = runbooks(&root);
     let mut problems = Vec::new();
     for alert in alerts {
         let expected = format!("docs/operations.md#{}", alert.to_lowercase());
-        let found = books.iter().any(|(f, _, v)| {
-            f == Path::new("infra/prometheus/alerts.yml") && v == &expected
-        });
+        let found = books
+            .iter()
+            .any(|(f, _, v)| f == Path::new("infra/prometheus/alerts.yml") && v == &expected);
         if !found {
             problems.push(format!(
                 "alert {alert}: infra/prometheus/alerts.yml has no `runbook: {expected}`"
@@ -513,8 +517,8 @@ fn the_configuration_table_names_every_known_variable() {
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .map(str::to_owned)
             .collect();
-    let doc = std::fs::read_to_string(root.join("docs/configuration.md"))
-        .expect("docs/configuration.md");
+    let doc =
+        std::fs::read_to_string(root.join("docs/configuration.md")).expect("docs/configuration.md");
     // The settings tables: those whose header's first cell is `variable`.
     let mut documented: BTreeMap<String, usize> = BTreeMap::new();
     let mut problems = Vec::new();
@@ -525,7 +529,11 @@ fn the_configuration_table_names_every_known_variable() {
             in_table = false;
             continue;
         }
-        let first = trimmed.trim_start_matches('|').split('|').next().unwrap_or("");
+        let first = trimmed
+            .trim_start_matches('|')
+            .split('|')
+            .next()
+            .unwrap_or("");
         if first.trim() == "variable" {
             in_table = true;
             continue;
@@ -587,13 +595,24 @@ fn the_checks_catch_what_they_should() {
         link_targets("see [x](docs/a.md#b \"t\") and `[y](z.md)` and ![i](p.png)"),
         vec!["docs/a.md#b".to_owned(), "p.png".to_owned()]
     );
-    assert_eq!(link_targets("[ref]: ../x.md#y"), vec!["../x.md#y".to_owned()]);
+    assert_eq!(
+        link_targets("[ref]: ../x.md#y"),
+        vec!["../x.md#y".to_owned()]
+    );
     assert_eq!(
         variable_names("`S3_ENDPOINT` + `S3_BUCKET`, `4s`"),
         vec!["S3_ENDPOINT", "S3_BUCKET"]
     );
     let root = repo_root();
     assert!(broken(&root, Path::new("README.md"), "no-such-file.md", false).is_some());
-    assert!(broken(&root, Path::new("README.md"), "#no-such-heading-here", false).is_some());
+    assert!(
+        broken(
+            &root,
+            Path::new("README.md"),
+            "#no-such-heading-here",
+            false
+        )
+        .is_some()
+    );
     assert!(broken(&root, Path::new("docs/README.md"), "../README.md", false).is_none());
 }
