@@ -10,7 +10,7 @@
 #   3. stops the suite and removes its data.
 #
 # Usage: infra/demo-check.sh               the check (a screenshot goes to the temporary directory)
-#        infra/demo-check.sh --screenshot  the same, and writes docs/demo.png for the README
+#        infra/demo-check.sh --screenshot  the same, and writes docs/demo.png for the README and docs/clients.md
 #
 # Traffic goes to 127.0.0.1 only: the suite listens on loopback and the page blocks (and the
 # check fails on) any request elsewhere; the Jaeger link is checked, never opened.

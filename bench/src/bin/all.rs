@@ -7,7 +7,7 @@
 //! machine, the load before and after, the git commit. It then prints each figure beside its
 //! target and beside the previous results file of the same mode (a change of more than 10 % is
 //! flagged) and regenerates the table between `<!-- bench:begin -->` and `<!-- bench:end -->`
-//! in the README's "Benchmarks" section.
+//! in `bench/README.md`.
 //!
 //! `--quick` runs each benchmark for a few seconds (the test command runs it so that the
 //! benchmarks cannot rot); its figures say nothing about the targets.
@@ -42,8 +42,9 @@ struct Args {
     /// Where the results file is written (and the previous one looked for).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out_dir: PathBuf,
-    /// README whose Benchmarks table is regenerated (full runs only; `none` to leave it).
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))]
+    /// The Markdown file whose generated table is regenerated (full runs only; `none` to leave
+    /// it): `bench/README.md`.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))]
     readme: PathBuf,
     /// Only these benchmarks (comma-separated names).
     #[arg(long, value_delimiter = ',')]

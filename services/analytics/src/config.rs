@@ -38,7 +38,7 @@ const SPOOL_DIR_NAME: &str = "analytics-spool";
 /// - `ANALYTICS_BATCH_LINGER`: how long a batch waits for more calls, e.g. `2ms` (default 2 ms).
 /// - `ANALYTICS_BATCH_IN_FLIGHT`: full batches written at once under a backlog (default 2, 1 to
 ///   16; at a steady rate batches form as with 1, so 2 raises the most calls a second by a
-///   third without the tail paying for it: see the README).
+///   third without the tail paying for it: see bench/notes/analytics-ingest.md).
 /// - `ANALYTICS_QUEUE_CAPACITY`: calls queued for the writer before callers wait (default 4096).
 /// - `ANALYTICS_SPOOL_DIR`: where batches go when the stores fail (S3 or SQL), until a background
 ///   task writes them to the stores (default: `analytics-spool` beside the SQLite database file,

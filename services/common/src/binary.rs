@@ -51,7 +51,7 @@ where
         .version(env!("CARGO_PKG_VERSION"))
         .after_help(format!(
             "Settings are environment variables: {addr_var} is the address to listen on, and \
-             the README's Configuration table lists the rest (durations take ms, s, m, h or d). \
+             docs/configuration.md lists the rest (durations take ms, s, m, h or d). \
              GRPC_TLS_CERT/GRPC_TLS_KEY/GRPC_TLS_CA turn on TLS; ECOSCAN_STORES=production \
              refuses embedded stores."
         ))

@@ -109,8 +109,8 @@ pub fn check_unknown_variables() -> anyhow::Result<()> {
         })
         .collect();
     Err(anyhow!(
-        "unknown setting{} {}: no ecoscan service reads {}; correct or remove {} (the README's \
-         Configuration table lists every setting)",
+        "unknown setting{} {}: no ecoscan service reads {}; correct or remove {} (docs/configuration.md \
+         lists every setting)",
         if list.len() == 1 { "" } else { "s" },
         list.join(", "),
         if list.len() == 1 { "it" } else { "them" },

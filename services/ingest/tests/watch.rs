@@ -398,7 +398,7 @@ async fn a_watch_ends_when_its_lifetime_runs_out_and_resumes_where_it_stopped() 
     assert!(all.last().is_some_and(is_done));
 }
 
-/// The answer text a client builds from the events as the README says: a stage event `started`
+/// The answer text a client builds from the events as the SSE contract in docs/api.md says: a stage event `started`
 /// or `restarted` of answer empties it, and a delta keeps the first `offset` code points and
 /// appends its text.
 fn answer_from_deltas(events: &[ScanEvent]) -> String {

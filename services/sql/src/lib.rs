@@ -253,7 +253,7 @@ pub const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 ///
 /// sqlx pings every connection it hands out by default, and again as it takes each back: three
 /// round trips for every statement. The ping before was 0.6 ms of a scan's 7.1 ms of CPU
-/// (suite, Redis and PostgreSQL; the README's capacity section). The ping on the way back
+/// (suite, Redis and PostgreSQL; bench/notes/capacity.md). The ping on the way back
 /// stays (sqlx's own, not optional; it also flushes a transaction a cancelled caller dropped):
 /// every connection that enters the pool answered just before. What it cannot see is
 /// a connection cut while idle (a restart, a failover, an operator's `pg_terminate_backend`):
