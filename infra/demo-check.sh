@@ -7,7 +7,9 @@
 #      from the file picker to the rendered answer, stages, classification, rules, character and
 #      collection, a notification arriving live, both languages, a dropped event stream resumed
 #      with Last-Event-ID (no event lost or repeated), and the 415 of a file that is not a photo;
-#   3. stops the suite and removes its data.
+#   3. runs infra/eventsource-check.mjs: Chromium's own EventSource, cut mid-stream by a
+#      forwarder, must resume by itself to `ready` and stop at the 204 after it (tickets, cookie);
+#   4. stops the suite and removes its data.
 #
 # Usage: infra/demo-check.sh               the check (a screenshot goes to the temporary directory)
 #        infra/demo-check.sh --screenshot  the same, and writes docs/demo.png for the README and docs/clients.md
@@ -77,6 +79,13 @@ DEMO_GATEWAY="http://$gateway" DEMO_TOKEN="$(cat "$work/data/token")" DEMO_CHROM
     DEMO_SCREENSHOT="${screenshot:-$work/demo.png}" \
     timeout 120 node infra/demo-check.mjs || status=$?
 say "browser checks finished in $((SECONDS - started))s (exit status $status)"
+if ((status == 0)); then
+    started=$SECONDS
+    DEMO_GATEWAY="http://$gateway" DEMO_TOKEN="$(cat "$work/data/token")" DEMO_CHROMIUM="$CHROMIUM" \
+        DEMO_PLAYWRIGHT="$PLAYWRIGHT_DIR/node_modules/playwright-core" \
+        timeout 240 node infra/eventsource-check.mjs || status=$?
+    say "native EventSource checks finished in $((SECONDS - started))s (exit status $status)"
+fi
 
 stop_suite
 if ((status != 0)); then

@@ -69,5 +69,8 @@ infra/api-check.sh
 echo "==> hostile edge (nginx, PyJWT + cryptography and raw sockets against ecoscan up)"
 infra/edge-check.sh
 
-echo "==> demo page (headless Chromium against ecoscan up)"
+echo "==> behind proxies (Debian's HAProxy and nginx in front of ecoscan up)"
+infra/proxy-check.sh
+
+echo "==> demo page and a native EventSource (headless Chromium against ecoscan up)"
 infra/demo-check.sh
