@@ -78,7 +78,10 @@ async function open(page, url) {
     es.onopen = () => { rec.opens += 1; };
     es.onerror = () => { rec.errors += 1; };
     for (const name of ["stage", "delta", "ready", "error", "resync"]) {
-      es.addEventListener(name, (e) => rec.events.push({ name, id: e.lastEventId }));
+      // A failed connection fires a plain `error` Event too; the scan's `error` is a message.
+      es.addEventListener(name, (e) => {
+        if (e instanceof MessageEvent) rec.events.push({ name, id: e.lastEventId });
+      });
     }
   }, url);
 }

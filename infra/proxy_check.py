@@ -187,7 +187,9 @@ class Stream:
                     self.names.append(name)
                 elif line.startswith("id:"):
                     self.arrived[line[3:].strip()] = now
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, ValueError, AttributeError, http.client.HTTPException) as e:
+            # (`close()` from the main thread leaves http.client without its file: the
+            # AttributeError and ValueError of a read after it.)
             self.ended = repr(e)
 
     def wait(self, seconds):
