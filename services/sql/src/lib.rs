@@ -27,9 +27,9 @@ use std::{
 };
 
 use sqlx::{
-    Connection as _, Postgres, Sqlite,
+    Postgres, Sqlite,
     migrate::Migrator,
-    postgres::{PgConnectOptions, PgConnection, PgPoolOptions},
+    postgres::{PgConnectOptions, PgPoolOptions},
     sqlite::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
     },
@@ -489,9 +489,15 @@ pub async fn connect_postgres_with(
     .map_err(config_error)?;
     match (direct, settings.pooler) {
         (Some(direct), _) => {
-            let mut conn = PgConnection::connect_with(&options(direct)?).await?;
-            migrator.run(&mut conn).await?;
-            conn.close().await?;
+            // A pool of one: the migrator's advisory lock and its statements on one session.
+            let direct = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(settings.acquire_timeout)
+                .connect_with(options(direct)?)
+                .await?;
+            let migrated = migrator.run(&direct).await;
+            direct.close().await;
+            migrated?;
         }
         (None, Pooler::Transaction) => {
             return Err(config_error(format!(
