@@ -332,6 +332,11 @@ async fn in_session_mode_with_a_small_pool_every_scan_ends() {
         ("GATEWAY_TRUST_USER_HEADER", "loopback"),
         ("DATABASE_URL", &pooled),
         ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
+        // A job whose store writes fail is run again once its lease lapses, up to its
+        // attempts, then failed: short leases and few attempts keep that within the test's
+        // bound (defaults 30 s and 5, i.e. minutes).
+        ("INGEST_LEASE", "5s"),
+        ("INGEST_MAX_ATTEMPTS", "3"),
     ])
     .await;
 
