@@ -28,13 +28,23 @@ use sqlx::{
     Database, Either, Error, Execute, Executor, Pool, SqlStr, Transaction, pool::PoolConnection,
 };
 
+/// How long a connection may sit idle in its pool behind a session-mode pooler
+/// ([`Pooler::Session`]).
+pub const SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What sits between the services and PostgreSQL (`DATABASE_POOLER`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Pooler {
-    /// PostgreSQL itself, or a pooler that keeps a server connection for a client's whole
-    /// session (PgBouncer `pool_mode = session`): statements run as sqlx runs them.
+    /// PostgreSQL itself: statements run as sqlx runs them.
     #[default]
     None,
+    /// A pooler that keeps a server connection for a client's whole session (PgBouncer
+    /// `pool_mode = session`): statements run as sqlx runs them, and a connection idle for
+    /// [`SESSION_IDLE_TIMEOUT`] is closed. An idle client connection holds its server
+    /// connection; kept for sqlx's default 10 minutes, the connections one service opened in a
+    /// burst would starve the other services of the process (and every other process) of the
+    /// pooler's few server connections long after the burst.
+    Session,
     /// A pooler that lends a server connection for one transaction (PgBouncer
     /// `pool_mode = transaction`): every statement unnamed and inside a transaction.
     Transaction,
@@ -45,11 +55,12 @@ impl std::str::FromStr for Pooler {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "" | "none" | "session" => Ok(Self::None),
+            "" | "none" => Ok(Self::None),
+            "session" => Ok(Self::Session),
             "transaction" => Ok(Self::Transaction),
             other => Err(format!(
-                "DATABASE_POOLER must be none (also for a pooler in session mode) or \
-                 transaction, not {other:?}"
+                "DATABASE_POOLER must be none (PostgreSQL itself), session or transaction (the \
+                 pool_mode of the PgBouncer in front), not {other:?}"
             )),
         }
     }
@@ -146,7 +157,7 @@ impl<DB: Database> Db<DB> {
         for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     {
         match self.pooler {
-            Pooler::None => Ok(Tx {
+            Pooler::None | Pooler::Session => Ok(Tx {
                 inner: TxInner::Sqlx(self.pool.begin().await.map_err(|e| self.named(e))?),
             }),
             Pooler::Transaction => {
@@ -365,7 +376,7 @@ where
         E: 'q + Execute<'q, DB>,
     {
         match self.pooler {
-            Pooler::None => self
+            Pooler::None | Pooler::Session => self
                 .pool
                 .fetch_many(query)
                 .map_err(|e| self.named(e))
@@ -386,7 +397,7 @@ where
         E: 'q + Execute<'q, DB>,
     {
         match self.pooler {
-            Pooler::None => Box::pin(async move {
+            Pooler::None | Pooler::Session => Box::pin(async move {
                 self.pool
                     .fetch_optional(query)
                     .await

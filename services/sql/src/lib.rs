@@ -295,9 +295,10 @@ pub struct PgStore {
 
 /// The settings of every PostgreSQL store of a process (each names itself in its errors):
 ///
-/// - `DATABASE_POOLER`: `none` (default; also right for a pooler in session mode) or
-///   `transaction` (PgBouncer `pool_mode = transaction`: every statement unnamed and in a
-///   transaction, migrations only through a direct URL);
+/// - `DATABASE_POOLER`: `none` (default: PostgreSQL itself), `session` (PgBouncer
+///   `pool_mode = session`: idle connections closed after 5 s, so that none holds a server
+///   connection another service needs) or `transaction` (PgBouncer `pool_mode = transaction`:
+///   every statement unnamed and in a transaction, migrations only through a direct URL);
 /// - `DATABASE_DIRECT_URL` (or `<SERVICE>_DATABASE_DIRECT_URL`): the database itself, not the
 ///   pooler, used only to apply migrations (they hold an advisory lock, which needs a session);
 ///   required with `DATABASE_POOLER=transaction`;
@@ -509,10 +510,14 @@ pub async fn connect_postgres_with(
                 store.service.to_ascii_uppercase()
             )));
         }
-        (None, Pooler::None) => {}
+        (None, Pooler::None | Pooler::Session) => {}
     }
-    let pool = postgres_pool_options(max_connections, IDLE_BEFORE_PING)
-        .acquire_timeout(settings.acquire_timeout)
+    let mut pool = postgres_pool_options(max_connections, IDLE_BEFORE_PING)
+        .acquire_timeout(settings.acquire_timeout);
+    if settings.pooler == Pooler::Session {
+        pool = pool.idle_timeout(db::SESSION_IDLE_TIMEOUT);
+    }
+    let pool = pool
         // A session-mode pooler admits a new client at once and makes its first statement wait
         // for a server connection: that wait happens here, inside the pool's bound on taking a
         // connection (`DATABASE_ACQUIRE_TIMEOUT`), not in a statement that nothing bounds.

@@ -287,7 +287,7 @@ fn the_budget_splits_by_weight_and_names_its_setting_when_too_small() {
 #[test]
 fn the_pooler_setting_names_itself_when_wrong() {
     assert_eq!("transaction".parse(), Ok(Pooler::Transaction));
-    assert_eq!("session".parse(), Ok(Pooler::None));
+    assert_eq!("session".parse(), Ok(Pooler::Session));
     assert_eq!("".parse(), Ok(Pooler::None));
     let err = "statement".parse::<Pooler>().unwrap_err();
     assert!(err.contains("DATABASE_POOLER"), "{err}");

@@ -331,6 +331,7 @@ async fn in_session_mode_with_a_small_pool_every_scan_ends() {
     let up = Up::start(&[
         ("GATEWAY_TRUST_USER_HEADER", "loopback"),
         ("DATABASE_URL", &pooled),
+        ("DATABASE_POOLER", "session"),
         ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
         // A job whose store writes fail is run again once its lease lapses, up to its
         // attempts, then failed: short leases and few attempts keep that within the test's
@@ -400,6 +401,7 @@ async fn in_session_mode_with_a_small_pool_every_scan_ends() {
     let up = Up::start(&[
         ("GATEWAY_TRUST_USER_HEADER", "loopback"),
         ("DATABASE_URL", &pooled),
+        ("DATABASE_POOLER", "session"),
         ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
         ("DATABASE_MAX_CONNECTIONS", "6"),
     ])
