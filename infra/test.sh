@@ -34,6 +34,15 @@ if ! command -v grpcurl >/dev/null 2>&1; then
 fi
 grpcurl -version
 
+echo "==> pgbouncer (services/suite/tests/pgbouncer.rs runs the suite behind the real one)"
+# The test starts its own instance (its own ini, a free loopback port); the system service is
+# not used. Debian's package (1.18 on bookworm); the test fails, never skips, without it.
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null; }
+fi
+"$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" --version | head -1
+
 echo "==> LiteLLM proxy (the model-provider tests run the real one, on loopback)"
 # Pinned; keep equal to LITELLM_VERSION in services/suite/tests/llm_providers.rs. Installed into
 # a virtualenv of its own (its dependencies must not meet the other Python tools'), once.

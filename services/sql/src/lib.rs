@@ -5,8 +5,11 @@
 //! written with [`sql_store!`] for a store's type and [`db_span`] for the span of each of its
 //! operations (Redis stores use the latter too).
 
+mod db;
 mod macros;
 pub mod testing;
+
+pub use db::{Db, Pooler, Tx};
 
 pub use ecoscan_sql_macros::db_span;
 
@@ -19,14 +22,14 @@ pub mod __private {
 use std::{
     collections::HashMap,
     str::FromStr,
-    sync::{LazyLock, Mutex},
+    sync::{LazyLock, Mutex, OnceLock},
     time::Duration,
 };
 
 use sqlx::{
     Postgres, Sqlite,
     migrate::Migrator,
-    postgres::{PgPool, PgPoolOptions},
+    postgres::{PgConnectOptions, PgPoolOptions},
     sqlite::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
     },
@@ -276,18 +279,261 @@ pub fn postgres_pool_options(max_connections: u32, idle_before_ping: Duration) -
         })
 }
 
-/// Connects to PostgreSQL and applies pending migrations. Replicas starting together wait on the
-/// migrator's advisory lock, so one applies them and the others find them done.
+/// Where one service's PostgreSQL store stands among the settings: its name, its weight in the
+/// process's connection budget, and its own direct URL for migrations when it has one.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    /// The service (`ingest`), as [`share_connections`] names it.
+    pub service: &'static str,
+    /// Its connections when `DATABASE_MAX_CONNECTIONS` is unset, and its weight when the
+    /// budget is split among the services of one process.
+    pub weight: u32,
+    /// `<SERVICE>_DATABASE_DIRECT_URL`, read by the service (it wins over
+    /// `DATABASE_DIRECT_URL`).
+    pub direct_url: Option<String>,
+}
+
+/// The settings of every PostgreSQL store of a process (each names itself in its errors):
+///
+/// - `DATABASE_POOLER`: `none` (default: PostgreSQL itself), `session` (PgBouncer
+///   `pool_mode = session`: idle connections closed after 5 s, so that none holds a server
+///   connection another service needs) or `transaction` (PgBouncer `pool_mode = transaction`:
+///   every statement unnamed and in a transaction, migrations only through a direct URL);
+/// - `DATABASE_DIRECT_URL` (or `<SERVICE>_DATABASE_DIRECT_URL`): the database itself, not the
+///   pooler, used only to apply migrations (they hold an advisory lock, which needs a session);
+///   required with `DATABASE_POOLER=transaction`;
+/// - `DATABASE_MAX_CONNECTIONS`: the process's total connections to the database (or pooler),
+///   split among its services by their weights (ingest 16, reward, analytics and notification
+///   10 each); unset, each service gets its weight;
+/// - `DATABASE_ACQUIRE_TIMEOUT`: the bound on waiting for a connection (`10s`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgSettings {
+    pub pooler: Pooler,
+    pub direct_url: Option<String>,
+    pub max_connections: Option<u32>,
+    pub acquire_timeout: Duration,
+}
+
+/// The default of `DATABASE_ACQUIRE_TIMEOUT`.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn env(name: &str, value: Result<String, std::env::VarError>) -> Option<(String, String)> {
+    value
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| (name.to_owned(), v.trim().to_owned()))
+}
+
+impl PgSettings {
+    /// Reads the settings from the environment.
+    pub fn from_env() -> Result<Self, String> {
+        let pooler = match env("DATABASE_POOLER", std::env::var("DATABASE_POOLER")) {
+            Some((_, v)) => v.parse()?,
+            None => Pooler::None,
+        };
+        let direct_url =
+            env("DATABASE_DIRECT_URL", std::env::var("DATABASE_DIRECT_URL")).map(|(_, v)| v);
+        let max_connections = match env(
+            "DATABASE_MAX_CONNECTIONS",
+            std::env::var("DATABASE_MAX_CONNECTIONS"),
+        ) {
+            Some((name, v)) => Some(v.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                format!("{name} must be a positive number of connections, not {v:?}")
+            })?),
+            None => None,
+        };
+        let acquire_timeout = match env(
+            "DATABASE_ACQUIRE_TIMEOUT",
+            std::env::var("DATABASE_ACQUIRE_TIMEOUT"),
+        ) {
+            Some((name, v)) => parse_duration(&v).filter(|d| !d.is_zero()).ok_or_else(|| {
+                format!(
+                    "{name} must be a positive duration (250ms, 10s, 1m; a bare number is \
+                         milliseconds), not {v:?}"
+                )
+            })?,
+            None => DEFAULT_ACQUIRE_TIMEOUT,
+        };
+        Ok(Self {
+            pooler,
+            direct_url,
+            max_connections,
+            acquire_timeout,
+        })
+    }
+}
+
+/// `250` (milliseconds), `250ms`, `2s`, `1m`: the format of every duration setting.
+fn parse_duration(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    let (num, unit) = v
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((v, "ms"), |i| v.split_at(i));
+    let n: f64 = num.parse().ok()?;
+    let ms = match unit.trim() {
+        "ms" => n,
+        "s" => n * 1_000.0,
+        "m" => n * 60_000.0,
+        "h" => n * 3_600_000.0,
+        _ => return None,
+    };
+    (ms.is_finite() && ms >= 0.0).then(|| Duration::from_secs_f64(ms / 1_000.0))
+}
+
+/// The services of this process that keep their stores in PostgreSQL, with their weights: set
+/// once by a process that runs several (`ecoscan up`), before any opens its store, so that they
+/// split `DATABASE_MAX_CONNECTIONS` among them. A process that never sets it runs one service,
+/// which gets the whole budget.
+static PROCESS_SERVICES: OnceLock<Vec<(&'static str, u32)>> = OnceLock::new();
+
+/// Declares the services of this process that share its connection budget (see
+/// [`PROCESS_SERVICES`]); the first declaration stands.
+pub fn share_connections(services: Vec<(&'static str, u32)>) {
+    let _ = PROCESS_SERVICES.set(services);
+}
+
+/// `service`'s connections: `budget` split among `services` by weight (each at least one, what
+/// rounding leaves over to the heaviest), or its weight when there is no budget.
+pub fn connection_share(
+    budget: Option<u32>,
+    services: &[(&'static str, u32)],
+    service: &str,
+    weight: u32,
+) -> Result<u32, String> {
+    let Some(budget) = budget else {
+        return Ok(weight);
+    };
+    let services: Vec<(&str, u32)> = if services.iter().any(|(s, _)| *s == service) {
+        services.to_vec()
+    } else {
+        vec![(service, weight)]
+    };
+    let n = u32::try_from(services.len()).unwrap_or(u32::MAX);
+    if budget < n {
+        return Err(format!(
+            "DATABASE_MAX_CONNECTIONS={budget} is fewer than the {n} services of this process \
+             that use PostgreSQL ({}): each needs at least one connection",
+            services
+                .iter()
+                .map(|(s, _)| *s)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let total: u64 = services.iter().map(|(_, w)| u64::from(*w)).sum();
+    let share = |w: u32| (u64::from(budget) * u64::from(w) / total.max(1)).max(1) as u32;
+    let given: u32 = services.iter().map(|(_, w)| share(*w)).sum();
+    let mine = share(
+        services
+            .iter()
+            .find(|(s, _)| *s == service)
+            .map_or(weight, |(_, w)| *w),
+    );
+    let heaviest = services
+        .iter()
+        .max_by_key(|(_, w)| *w)
+        .map_or(service, |(s, _)| *s);
+    Ok(if heaviest == service {
+        mine + budget.saturating_sub(given)
+    } else {
+        mine
+    })
+}
+
+fn config_error(message: String) -> sqlx::Error {
+    sqlx::Error::Configuration(message.into())
+}
+
+/// Connects `store` to PostgreSQL at `url` (with `search_path` when given) with the process's
+/// [`PgSettings`], and applies pending migrations: through the direct URL when one is set (the
+/// only way behind a transaction-mode pooler), else through the pool. Replicas starting
+/// together wait on the migrator's advisory lock, so one applies them and the others find them
+/// done.
 pub async fn connect_postgres(
     url: &str,
-    max_connections: u32,
+    store: &PgStore,
+    search_path: Option<&str>,
     migrator: &Migrator,
-) -> Result<PgPool, sqlx::Error> {
-    let pool = postgres_pool_options(max_connections, IDLE_BEFORE_PING)
-        .connect(url)
-        .await?;
-    migrator.run(&pool).await?;
-    Ok(pool)
+) -> Result<Db<Postgres>, sqlx::Error> {
+    let settings = PgSettings::from_env().map_err(config_error)?;
+    connect_postgres_with(url, store, search_path, migrator, &settings).await
+}
+
+/// [`connect_postgres`] with the settings given.
+pub async fn connect_postgres_with(
+    url: &str,
+    store: &PgStore,
+    search_path: Option<&str>,
+    migrator: &Migrator,
+    settings: &PgSettings,
+) -> Result<Db<Postgres>, sqlx::Error> {
+    let options = |url: &str| -> Result<PgConnectOptions, sqlx::Error> {
+        // Not sent: PgBouncer refuses a startup parameter it does not know (unless listed in its
+        // ignore_startup_parameters), and PostgreSQL 12 and later print floats exactly by
+        // default (sqlx reads them in binary anyway).
+        let opts = PgConnectOptions::from_str(url)?.extra_float_digits(None);
+        Ok(match search_path {
+            Some(path) => opts.options([("search_path", path)]),
+            None => opts,
+        })
+    };
+    let direct = store
+        .direct_url
+        .as_deref()
+        .or(settings.direct_url.as_deref());
+    let max_connections = connection_share(
+        settings.max_connections,
+        PROCESS_SERVICES.get().map_or(&[], Vec::as_slice),
+        store.service,
+        store.weight,
+    )
+    .map_err(config_error)?;
+    match (direct, settings.pooler) {
+        (Some(direct), _) => {
+            // A pool of one: the migrator's advisory lock and its statements on one session.
+            let direct = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(settings.acquire_timeout)
+                .connect_with(options(direct)?)
+                .await?;
+            let migrated = migrator.run(&direct).await;
+            direct.close().await;
+            migrated?;
+        }
+        (None, Pooler::Transaction) => {
+            return Err(config_error(format!(
+                "DATABASE_POOLER=transaction: {}'s migrations need a session of their own \
+                 (an advisory lock, prepared statements), which a transaction-mode pooler does \
+                 not keep; set DATABASE_DIRECT_URL (or {}_DATABASE_DIRECT_URL) to the database \
+                 itself, not the pooler",
+                store.service,
+                store.service.to_ascii_uppercase()
+            )));
+        }
+        (None, Pooler::None | Pooler::Session) => {}
+    }
+    let mut pool = postgres_pool_options(max_connections, IDLE_BEFORE_PING)
+        .acquire_timeout(settings.acquire_timeout);
+    if settings.pooler == Pooler::Session {
+        pool = pool.idle_timeout(db::SESSION_IDLE_TIMEOUT);
+    }
+    let pool = pool
+        // A session-mode pooler admits a new client at once and makes its first statement wait
+        // for a server connection: that wait happens here, inside the pool's bound on taking a
+        // connection (`DATABASE_ACQUIRE_TIMEOUT`), not in a statement that nothing bounds.
+        .after_connect(|conn, _| {
+            Box::pin(async move { sqlx::raw_sql("SELECT 1").execute(conn).await.map(drop) })
+        })
+        .connect_with(options(url)?)
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::PoolTimedOut => db::acquire_timed_out(settings.acquire_timeout),
+            e => e,
+        })?;
+    if direct.is_none() {
+        migrator.run(&pool).await?;
+    }
+    Ok(Db::new(pool, settings.pooler))
 }
 
 #[cfg(test)]

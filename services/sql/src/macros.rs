@@ -1,6 +1,6 @@
 //! [`sql_store!`](crate::sql_store): the type of a SQL store.
 
-/// The type of a SQL store generic over its database `DB`: the connection pool, which is all
+/// The type of a SQL store generic over its database `DB`: the connection pool ([`crate::Db`]), which is all
 /// it holds, `Debug` and `Clone` whatever `DB` is (`#[derive(Clone)]` would ask for
 /// `DB: Clone`, which no sqlx database is), made by `new` for the module around it (where the
 /// store's `sqlite` and `postgres` openers are) and ended by `close`. Every SQL store is this
@@ -24,7 +24,7 @@ macro_rules! sql_store {
         $(#[$attr])*
         #[derive(Debug)]
         $vis struct $name<$db: $crate::Dialect> {
-            $pool_vis pool: $crate::__private::Pool<$db>,
+            $pool_vis pool: $crate::Db<$db>,
         }
 
         impl<$db: $crate::Dialect> ::core::clone::Clone for $name<$db> {
@@ -36,8 +36,8 @@ macro_rules! sql_store {
         }
 
         impl<$db: $crate::Dialect> $name<$db> {
-            pub(super) fn new(pool: $crate::__private::Pool<$db>) -> Self {
-                Self { pool }
+            pub(super) fn new(pool: impl ::core::convert::Into<$crate::Db<$db>>) -> Self {
+                Self { pool: pool.into() }
             }
 
             /// Closes every connection.

@@ -230,8 +230,17 @@ async fn embedded_migrations_are_the_ones_sqlx_reads_from_the_directory() {
 async fn migrations_apply_once_into_their_own_table() {
     let schema = testing::PgSchema::create().await;
     let m = crate::migrator!("_sql_test_migrations");
-    let pool = connect_postgres(&schema.url, 2, &m).await.unwrap();
-    let again = connect_postgres(&schema.url, 2, &m).await.unwrap();
+    let store = PgStore {
+        service: "sql-test",
+        weight: 2,
+        direct_url: None,
+    };
+    let pool = connect_postgres_with(&schema.url, &store, None, &m, &settings(Pooler::None))
+        .await
+        .unwrap();
+    let again = connect_postgres_with(&schema.url, &store, None, &m, &settings(Pooler::None))
+        .await
+        .unwrap();
     let n: i64 = sqlx::query("SELECT COUNT(*) FROM _sql_test_migrations")
         .fetch_one(&again)
         .await
@@ -240,4 +249,134 @@ async fn migrations_apply_once_into_their_own_table() {
     assert_eq!(n, 1);
     pool.close().await;
     again.close().await;
+}
+
+fn settings(pooler: Pooler) -> PgSettings {
+    PgSettings {
+        pooler,
+        direct_url: None,
+        max_connections: None,
+        acquire_timeout: Duration::from_secs(5),
+    }
+}
+
+#[test]
+fn the_budget_splits_by_weight_and_names_its_setting_when_too_small() {
+    let suite = [
+        ("ingest", 16),
+        ("reward", 10),
+        ("analytics", 10),
+        ("notification", 10),
+    ];
+    let share = |budget, s| connection_share(budget, &suite, s, 0).unwrap();
+    // Unset: each its weight, as before the setting existed.
+    assert_eq!(connection_share(None, &suite, "ingest", 16), Ok(16));
+    assert_eq!(share(Some(46), "ingest"), 16);
+    assert_eq!(share(Some(46), "reward"), 10);
+    // 20: 6 + 4 + 4 + 4 = 18, the 2 left over to ingest; never more than the budget.
+    assert_eq!(share(Some(20), "ingest"), 8);
+    assert_eq!(share(Some(20), "notification"), 4);
+    let total: u32 = suite.iter().map(|(s, _)| share(Some(20), s)).sum();
+    assert_eq!(total, 20);
+    // Alone (not among the process's services), a service has the whole budget.
+    assert_eq!(connection_share(Some(7), &[], "reward", 10), Ok(7));
+    let err = connection_share(Some(3), &suite, "reward", 10).unwrap_err();
+    assert!(err.contains("DATABASE_MAX_CONNECTIONS=3"), "{err}");
+}
+
+#[test]
+fn the_pooler_setting_names_itself_when_wrong() {
+    assert_eq!("transaction".parse(), Ok(Pooler::Transaction));
+    assert_eq!("session".parse(), Ok(Pooler::Session));
+    assert_eq!("".parse(), Ok(Pooler::None));
+    let err = "statement".parse::<Pooler>().unwrap_err();
+    assert!(err.contains("DATABASE_POOLER"), "{err}");
+    assert_eq!(parse_duration("250"), Some(Duration::from_millis(250)));
+    assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
+    assert_eq!(parse_duration("2 weeks"), None);
+}
+
+#[tokio::test]
+async fn in_transaction_mode_statements_are_unnamed_and_each_in_a_transaction() {
+    let schema = testing::PgSchema::create().await;
+    let m = crate::migrator!("_sql_test_migrations");
+    let store = PgStore {
+        service: "sql-test",
+        weight: 1,
+        direct_url: Some(schema.url.clone()),
+    };
+    let db = connect_postgres_with(
+        &schema.url,
+        &store,
+        None,
+        &m,
+        &settings(Pooler::Transaction),
+    )
+    .await
+    .unwrap();
+    for i in 0..3_i64 {
+        let row = sqlx::query("SELECT $1::bigint + 1, txid_current_if_assigned() IS NULL, now() = statement_timestamp()")
+            .bind(i)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        assert_eq!(row.get::<i64, _>(0), i + 1);
+    }
+    // In a transaction: now() is the transaction's start, which an explicit BEGIN fixes before
+    // the statement starts.
+    let in_tx: bool = sqlx::query("SELECT now() <> statement_timestamp() WHERE $1")
+        .bind(true)
+        .fetch_one(&db)
+        .await
+        .unwrap()
+        .get(0);
+    assert!(in_tx, "the statement ran inside BEGIN … COMMIT");
+    let named: i64 = sqlx::query("SELECT COUNT(*) FROM pg_prepared_statements WHERE $1")
+        .bind(true)
+        .fetch_one(&db)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(named, 0, "no statement was kept on the (one) connection");
+    // A transaction of the store's own, and one dropped unfinished (its connection is closed,
+    // not handed on inside the transaction).
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query("SELECT $1::int")
+        .bind(1)
+        .execute(&mut tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let tx = db.begin().await.unwrap();
+    drop(tx);
+    let v: i32 = sqlx::query("SELECT $1::int")
+        .bind(2)
+        .fetch_one(&db)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v, 2);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_transaction_mode_store_without_a_direct_url_names_the_setting() {
+    let schema = testing::PgSchema::create().await;
+    let m = crate::migrator!("_sql_test_migrations");
+    let store = PgStore {
+        service: "reward",
+        weight: 1,
+        direct_url: None,
+    };
+    let err = connect_postgres_with(
+        &schema.url,
+        &store,
+        None,
+        &m,
+        &settings(Pooler::Transaction),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("REWARD_DATABASE_DIRECT_URL"), "{err}");
 }

@@ -254,11 +254,6 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         ecoscan_common::local::offer(addr);
     }
 
-    let mut tasks = JoinSet::new();
-    let rule_config = ecoscan_rule::Config::default();
-    let sd = shutdown.clone();
-    tasks.spawn(async move { ("rule", ecoscan_rule::serve(rule_config, rule, sd).await) });
-
     // A postgres:// ANALYTICS_DATABASE_URL/DATABASE_URL and the S3_* variables move analytics
     // onto the production stores, store by store; unset, it stays embedded.
     let analytics_config = ecoscan_analytics::Config {
@@ -267,25 +262,11 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         ..Default::default()
     }
     .with_stores_from_env()?;
-    let sd = shutdown.clone();
-    tasks.spawn(async move {
-        (
-            "analytics",
-            ecoscan_analytics::serve(analytics_config, analytics, sd).await,
-        )
-    });
 
     let reward_config = ecoscan_reward::Config {
         database_url: sqlite("reward"),
     }
     .with_stores_from_env();
-    let sd = shutdown.clone();
-    tasks.spawn(async move {
-        (
-            "reward",
-            ecoscan_reward::serve(reward_config, reward, sd).await,
-        )
-    });
 
     // A postgres:// NOTIFICATION_DATABASE_URL/DATABASE_URL and REDIS_URL move notification onto
     // the production stores; unset, it stays embedded.
@@ -294,6 +275,80 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         ..Default::default()
     }
     .with_stores_from_env()?;
+
+    let ingest_config = ecoscan_ingest::Config {
+        vision_url: url(addrs.vision),
+        rule_url: url(addrs.rule),
+        answer_url: url(addrs.answer),
+        reward_url: url(addrs.reward),
+        notification_url: url(addrs.notification),
+        database_url: sqlite("ingest"),
+        object_dir: data_dir.join("objects"),
+        ..Default::default()
+    }
+    // REDIS_URL, a postgres:// INGEST_DATABASE_URL/DATABASE_URL and the S3_* variables move
+    // ingest onto the production stores, store by store; unset, it stays embedded. The INGEST_*
+    // tuning variables apply as in `ecoscan serve ingest`.
+    .with_stores_from_env()?
+    .with_tuning_from_env()?
+    .with_fetch_from_env()?;
+    let ingest_config = ecoscan_ingest::Config {
+        max_in_flight: ingest_max_in_flight.unwrap_or(ingest_config.max_in_flight),
+        ..ingest_config
+    };
+
+    // The services on PostgreSQL split the process's connection budget
+    // (DATABASE_MAX_CONNECTIONS) by their weights, the connections each opens when it is unset.
+    ecoscan_sql::share_connections(
+        [
+            (
+                "ingest",
+                &ingest_config.database_url,
+                ecoscan_ingest::store::postgres::MAX_CONNECTIONS,
+            ),
+            (
+                "reward",
+                &reward_config.database_url,
+                ecoscan_reward::store::postgres::MAX_CONNECTIONS,
+            ),
+            (
+                "analytics",
+                &analytics_config.database_url,
+                ecoscan_analytics::store::postgres::MAX_CONNECTIONS,
+            ),
+            (
+                "notification",
+                &notification_config.database_url,
+                ecoscan_notification::store::postgres::MAX_CONNECTIONS,
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, url, _)| ecoscan_sql::is_postgres(url))
+        .map(|(service, _, weight)| (service, weight))
+        .collect(),
+    );
+
+    let mut tasks = JoinSet::new();
+    let rule_config = ecoscan_rule::Config::default();
+    let sd = shutdown.clone();
+    tasks.spawn(async move { ("rule", ecoscan_rule::serve(rule_config, rule, sd).await) });
+
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "analytics",
+            ecoscan_analytics::serve(analytics_config, analytics, sd).await,
+        )
+    });
+
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        (
+            "reward",
+            ecoscan_reward::serve(reward_config, reward, sd).await,
+        )
+    });
+
     let sd = shutdown.clone();
     tasks.spawn(async move {
         (
@@ -327,26 +382,6 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         )
     });
 
-    let ingest_config = ecoscan_ingest::Config {
-        vision_url: url(addrs.vision),
-        rule_url: url(addrs.rule),
-        answer_url: url(addrs.answer),
-        reward_url: url(addrs.reward),
-        notification_url: url(addrs.notification),
-        database_url: sqlite("ingest"),
-        object_dir: data_dir.join("objects"),
-        ..Default::default()
-    }
-    // REDIS_URL, a postgres:// INGEST_DATABASE_URL/DATABASE_URL and the S3_* variables move
-    // ingest onto the production stores, store by store; unset, it stays embedded. The INGEST_*
-    // tuning variables apply as in `ecoscan serve ingest`.
-    .with_stores_from_env()?
-    .with_tuning_from_env()?
-    .with_fetch_from_env()?;
-    let ingest_config = ecoscan_ingest::Config {
-        max_in_flight: ingest_max_in_flight.unwrap_or(ingest_config.max_in_flight),
-        ..ingest_config
-    };
     let sd = shutdown.clone();
     tasks.spawn(async move {
         (

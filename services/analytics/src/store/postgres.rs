@@ -3,12 +3,13 @@
 
 use std::collections::HashSet;
 
-use sqlx::{Pool, Postgres, Row, migrate::Migrator};
+use sqlx::{Postgres, Row, migrate::Migrator};
 
 use super::{CallRow, CallSql, SqlCallStore, StoreError};
 
-/// Connections per process: one writer task plus the readers of `GetCall` and `Usage`.
-const MAX_CONNECTIONS: u32 = 10;
+/// Connections per process when `DATABASE_MAX_CONNECTIONS` is unset, and this store's weight
+/// when the budget is split among the services of one process (`ecoscan up`): one writer task plus the readers of `GetCall` and `Usage`.
+pub const MAX_CONNECTIONS: u32 = 10;
 
 /// The analytics schema's migrations, tracked in their own table so services sharing one
 /// database (through `DATABASE_URL`) never mistake each other's versions for theirs.
@@ -20,10 +21,17 @@ pub fn migrator() -> Migrator {
 pub type PgCallStore = SqlCallStore<Postgres>;
 
 impl SqlCallStore<Postgres> {
-    /// Connects to `url` and applies any pending migration (concurrent starts wait on the
+    /// Connects to `url` with the `DATABASE_*` settings ([`ecoscan_sql::PgSettings`]) and applies any pending migration (concurrent starts wait on the
     /// migrator's advisory lock).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = ecoscan_sql::connect_postgres(url, MAX_CONNECTIONS, &migrator()).await?;
+        let store = ecoscan_sql::PgStore {
+            service: "analytics",
+            weight: MAX_CONNECTIONS,
+            direct_url: std::env::var("ANALYTICS_DATABASE_DIRECT_URL")
+                .ok()
+                .filter(|v| !v.trim().is_empty()),
+        };
+        let pool = ecoscan_sql::connect_postgres(url, &store, None, &migrator()).await?;
         Ok(Self::new(pool))
     }
 }
@@ -84,7 +92,7 @@ impl Columns {
 impl CallSql for Postgres {
     /// One `INSERT … SELECT FROM UNNEST` of one array per column.
     async fn insert_calls(
-        pool: &Pool<Self>,
+        pool: &ecoscan_sql::Db<Self>,
         rows: &[CallRow],
     ) -> Result<HashSet<String>, sqlx::Error> {
         let mut inserted = HashSet::with_capacity(rows.len());

@@ -5,7 +5,7 @@ use std::{collections::HashSet, future::Future};
 
 use async_trait::async_trait;
 use ecoscan_sql::{Dialect, db_span};
-use sqlx::{Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+use sqlx::{Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::{CallRow, CallStore, StoreError, UsageSample};
 
@@ -14,7 +14,7 @@ use super::{CallRow, CallStore, StoreError, UsageSample};
 /// stored and return the ids they inserted.
 pub trait CallSql: Dialect {
     fn insert_calls(
-        pool: &Pool<Self>,
+        pool: &ecoscan_sql::Db<Self>,
         rows: &[CallRow],
     ) -> impl Future<Output = Result<HashSet<String>, sqlx::Error>> + Send;
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use sqlx::{Pool, QueryBuilder, Row, Sqlite};
+use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::{CallRow, CallSql, SqlCallStore, StoreError};
 
@@ -29,7 +29,7 @@ impl CallSql for Sqlite {
     /// Multi-row `INSERT`s of as many rows as SQLite's parameter limit allows, in one
     /// transaction.
     async fn insert_calls(
-        pool: &Pool<Self>,
+        pool: &ecoscan_sql::Db<Self>,
         rows: &[CallRow],
     ) -> Result<HashSet<String>, sqlx::Error> {
         let mut inserted = HashSet::with_capacity(rows.len());
@@ -65,7 +65,7 @@ impl CallSql for Sqlite {
             // RETURNING lists only the rows actually inserted, so duplicates are told apart
             // without a second query.
             q.push(" ON CONFLICT (call_id) DO NOTHING RETURNING call_id");
-            for id in q.build().fetch_all(&mut *tx).await? {
+            for id in q.build().fetch_all(&mut tx).await? {
                 inserted.insert(id.try_get::<String, _>(0)?);
             }
         }

@@ -12,9 +12,10 @@ use sqlx::{
 use super::sql::SqlJobStore;
 use crate::error::StoreError;
 
-/// Connections per process: workers and RPCs share them; a statement holds one for
-/// milliseconds.
-const MAX_CONNECTIONS: u32 = 16;
+/// Connections per process when `DATABASE_MAX_CONNECTIONS` is unset, and this store's weight
+/// when the budget is split among the services of one process (`ecoscan up`): workers and RPCs
+/// share them; a statement holds one for milliseconds.
+pub const MAX_CONNECTIONS: u32 = 16;
 
 /// Ingest's migrations, tracked in their own table so services sharing one database never
 /// mistake each other's versions for theirs.
@@ -29,8 +30,8 @@ pub use ecoscan_sql::is_postgres as is_postgres_url;
 pub type PgJobStore = SqlJobStore<Postgres>;
 
 impl SqlJobStore<Postgres> {
-    /// Connects to `url` and applies pending migrations (concurrent starts wait on the
-    /// migrator's advisory lock).
+    /// Connects to `url` with the `DATABASE_*` settings ([`ecoscan_sql::PgSettings`]) and
+    /// applies pending migrations (concurrent starts wait on the migrator's advisory lock).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_in_schema(url, None).await
     }
@@ -38,7 +39,6 @@ impl SqlJobStore<Postgres> {
     /// Like [`connect`](Self::connect), with every table in `schema` (created when missing):
     /// the tests give each run its own schema.
     pub async fn connect_in_schema(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
-        let mut opts = PgConnectOptions::from_str(url)?;
         if let Some(schema) = schema {
             if !schema
                 .bytes()
@@ -48,7 +48,7 @@ impl SqlJobStore<Postgres> {
                     "schema name {schema:?} must be letters, digits and '_'"
                 )));
             }
-            let mut conn = PgConnection::connect_with(&opts).await?;
+            let mut conn = PgConnection::connect_with(&PgConnectOptions::from_str(url)?).await?;
             // The name was checked above: letters, digits and '_' only.
             sqlx::raw_sql(AssertSqlSafe(format!(
                 "CREATE SCHEMA IF NOT EXISTS {schema}"
@@ -56,16 +56,22 @@ impl SqlJobStore<Postgres> {
             .execute(&mut conn)
             .await?;
             conn.close().await?;
-            opts = opts.options([("search_path", schema)]);
         }
-        let pool =
-            ecoscan_sql::postgres_pool_options(MAX_CONNECTIONS, ecoscan_sql::IDLE_BEFORE_PING)
-                .connect_with(opts)
-                .await?;
-        migrator()
-            .run(&pool)
+        let store = ecoscan_sql::PgStore {
+            service: "ingest",
+            weight: MAX_CONNECTIONS,
+            direct_url: std::env::var("INGEST_DATABASE_DIRECT_URL")
+                .ok()
+                .filter(|v| !v.trim().is_empty()),
+        };
+        let pool = ecoscan_sql::connect_postgres(url, &store, schema, &migrator())
             .await
-            .map_err(|e| StoreError::Unavailable(format!("applying the ingest migrations: {e}")))?;
+            .map_err(|e| match e {
+                e @ sqlx::Error::Migrate(_) => {
+                    StoreError::Unavailable(format!("applying the ingest migrations: {e}"))
+                }
+                e => e.into(),
+            })?;
         Ok(Self::new(pool))
     }
 }

@@ -12,7 +12,7 @@ use ecoscan_proto::{
 };
 use ecoscan_sql::Dialect;
 use prost::Message;
-use sqlx::{Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+use sqlx::{Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::jobs::{Checkpoint, Job, JobStore, NewJob};
 use crate::error::StoreError;
@@ -20,7 +20,7 @@ use crate::error::StoreError;
 /// [`JobStore`] on the SQL database `DB`.
 #[derive(Debug)]
 pub struct SqlJobStore<DB: Dialect> {
-    pub(super) pool: Pool<DB>,
+    pub(super) pool: ecoscan_sql::Db<DB>,
 }
 
 impl<DB: Dialect> Clone for SqlJobStore<DB> {
@@ -32,8 +32,8 @@ impl<DB: Dialect> Clone for SqlJobStore<DB> {
 }
 
 impl<DB: Dialect> SqlJobStore<DB> {
-    pub(super) fn new(pool: Pool<DB>) -> Self {
-        Self { pool }
+    pub(super) fn new(pool: impl Into<ecoscan_sql::Db<DB>>) -> Self {
+        Self { pool: pool.into() }
     }
 
     /// Closes every connection.

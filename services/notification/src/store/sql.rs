@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use ecoscan_sql::Dialect;
 use ecoscan_sql::db_span;
-use sqlx::{Decode, Encode, Executor, IntoArguments, Pool, QueryBuilder, Row, Type};
+use sqlx::{Decode, Encode, Executor, IntoArguments, QueryBuilder, Row, Type};
 
 use super::{CancelOutcome, NotificationRow, NotificationStore, Status, StoreError, sql_limit};
 
@@ -16,7 +16,7 @@ const IDS_PER_STATEMENT: usize = 1000;
 /// [`super::postgres`].
 #[derive(Debug)]
 pub struct SqlNotificationStore<DB: Dialect> {
-    pool: Pool<DB>,
+    pool: ecoscan_sql::Db<DB>,
 }
 
 impl<DB: Dialect> Clone for SqlNotificationStore<DB> {
@@ -28,8 +28,8 @@ impl<DB: Dialect> Clone for SqlNotificationStore<DB> {
 }
 
 impl<DB: Dialect> SqlNotificationStore<DB> {
-    pub(super) fn new(pool: Pool<DB>) -> Self {
-        Self { pool }
+    pub(super) fn new(pool: impl Into<ecoscan_sql::Db<DB>>) -> Self {
+        Self { pool: pool.into() }
     }
 
     /// Closes every connection.

@@ -5,8 +5,9 @@ use sqlx::{Postgres, migrate::Migrator};
 
 use super::{SqlRewardStore, StoreError};
 
-/// Connections per process: grants are short transactions, so a few go a long way.
-const MAX_CONNECTIONS: u32 = 10;
+/// Connections per process when `DATABASE_MAX_CONNECTIONS` is unset, and this store's weight
+/// when the budget is split among the services of one process (`ecoscan up`): grants are short transactions, so a few go a long way.
+pub const MAX_CONNECTIONS: u32 = 10;
 
 /// The reward schema's migrations, tracked in their own table so services sharing one database
 /// (through `DATABASE_URL`) never mistake each other's versions for theirs.
@@ -18,10 +19,17 @@ pub fn migrator() -> Migrator {
 pub type PgRewardStore = SqlRewardStore<Postgres>;
 
 impl SqlRewardStore<Postgres> {
-    /// Connects to `url` and applies any pending migration (concurrent starts wait on the
+    /// Connects to `url` with the `DATABASE_*` settings ([`ecoscan_sql::PgSettings`]) and applies any pending migration (concurrent starts wait on the
     /// migrator's advisory lock, so one applies and the others find it done).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = ecoscan_sql::connect_postgres(url, MAX_CONNECTIONS, &migrator()).await?;
+        let store = ecoscan_sql::PgStore {
+            service: "reward",
+            weight: MAX_CONNECTIONS,
+            direct_url: std::env::var("REWARD_DATABASE_DIRECT_URL")
+                .ok()
+                .filter(|v| !v.trim().is_empty()),
+        };
+        let pool = ecoscan_sql::connect_postgres(url, &store, None, &migrator()).await?;
         Ok(Self::new(pool))
     }
 }

@@ -4,14 +4,14 @@
 use async_trait::async_trait;
 use ecoscan_sql::Dialect;
 use ecoscan_sql::db_span;
-use sqlx::{Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+use sqlx::{Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::{Grant, OwnedRow, RewardStore, StoreError, StoredDecision};
 
 /// [`RewardStore`] on the SQL database `DB`; opened by [`super::sqlite`] or [`super::postgres`].
 #[derive(Debug)]
 pub struct SqlRewardStore<DB: Dialect> {
-    pool: Pool<DB>,
+    pool: ecoscan_sql::Db<DB>,
 }
 
 impl<DB: Dialect> Clone for SqlRewardStore<DB> {
@@ -23,8 +23,8 @@ impl<DB: Dialect> Clone for SqlRewardStore<DB> {
 }
 
 impl<DB: Dialect> SqlRewardStore<DB> {
-    pub(super) fn new(pool: Pool<DB>) -> Self {
-        Self { pool }
+    pub(super) fn new(pool: impl Into<ecoscan_sql::Db<DB>>) -> Self {
+        Self { pool: pool.into() }
     }
 
     /// Closes every connection.
@@ -137,7 +137,7 @@ where
             .bind(g.user_id.as_str())
             .bind(g.character_code.as_str())
             .bind(g.now_us)
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await?,
         ) == 1;
         if claimed {
@@ -153,7 +153,7 @@ where
                 .bind(g.character_code.as_str())
                 .bind(g.job_id.as_str())
                 .bind(g.now_us)
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await?,
             ) == 1;
             if !owned {
@@ -162,7 +162,7 @@ where
                      WHERE job_id = $1",
                 ))
                 .bind(g.job_id.as_str())
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await?;
             }
             tx.commit().await?;
@@ -173,7 +173,7 @@ where
         // in the same transaction (on PostgreSQL the insert above waited for it to commit).
         let row = sqlx::query(DB::sql(SELECT_DECISION))
             .bind(g.job_id.as_str())
-            .fetch_one(&mut *tx)
+            .fetch_one(&mut tx)
             .await?;
         let decision = decision_from_row(&row)?;
         tx.commit().await?;
