@@ -4,8 +4,11 @@
 //!   that answer at once, dedicated connections for blocking commands, and [`Subscriber`]s
 //!   for Pub/Sub. Connections per process stay constant whatever the load.
 //! - Every connection has a connect timeout, a response timeout ([`Settings::response_timeout`];
-//!   blocking connections: their block time plus it), TCP keepalive and `TCP_USER_TIMEOUT`.
-//!   A command that gets no answer in time fails, and its connection is replaced ([`Conn`]);
+//!   blocking connections: their block time plus it), TCP keepalive and `TCP_USER_TIMEOUT`
+//!   no longer than the response timeout. A command that gets no answer in time fails, and its
+//!   connection is replaced ([`Conn`]) and aborted, not closed: `SO_LINGER` 0 makes the close a
+//!   reset that discards what the kernel had not sent yet, so a command its caller gave up on
+//!   cannot reach the server later, when the path heals;
 //!   a subscription's connection is checked with a `PING` and replaced likewise. So a peer
 //!   that stops answering — a paused server, a proxy that stopped forwarding, a half-open
 //!   path — costs its callers one timeout, never a hang.
@@ -47,8 +50,9 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 const KEEPALIVE_RETRIES: u32 = 3;
-/// Unacknowledged data older than this drops the connection (a peer that vanished mid-write).
-const USER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The least `TCP_USER_TIMEOUT`, whatever the response timeout: a shorter one would drop
+/// connections on an ordinary retransmission.
+const MIN_USER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where Redis is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,8 +224,19 @@ pub(crate) async fn set_name<C: ConnectionLike>(
         .await
 }
 
-fn tcp_settings() -> TcpSettings {
+/// The TCP settings of every connection, for commands answering within `response_timeout`.
+///
+/// - `TCP_USER_TIMEOUT` = the response timeout: data the kernel could not get acknowledged by
+///   then drops the connection. Longer (it was 30 s), a connection its caller had given up on
+///   after the response timeout kept retransmitting its unsent commands, and after a short
+///   network fault Redis ran them late: lease extensions of jobs already abandoned among them.
+///   (It counts only unacknowledged data: a blocking command whose bytes were acknowledged waits
+///   as long as it blocks.)
+/// - `SO_LINGER` 0: closing a connection (replaced after a timeout, or at shutdown) resets it and
+///   discards its unsent bytes rather than leaving the kernel to deliver them.
+fn tcp_settings(response_timeout: Duration) -> TcpSettings {
     TcpSettings::default()
+        .set_linger_time(Duration::ZERO)
         .set_nodelay(true)
         .set_keepalive(
             TcpKeepalive::new()
@@ -229,7 +244,7 @@ fn tcp_settings() -> TcpSettings {
                 .with_interval(KEEPALIVE_INTERVAL)
                 .with_retries(KEEPALIVE_RETRIES),
         )
-        .set_user_timeout(USER_TIMEOUT)
+        .set_user_timeout(response_timeout.max(MIN_USER_TIMEOUT))
 }
 
 /// `url`'s connection info with our TCP settings, protocol and library name.
@@ -237,6 +252,7 @@ fn connection_info(
     url: &str,
     name: &str,
     protocol: ProtocolVersion,
+    response_timeout: Duration,
 ) -> Result<redis::ConnectionInfo, Error> {
     use redis::IntoConnectionInfo;
     let info = url.into_connection_info()?;
@@ -246,7 +262,7 @@ fn connection_info(
         .set_protocol(protocol)
         .set_lib_name(name, env!("CARGO_PKG_VERSION"));
     Ok(info
-        .set_tcp_settings(tcp_settings())
+        .set_tcp_settings(tcp_settings(response_timeout))
         .set_redis_settings(redis_settings))
 }
 
@@ -257,11 +273,18 @@ impl Redis {
             let infos = settings
                 .urls
                 .iter()
-                .map(|u| connection_info(u, name, ProtocolVersion::RESP3))
+                .map(|u| {
+                    connection_info(u, name, ProtocolVersion::RESP3, settings.response_timeout)
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             Clients::Cluster(infos)
         } else {
-            let info = connection_info(&settings.urls[0], name, ProtocolVersion::RESP2)?;
+            let info = connection_info(
+                &settings.urls[0],
+                name,
+                ProtocolVersion::RESP2,
+                settings.response_timeout,
+            )?;
             Clients::Single(Client::open(info)?)
         };
         let shared = Conn::open(opener(&clients, name, settings.response_timeout)).await?;
@@ -399,7 +422,7 @@ fn cluster_client(
     let mut builder = ClusterClientBuilder::new(infos)
         .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(response_timeout)
-        .tcp_settings(tcp_settings())
+        .tcp_settings(tcp_settings(response_timeout))
         .use_protocol(ProtocolVersion::RESP3)
         .retries(3);
     if let Some(push) = push {

@@ -322,3 +322,104 @@ async fn a_paused_server_fails_commands_in_time_and_serves_them_again_once_resum
         "after the pause the reader got {values:?}"
     );
 }
+
+/// How each client connection of a [`DiscardingProxy`] ended, once frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// A FIN: a graceful close, after which the kernel still delivers what was unsent.
+    Closed,
+    /// A reset: the connection aborted, its unsent bytes discarded.
+    Reset,
+}
+
+/// Like [`FreezingProxy`], but a frozen connection keeps reading (and dropping) what the client
+/// sends, so that how the client ends it — a close or a reset — shows.
+async fn discarding_proxy(
+    upstream: SocketAddr,
+) -> (
+    SocketAddr,
+    watch::Sender<bool>,
+    Arc<std::sync::Mutex<Vec<End>>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (freeze, frozen) = watch::channel(false);
+    let ends = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = ends.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let Ok(mut server) = TcpStream::connect(upstream).await else {
+                continue;
+            };
+            let mut frozen = frozen.clone();
+            let ends = recorded.clone();
+            tokio::spawn(async move {
+                let (mut a, mut b) = (vec![0_u8; 16 * 1024], vec![0_u8; 16 * 1024]);
+                loop {
+                    if *frozen.borrow() {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = frozen.changed() => {}
+                        r = client.read(&mut a) => match r {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => { let _ = server.write_all(&a[..n]).await; }
+                        },
+                        r = server.read(&mut b) => match r {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => { let _ = client.write_all(&b[..n]).await; }
+                        },
+                    }
+                }
+                loop {
+                    match client.read(&mut a).await {
+                        Ok(0) => break ends.lock().unwrap().push(End::Closed),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                            break ends.lock().unwrap().push(End::Reset);
+                        }
+                        Err(_) => break,
+                    }
+                }
+            });
+        }
+    });
+    (addr, freeze, ends)
+}
+
+/// A command its caller gave up on must not reach Redis later (issue 52): the connection it
+/// stalled on is aborted with a reset, which discards what the kernel had not sent, never
+/// closed gracefully, which would leave the kernel delivering it once the path heals.
+#[tokio::test]
+async fn a_connection_replaced_after_a_timeout_is_reset_not_closed() {
+    let server = PrivateRedis::start().await;
+    let (addr, freeze, ends) =
+        discarding_proxy(SocketAddr::from(([127, 0, 0, 1], server.port()))).await;
+    let settings = Settings::single(format!("redis://{addr}")).with_response_timeout(TIMEOUT);
+    let redis = Redis::connect(&settings, "test-abort").await.unwrap();
+    let mut conn = redis.conn();
+    append(&mut conn, "first").await.unwrap();
+
+    freeze.send(true).unwrap();
+    let err = append(&mut conn, "stalled")
+        .await
+        .expect_err("a frozen connection cannot answer");
+    assert!(err.is_timeout(), "not a timeout: {err}");
+    // The next command goes out on a new connection (the proxy forwards new ones as frozen
+    // too, so it fails as well); the stalled one is dropped meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ends.lock().unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled connection was not ended within 20 s"
+        );
+        let _ = append(&mut conn, "again").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop((conn, redis));
+    let ends = ends.lock().unwrap().clone();
+    assert!(
+        ends.iter().all(|e| *e == End::Reset),
+        "every connection given up on was reset, none closed: {ends:?}"
+    );
+}
