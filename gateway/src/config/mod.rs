@@ -8,9 +8,9 @@ use anyhow::{Context, ensure};
 use ecoscan_common::config::{env_duration, env_opt, env_or};
 
 pub use auth::{AuthConfig, TrustHeader};
-pub use proxy::{ForwardedHeader, ProxyConfig, ProxyProtocol};
 #[cfg(test)]
 pub(crate) use proxy::parse_trusted;
+pub use proxy::{ForwardedHeader, ProxyConfig, ProxyProtocol};
 
 /// Address the binary listens on when `GATEWAY_ADDR` is unset.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";

@@ -26,7 +26,9 @@ impl FromStr for ForwardedHeader {
         match s.trim().to_ascii_lowercase().as_str() {
             "x-forwarded-for" => Ok(Self::XForwardedFor),
             "forwarded" => Ok(Self::Forwarded),
-            other => Err(format!("{other:?} is not one of x-forwarded-for, forwarded")),
+            other => Err(format!(
+                "{other:?} is not one of x-forwarded-for, forwarded"
+            )),
         }
     }
 }

@@ -110,7 +110,9 @@ pub(crate) async fn read_proxy_header(
         let mut buf = vec![0u8; 16];
         stream.read_exact(&mut buf).await?;
         if buf[..12] != SIGNATURE[..] {
-            return Err(invalid("the connection does not begin with a PROXY v2 header"));
+            return Err(invalid(
+                "the connection does not begin with a PROXY v2 header",
+            ));
         }
         let len = usize::from(u16::from_be_bytes([buf[14], buf[15]]));
         if 16 + len > MAX_HEADER {
@@ -133,8 +135,14 @@ fn parse_proxy_header(buf: &[u8]) -> io::Result<Option<SocketAddr>> {
         return Ok(None);
     }
     match header.addresses {
-        Addresses::IPv4(a) => Ok(Some(SocketAddr::new(a.source_address.into(), a.source_port))),
-        Addresses::IPv6(a) => Ok(Some(SocketAddr::new(a.source_address.into(), a.source_port))),
+        Addresses::IPv4(a) => Ok(Some(SocketAddr::new(
+            a.source_address.into(),
+            a.source_port,
+        ))),
+        Addresses::IPv6(a) => Ok(Some(SocketAddr::new(
+            a.source_address.into(),
+            a.source_port,
+        ))),
         // A proxy reached over a Unix socket or naming no family: no address to hold limits to.
         Addresses::Unix(_) | Addresses::Unspecified => Ok(None),
     }

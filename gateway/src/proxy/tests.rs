@@ -82,7 +82,10 @@ fn only_the_configured_header_is_read() {
         ("x-forwarded-for", "203.0.113.9"),
     ]);
     assert_eq!(client_addr(ip("127.0.0.1"), &h, &xff).ip, ip("203.0.113.9"));
-    assert_eq!(client_addr(ip("127.0.0.1"), &h, &fwd).ip, ip("198.51.100.7"));
+    assert_eq!(
+        client_addr(ip("127.0.0.1"), &h, &fwd).ip,
+        ip("198.51.100.7")
+    );
 }
 
 #[test]
@@ -92,7 +95,10 @@ fn forwarded_for_takes_quoted_ipv6_with_ports_and_other_parameters() {
         "forwarded",
         "for=192.0.2.43;proto=https, For=\"[2001:db8:cafe::17]:4711\";by=127.0.0.1",
     )]);
-    assert_eq!(client_addr(ip("127.0.0.1"), &h, &p).ip, ip("2001:db8:cafe::17"));
+    assert_eq!(
+        client_addr(ip("127.0.0.1"), &h, &p).ip,
+        ip("2001:db8:cafe::17")
+    );
     let h = headers(&[("forwarded", "for=_hidden, for=\"192.0.2.43:80\"")]);
     assert_eq!(client_addr(ip("127.0.0.1"), &h, &p).ip, ip("192.0.2.43"));
 }
@@ -139,7 +145,9 @@ async fn a_connection_is_read_past_its_proxy_header_and_no_further() {
     out.write_all(&header).await.unwrap();
     out.write_all(b"GET /").await.unwrap();
     let (mut conn, _) = listener.accept().await.unwrap();
-    let named = read_proxy_header(&mut conn, Duration::from_secs(5)).await.unwrap();
+    let named = read_proxy_header(&mut conn, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert_eq!(named, Some(client));
     let mut rest = [0u8; 5];
     conn.read_exact(&mut rest).await.unwrap();
@@ -147,12 +155,18 @@ async fn a_connection_is_read_past_its_proxy_header_and_no_further() {
 
     // Plain HTTP where a header was due: refused; silence: cut at the deadline.
     let mut out = TcpStream::connect(addr).await.unwrap();
-    out.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    out.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
     let (mut conn, _) = listener.accept().await.unwrap();
-    let err = read_proxy_header(&mut conn, Duration::from_secs(5)).await.unwrap_err();
+    let err = read_proxy_header(&mut conn, Duration::from_secs(5))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::InvalidData);
     let _silent = TcpStream::connect(addr).await.unwrap();
     let (mut conn, _) = listener.accept().await.unwrap();
-    let err = read_proxy_header(&mut conn, Duration::from_millis(50)).await.unwrap_err();
+    let err = read_proxy_header(&mut conn, Duration::from_millis(50))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::TimedOut);
 }

@@ -91,7 +91,10 @@ fn identify_with(
                     "the caller is not on this machine".into(),
                 ));
             };
-            let proxied = parts.extensions.get::<ClientAddr>().is_none_or(|c| c.proxied);
+            let proxied = parts
+                .extensions
+                .get::<ClientAddr>()
+                .is_none_or(|c| c.proxied);
             if peer.via.is_some() || proxied {
                 return Err(AuthError::HeaderRefused(
                     "the request came through a trusted proxy".into(),

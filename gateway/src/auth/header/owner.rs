@@ -60,7 +60,11 @@ fn parse_addr(field: &str) -> Option<SocketAddr> {
     let (addr, port) = field.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;
     let word = |i: usize| -> Option<[u8; 4]> {
-        Some(u32::from_str_radix(addr.get(i * 8..i * 8 + 8)?, 16).ok()?.to_ne_bytes())
+        Some(
+            u32::from_str_radix(addr.get(i * 8..i * 8 + 8)?, 16)
+                .ok()?
+                .to_ne_bytes(),
+        )
     };
     let ip = match addr.len() {
         8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
@@ -92,7 +96,10 @@ mod tests {
                 find(v4, end("127.0.0.1:41234"), end("127.0.0.1:8080")),
                 Some(108)
             );
-            assert_eq!(find(v4, end("127.0.0.1:41235"), end("127.0.0.1:8080")), None);
+            assert_eq!(
+                find(v4, end("127.0.0.1:41235"), end("127.0.0.1:8080")),
+                None
+            );
             let v6 = "header\n   0: 0000000000000000FFFF00000100007F:1F90 0000000000000000FFFF00000100007F:A112 01 0:0 0:0 0     0 0 1\n";
             assert_eq!(
                 find(v6, end("127.0.0.1:8080"), end("127.0.0.1:41234")),

@@ -182,5 +182,9 @@ fn loopback_refuses_a_proxy_however_it_connects_and_another_users_process() {
     assert!(e.to_string().contains("no /proc"), "{e}");
     // A dual-stack listener's view of an IPv4 loopback peer is loopback too.
     let p = parts(&base, "[::ffff:127.0.0.1]:5000", LOCAL);
-    assert!(identify_with(TrustHeader::Loopback, &p, own).unwrap().is_some());
+    assert!(
+        identify_with(TrustHeader::Loopback, &p, own)
+            .unwrap()
+            .is_some()
+    );
 }

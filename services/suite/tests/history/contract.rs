@@ -236,10 +236,9 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                 "malformed-id-400",
                 format!("{:?} answered 200 with a stream", c.after),
             ),
-            (Kind::Malformed, Outcome::Ended) => v(
-                "malformed-id-400",
-                format!("{:?} answered 204", c.after),
-            ),
+            (Kind::Malformed, Outcome::Ended) => {
+                v("malformed-id-400", format!("{:?} answered 204", c.after))
+            }
             (Kind::Malformed, Outcome::NoAnswer(e)) => {
                 v("malformed-id-400", format!("{:?}: no answer: {e}", c.after));
             }
