@@ -38,6 +38,7 @@ use ecoscan_bench::{
     system,
 };
 use futures::StreamExt as _;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 /// The user every job and every watcher acts as (a person may watch only their own jobs).
@@ -93,8 +94,11 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-/// What the client process prints on its last line (`result <json>`).
-#[derive(Debug, Default)]
+/// What the client process prints on its last line (`result <json>`), and the server side reads
+/// back: one type, so the two ends cannot disagree on the line's fields. A field the line lacks
+/// is left at its default.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 struct ClientResult {
     connected: usize,
     connect_errors: BTreeMap<String, usize>,
@@ -102,22 +106,32 @@ struct ClientResult {
     ready: usize,
     stream_errors: BTreeMap<String, usize>,
     events: usize,
+    /// Its fields on the line itself (`live_count`, `p50_us`, …).
+    #[serde(flatten)]
     live: Latency,
     live_span_secs: f64,
     client_rss_kib: u64,
     /// CPU the client process used from all connected to the end.
+    #[serde(rename = "cpu_ms", with = "opt_millis")]
     cpu: Option<Duration>,
 }
 
 /// Delivery latency of live events, summarised by the client process (shipping millions of
 /// samples over a pipe would buy nothing).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 struct Latency {
+    #[serde(rename = "live_count")]
     count: usize,
+    #[serde(rename = "p50_us", with = "opt_micros")]
     p50: Option<Duration>,
+    #[serde(rename = "p90_us", with = "opt_micros")]
     p90: Option<Duration>,
+    #[serde(rename = "p99_us", with = "opt_micros")]
     p99: Option<Duration>,
+    #[serde(rename = "p999_us", with = "opt_micros")]
     p999: Option<Duration>,
+    #[serde(rename = "max_us", with = "opt_micros")]
     max: Option<Duration>,
 }
 
@@ -134,35 +148,132 @@ impl Latency {
     }
 }
 
+/// An optional duration on the result line as whole microseconds (latencies need no finer).
+mod opt_micros {
+    use std::time::Duration;
+
+    use serde::{Deserialize as _, Deserializer, Serialize as _, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_micros))
+    }
+}
+
+/// An optional duration on the result line as whole milliseconds (CPU time needs no finer).
+mod opt_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize as _, Deserializer, Serialize as _, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
 /// Descriptors the suite process needs besides the gateway's client sockets (connections
 /// between the services, databases, files).
 const SERVER_FD_RESERVE: u64 = 512;
 
+/// The server side, in the order it runs: start the suite, submit the jobs, start the client
+/// process and follow it, then report. Each step is a function of its own below.
 async fn server(mut args: Args) -> anyhow::Result<()> {
+    // First: the report's clock and the machine's load are taken when it is made.
     let mut report = Report::new("sse-fanout");
     let fd_limit = system::raise_fd_limit(args.clients as u64 + 8192);
     let requested = args.clients;
-    // Other ingest processes may share this Redis: ours is the one whose connection name
-    // appears when the suite starts.
-    let redis = match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
-        Some(url) => {
-            let conn = redis_conn(&url).await?;
-            let before = ingest_connection_names(conn.clone()).await?;
-            Some((conn, before))
-        }
+    let redis = redis_before_the_suite().await?;
+    fit_clients_to_fd_limit(&mut args, fd_limit);
+    let dir = tempfile::tempdir().context("failed to create a temporary data directory")?;
+    let (running, shutdown) = start_suite(dir.path(), &args).await?;
+    let gateway = running.addrs.gateway;
+    let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
+
+    // Submit the jobs; they wait on their vision call for about the model latency.
+    let submitted_at = Instant::now();
+    let ids = submit_jobs(&http, gateway, args.jobs).await?;
+    let ids_file = dir.path().join("job-ids");
+    std::fs::write(&ids_file, ids.join("\n"))?;
+
+    let redis = match redis {
+        Some(before) => Some(before.ours().await?),
         None => None,
     };
-    // Each client is a socket in the gateway: past the limit, accept fails and the run measures
-    // nothing but errors. Run what fits and say so.
+    let rss_base = system::rss_kib().context("no VmRSS in /proc/self/status")?;
+    let redis_base = ingest_connections(redis.as_ref()).await?;
+
+    let child = spawn_clients(&args, gateway, &ids_file)?;
+    let run = follow_clients(
+        child,
+        &args,
+        &http,
+        &running.addrs,
+        redis.as_ref(),
+        rss_base,
+    )
+    .await?;
+    let elapsed = submitted_at.elapsed();
+    let server_cpu = system::cpu_time()
+        .zip(run.cpu_at_connected)
+        .map(|(a, b)| a.saturating_sub(b));
+    let redis_after = ingest_connections(redis.as_ref()).await?;
+    shutdown.cancel();
+    drop(running);
+
+    let r = run
+        .result
+        .with_context(|| format!("the client process gave no result ({})", run.status))?;
+    let connected = run
+        .at_connected
+        .context("the client process never reported its connections")?;
+    fill_report(
+        &mut report,
+        &args,
+        Measured {
+            fd_limit,
+            requested,
+            r,
+            connected,
+            rss_base,
+            rss_max: run.rss_max,
+            redis_base,
+            redis_after,
+            server_cpu,
+            elapsed,
+        },
+    );
+    report.print();
+    Ok(())
+}
+
+/// Each client is a socket in the gateway: past the limit, accept fails and the run measures
+/// nothing but errors. Run what fits and say so.
+fn fit_clients_to_fd_limit(args: &mut Args, fd_limit: u64) {
     let fits = usize::try_from(fd_limit.saturating_sub(SERVER_FD_RESERVE)).unwrap_or(usize::MAX);
     if args.clients > fits {
         eprintln!(
-            "sse-fanout: the open-file limit is {fd_limit} and cannot be raised here; running {fits} clients instead of {requested}"
+            "sse-fanout: the open-file limit is {fd_limit} and cannot be raised here; running {fits} clients instead of {}",
+            args.clients
         );
         args.clients = fits;
     }
-    let dir = tempfile::tempdir().context("failed to create a temporary data directory")?;
-    let (running, shutdown) = ecoscan_bench::start_suite(dir.path(), |c| {
+}
+
+/// The suite with the slow mock model, and limits sized to the run.
+async fn start_suite(
+    dir: &std::path::Path,
+    args: &Args,
+) -> anyhow::Result<(ecoscan::Running, ecoscan_common::CancellationToken)> {
+    ecoscan_bench::start_suite(dir, |c| {
         c.llm.mock_latency = args.model_latency;
         c.llm.mock_jitter = args.model_jitter;
         // Every stream belongs to one user here (only a job's owner may watch it), so the
@@ -173,14 +284,23 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
         c.gateway.limits.max_connections =
             c.gateway.limits.max_connections.max(args.clients + 1024);
     })
-    .await?;
-    let gateway = running.addrs.gateway;
-    let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    .await
+}
 
-    // Submit the jobs; they wait on their vision call for about the model latency.
-    let mut ids = Vec::with_capacity(args.jobs);
-    let submitted_at = Instant::now();
-    let mut submits = futures::stream::iter(0..args.jobs)
+/// The answer to a scan's submission.
+#[derive(Deserialize)]
+struct Submitted {
+    job_id: Option<String>,
+}
+
+/// Submits `jobs` scans, 32 at a time; their ids.
+async fn submit_jobs(
+    http: &reqwest::Client,
+    gateway: std::net::SocketAddr,
+    jobs: usize,
+) -> anyhow::Result<Vec<String>> {
+    let mut ids = Vec::with_capacity(jobs);
+    let mut submits = futures::stream::iter(0..jobs)
         .map(|i| {
             let http = http.clone();
             async move {
@@ -192,43 +312,25 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
                     .send()
                     .await?
                     .error_for_status()?;
-                let v: serde_json::Value = res.json().await?;
-                v.get("job_id")
-                    .and_then(serde_json::Value::as_str)
-                    .map(str::to_owned)
-                    .context("202 without a job_id")
+                let submitted: Submitted = res.json().await?;
+                submitted.job_id.context("202 without a job_id")
             }
         })
         .buffer_unordered(32);
     while let Some(id) = submits.next().await {
         ids.push(id.context("failed to submit a job")?);
     }
-    drop(submits);
-    let ids_file = dir.path().join("job-ids");
-    std::fs::write(&ids_file, ids.join("\n"))?;
+    Ok(ids)
+}
 
-    let redis = match redis {
-        Some((conn, before)) => {
-            let mut ours = ingest_connection_names(conn.clone()).await?;
-            for (name, _) in before {
-                ours.remove(&name);
-            }
-            anyhow::ensure!(
-                !ours.is_empty(),
-                "no new ecoscan-ingest connection in CLIENT LIST after the suite started"
-            );
-            Some((conn, ours.into_keys().collect::<Vec<_>>()))
-        }
-        None => None,
-    };
-    let rss_base = system::rss_kib().context("no VmRSS in /proc/self/status")?;
-    let redis_base = match &redis {
-        Some((c, ours)) => Some(ingest_redis_connections(c.clone(), ours).await?),
-        None => None,
-    };
-
+/// Starts the client process: this binary with `--role clients`.
+fn spawn_clients(
+    args: &Args,
+    gateway: std::net::SocketAddr,
+    ids_file: &std::path::Path,
+) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe().context("cannot find this benchmark's executable")?;
-    let mut child = tokio::process::Command::new(exe)
+    tokio::process::Command::new(exe)
         .args([
             "--role",
             "clients",
@@ -249,7 +351,38 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .context("failed to start the client process")?;
+        .context("failed to start the client process")
+}
+
+/// The server side at the moment the client process reported every client connected.
+struct AtConnected {
+    /// The client process's `connected` line.
+    line: String,
+    rss: u64,
+    redis: Option<usize>,
+    sse_open: Option<f64>,
+    watchers: Option<f64>,
+}
+
+/// What the server side saw while the client process ran.
+struct ClientRun {
+    status: std::process::ExitStatus,
+    at_connected: Option<AtConnected>,
+    cpu_at_connected: Option<Duration>,
+    rss_max: u64,
+    result: Option<ClientResult>,
+}
+
+/// Reads the client process's lines until it ends (a backstop past its deadline stops it),
+/// sampling the server's RSS meanwhile, and the server's state when every client connected.
+async fn follow_clients(
+    mut child: tokio::process::Child,
+    args: &Args,
+    http: &reqwest::Client,
+    addrs: &ecoscan::Addrs,
+    redis: Option<&IngestRedis>,
+    rss_base: u64,
+) -> anyhow::Result<ClientRun> {
     let stdout = child.stdout.take().context("client stdout")?;
     let mut lines = BufReader::new(stdout).lines();
 
@@ -267,17 +400,20 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
                 let Some(line) = line? else { break };
                 if let Some(rest) = line.strip_prefix("connected ") {
                     let rss = system::rss_kib().unwrap_or(0);
-                    let redis_now = match &redis {
-                        Some((c, ours)) => Some(ingest_redis_connections(c.clone(), ours).await?),
-                        None => None,
-                    };
-                    let sse_open = scrape(&http, &format!("http://{}/metrics", running.addrs.gateway_admin), "gateway_sse_connections").await;
-                    let watchers = scrape(&http, &format!("http://{}/metrics", running.addrs.ingest), "ingest_hub_watchers").await;
+                    let redis_now = ingest_connections(redis).await?;
+                    let sse_open = scrape(http, &format!("http://{}/metrics", addrs.gateway_admin), "gateway_sse_connections").await;
+                    let watchers = scrape(http, &format!("http://{}/metrics", addrs.ingest), "ingest_hub_watchers").await;
                     eprintln!("sse-fanout: clients connected ({rest}); server RSS {} MiB", rss / 1024);
                     cpu_at_connected = system::cpu_time();
-                    at_connected = Some((rest.to_owned(), rss, redis_now, sse_open, watchers));
+                    at_connected = Some(AtConnected {
+                        line: rest.to_owned(),
+                        rss,
+                        redis: redis_now,
+                        sse_open,
+                        watchers,
+                    });
                 } else if let Some(json) = line.strip_prefix("result ") {
-                    result = Some(parse_result(json)?);
+                    result = Some(serde_json::from_str(json).context("bad result line")?);
                 } else {
                     eprintln!("client: {line}");
                 }
@@ -293,29 +429,50 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
         }
     }
     let status = child.wait().await?;
-    let elapsed = submitted_at.elapsed();
-    let server_cpu = system::cpu_time()
-        .zip(cpu_at_connected)
-        .map(|(a, b)| a.saturating_sub(b));
-    let redis_after = match &redis {
-        Some((c, ours)) => Some(ingest_redis_connections(c.clone(), ours).await?),
-        None => None,
-    };
-    shutdown.cancel();
-    drop(running);
+    Ok(ClientRun {
+        status,
+        at_connected,
+        cpu_at_connected,
+        rss_max,
+        result,
+    })
+}
 
-    let r = result.with_context(|| format!("the client process gave no result ({status})"))?;
-    let (connect_line, rss_connected, redis_connected, sse_open, watchers) =
-        at_connected.context("the client process never reported its connections")?;
-    let per_client = |rss: u64| {
+/// Everything the report says, measured.
+struct Measured {
+    fd_limit: u64,
+    /// The clients asked for (`--clients`), before the open-file limit capped them.
+    requested: usize,
+    r: ClientResult,
+    connected: AtConnected,
+    rss_base: u64,
+    rss_max: u64,
+    redis_base: Option<usize>,
+    redis_after: Option<usize>,
+    server_cpu: Option<Duration>,
+    elapsed: Duration,
+}
+
+impl Measured {
+    /// The server's RSS growth over `rss` per connected client.
+    fn kib_per_client(&self, rss: u64) -> f64 {
         #[allow(clippy::cast_precision_loss)]
-        let kib = rss.saturating_sub(rss_base) as f64 / r.connected.max(1) as f64;
+        let kib = rss.saturating_sub(self.rss_base) as f64 / self.r.connected.max(1) as f64;
         kib
-    };
-    let kib_connected = per_client(rss_connected);
-    let kib_peak = per_client(rss_max);
-    let p99 = r.live.p99;
+    }
+}
 
+/// The report: settings, connections, the figures against their targets, Redis, memory,
+/// latency and the rest.
+fn fill_report(report: &mut Report, args: &Args, m: Measured) {
+    report_connections(report, args, &m);
+    report_figures(report, &m);
+    report_redis(report, &m);
+    report_the_rest(report, m);
+}
+
+fn report_connections(report: &mut Report, args: &Args, m: &Measured) {
+    let (r, fd_limit, requested) = (&m.r, m.fd_limit, m.requested);
     report
         .header(
             "settings",
@@ -345,35 +502,48 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
                 } else {
                     String::new()
                 },
-                sse_open.map_or_else(|| "?".to_owned(), thousands),
-                watchers.map_or_else(|| "?".to_owned(), thousands),
+                m.connected.sse_open.map_or_else(|| "?".to_owned(), thousands),
+                m.connected.watchers.map_or_else(|| "?".to_owned(), thousands),
                 r.connect_secs
             ),
             "19,488 (the design's figure: what 20,000 open files leave)",
             Verdict::of(r.connected >= 19_488 && r.connected == args.clients),
         );
+}
+
+/// The figures of the results file.
+fn report_figures(report: &mut Report, m: &Measured) {
     #[allow(clippy::cast_precision_loss)]
     report
         .figure(
             Figure::new(
                 "SSE clients connected at once",
-                Some(r.connected as f64),
+                Some(m.r.connected as f64),
                 "",
             )
             .at_least(19_488.0),
         )
         .figure(
-            Figure::new("server RSS growth per client", Some(kib_connected), "KiB").at_most(16.0),
+            Figure::new(
+                "server RSS growth per client",
+                Some(m.kib_per_client(m.connected.rss)),
+                "KiB",
+            )
+            .at_most(16.0),
         )
         .figure(
             Figure::new(
                 "event delivery p99",
-                p99.map(|d| d.as_secs_f64() * 1000.0),
+                m.r.live.p99.map(|d| d.as_secs_f64() * 1000.0),
                 "ms",
             )
             .at_most(50.0),
         );
-    match (redis_base, redis_connected, redis_after) {
+}
+
+/// Ingest's Redis connections, when `REDIS_URL` let them be counted.
+fn report_redis(report: &mut Report, m: &Measured) {
+    match (m.redis_base, m.connected.redis, m.redis_after) {
         (Some(base), Some(connected), Some(after)) => {
             #[allow(clippy::cast_precision_loss)]
             report.figure(
@@ -400,13 +570,21 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
             );
         }
     }
+}
+
+/// Memory, latency, CPU and the streams' outcomes.
+fn report_the_rest(report: &mut Report, m: Measured) {
+    let kib_connected = m.kib_per_client(m.connected.rss);
+    let kib_peak = m.kib_per_client(m.rss_max);
+    let (r, rss_base, server_cpu) = (&m.r, m.rss_base, m.server_cpu);
+    let p99 = r.live.p99;
     report
         .row(
             "server RSS growth per client (gateway + ingest + everything in the suite process)",
             format!(
                 "{kib_connected:.1} KiB with all connected ({} → {} MiB); {kib_peak:.1} KiB at the peak while events flowed",
                 rss_base / 1024,
-                rss_connected / 1024
+                m.connected.rss / 1024
             ),
             "≤ 16 KiB",
             Verdict::of(kib_connected <= 16.0 && kib_peak <= 16.0),
@@ -463,13 +641,11 @@ async fn server(mut args: Args) -> anyhow::Result<()> {
             ),
         )
         .info("connect errors", kinds(&r.connect_errors))
-        .info("client connect report", connect_line)
-        .info("run time", fmt_duration(elapsed))
+        .info("client connect report", m.connected.line)
+        .info("run time", fmt_duration(m.elapsed))
         .note(
             "RSS per client = (the suite process's VmRSS with every client connected − VmRSS before the first client) / clients: user-space memory of the gateway's SSE stream and Watch call, ingest's hub subscription and gRPC stream, and allocator slack; kernel socket buffers are not in RSS. The peak figure is taken while events were flowing (buffers in use).",
         );
-    report.print();
-    Ok(())
 }
 
 fn kinds(m: &BTreeMap<String, usize>) -> String {
@@ -480,6 +656,59 @@ fn kinds(m: &BTreeMap<String, usize>) -> String {
         .map(|(k, n)| format!("{k}: {n}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `CLIENT LIST`'s ingest names before the suite started (with `REDIS_URL`): other ingest
+/// processes may share this Redis, and ours is the one whose connection name appears when the
+/// suite starts.
+struct RedisBefore {
+    conn: redis::aio::MultiplexedConnection,
+    names: BTreeMap<String, usize>,
+}
+
+async fn redis_before_the_suite() -> anyhow::Result<Option<RedisBefore>> {
+    match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
+        Some(url) => {
+            let conn = redis_conn(&url).await?;
+            let names = ingest_connection_names(conn.clone()).await?;
+            Ok(Some(RedisBefore { conn, names }))
+        }
+        None => Ok(None),
+    }
+}
+
+impl RedisBefore {
+    /// Our ingest's connection names: those new since the suite started.
+    async fn ours(self) -> anyhow::Result<IngestRedis> {
+        let mut ours = ingest_connection_names(self.conn.clone()).await?;
+        for name in self.names.keys() {
+            ours.remove(name);
+        }
+        anyhow::ensure!(
+            !ours.is_empty(),
+            "no new ecoscan-ingest connection in CLIENT LIST after the suite started"
+        );
+        Ok(IngestRedis {
+            conn: self.conn,
+            names: ours.into_keys().collect(),
+        })
+    }
+}
+
+/// This process's ingest in Redis: its connection names.
+struct IngestRedis {
+    conn: redis::aio::MultiplexedConnection,
+    names: Vec<String>,
+}
+
+/// Connections of this process's ingest now; `None` without `REDIS_URL`.
+async fn ingest_connections(redis: Option<&IngestRedis>) -> anyhow::Result<Option<usize>> {
+    match redis {
+        Some(r) => Ok(Some(
+            ingest_redis_connections(r.conn.clone(), &r.names).await?,
+        )),
+        None => Ok(None),
+    }
 }
 
 async fn redis_conn(url: &str) -> anyhow::Result<redis::aio::MultiplexedConnection> {
@@ -622,7 +851,7 @@ async fn clients(args: Args) -> anyhow::Result<()> {
     result.cpu = system::cpu_time()
         .zip(cpu_at_connected)
         .map(|(a, b)| a.saturating_sub(b));
-    println!("result {}", result_json(&result));
+    println!("result {}", serde_json::to_string(&result)?);
     Ok(())
 }
 
@@ -711,82 +940,4 @@ fn root_cause(e: &reqwest::Error) -> String {
         source = s;
     }
     source.to_string()
-}
-
-fn result_json(r: &ClientResult) -> String {
-    let us = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    serde_json::json!({
-        "connected": r.connected,
-        "connect_errors": r.connect_errors,
-        "connect_secs": r.connect_secs,
-        "ready": r.ready,
-        "stream_errors": r.stream_errors,
-        "events": r.events,
-        "live_count": r.live.count,
-        "live_span_secs": r.live_span_secs,
-        "p50_us": us(r.live.p50),
-        "p90_us": us(r.live.p90),
-        "p99_us": us(r.live.p99),
-        "p999_us": us(r.live.p999),
-        "max_us": us(r.live.max),
-        "client_rss_kib": r.client_rss_kib,
-        "cpu_ms": r.cpu.map(|c| u64::try_from(c.as_millis()).unwrap_or(u64::MAX)),
-    })
-    .to_string()
-}
-
-/// Reads the client's `result` line back.
-fn parse_result(json: &str) -> anyhow::Result<ClientResult> {
-    let v: serde_json::Value = serde_json::from_str(json).context("bad result line")?;
-    let n = |k: &str| {
-        v.get(k)
-            .and_then(serde_json::Value::as_u64)
-            .map_or(0, |x| usize::try_from(x).unwrap_or(usize::MAX))
-    };
-    let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
-    let us = |k: &str| {
-        v.get(k)
-            .and_then(serde_json::Value::as_u64)
-            .map(Duration::from_micros)
-    };
-    let map = |k: &str| -> BTreeMap<String, usize> {
-        v.get(k)
-            .and_then(serde_json::Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, n)| {
-                        let n = n
-                            .as_u64()
-                            .map_or(0, |x| usize::try_from(x).unwrap_or(usize::MAX));
-                        (k.clone(), n)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    Ok(ClientResult {
-        connected: n("connected"),
-        connect_errors: map("connect_errors"),
-        connect_secs: f("connect_secs"),
-        ready: n("ready"),
-        stream_errors: map("stream_errors"),
-        events: n("events"),
-        live: Latency {
-            count: n("live_count"),
-            p50: us("p50_us"),
-            p90: us("p90_us"),
-            p99: us("p99_us"),
-            p999: us("p999_us"),
-            max: us("max_us"),
-        },
-        live_span_secs: f("live_span_secs"),
-        client_rss_kib: v
-            .get("client_rss_kib")
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0),
-        cpu: v
-            .get("cpu_ms")
-            .and_then(serde_json::Value::as_u64)
-            .map(Duration::from_millis),
-    })
 }

@@ -1,8 +1,6 @@
 //! One conformance suite for [`CallStore`], run against every implementation: SQLite (a file in
 //! a temporary directory) and PostgreSQL (a schema of its own on `TEST_DATABASE_URL`).
 
-mod support;
-
 use std::collections::HashSet;
 
 use ecoscan_analytics::store::{CallRow, CallStore};
@@ -120,41 +118,13 @@ async fn concurrent_overlapping_batches_insert_each_id_once<S: CallStore + Clone
     assert_eq!(seen.len(), 200);
 }
 
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            use ecoscan_analytics::store::SqliteCallStore;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let dir = tempfile::TempDir::new().unwrap();
-                    let url = format!("sqlite://{}/analytics.db?mode=rwc", dir.path().display());
-                    let store = SqliteCallStore::connect(&url).await.unwrap();
-                    super::$case(store.clone()).await;
-                    store.close().await;
-                }
-            )*
-        }
-        mod postgres {
-            use ecoscan_analytics::store::PgCallStore;
-            use crate::support::PgSchema;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let schema = PgSchema::create().await;
-                    let store = PgCallStore::connect(&schema.url).await.unwrap();
-                    super::$case(store.clone()).await;
-                    store.close().await;
-                }
-            )*
-        }
-    };
-}
-
-conformance!(
+ecoscan_sql::store_conformance! {
+    sqlite: ecoscan_analytics::store::SqliteCallStore, "analytics.db";
+    postgres: ecoscan_analytics::store::PgCallStore;
+    cases:
     a_batch_reports_only_the_ids_it_inserted,
     every_column_round_trips_and_unknown_ids_are_none,
     usage_covers_calls_started_in_the_half_open_window,
     a_thousand_row_batch_is_stored_whole,
     concurrent_overlapping_batches_insert_each_id_once,
-);
+}

@@ -1,8 +1,6 @@
 //! One conformance suite for [`NotificationStore`], run against every implementation: SQLite (a
 //! file in a temporary directory) and PostgreSQL (a schema of its own on `TEST_DATABASE_URL`).
 
-mod support;
-
 use ecoscan_notification::store::{CancelOutcome, NotificationRow, NotificationStore, Status};
 
 fn row(
@@ -342,38 +340,10 @@ async fn scheduled_pages_walk_the_scheduled_rows_in_due_order_without_gaps<S: No
     assert_eq!(s.scheduled_page(None, 100).await.unwrap(), expected);
 }
 
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            use ecoscan_notification::store::SqliteNotificationStore;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let dir = tempfile::TempDir::new().unwrap();
-                    let url = format!("sqlite://{}/n.db?mode=rwc", dir.path().display());
-                    let store = SqliteNotificationStore::connect(&url).await.unwrap();
-                    super::$case(store.clone()).await;
-                    store.close().await;
-                }
-            )*
-        }
-        mod postgres {
-            use ecoscan_notification::store::PgNotificationStore;
-            use crate::support::PgSchema;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let schema = PgSchema::create().await;
-                    let store = PgNotificationStore::connect(&schema.url).await.unwrap();
-                    super::$case(store.clone()).await;
-                    store.close().await;
-                }
-            )*
-        }
-    };
-}
-
-conformance!(
+ecoscan_sql::store_conformance! {
+    sqlite: ecoscan_notification::store::SqliteNotificationStore, "n.db";
+    postgres: ecoscan_notification::store::PgNotificationStore;
+    cases:
     a_repeated_dedupe_key_returns_the_first_row,
     a_scheduled_row_is_delivered_once_and_never_when_cancelled,
     a_batch_delivers_only_the_scheduled_rows_once,
@@ -384,4 +354,4 @@ conformance!(
     concurrent_inserts_of_one_dedupe_key_store_one_row,
     concurrent_deliveries_of_one_row_succeed_once,
     scheduled_pages_walk_the_scheduled_rows_in_due_order_without_gaps,
-);
+}

@@ -1,8 +1,6 @@
 //! One conformance suite for [`RewardStore`], run against every implementation: SQLite (a file
 //! in a temporary directory) and PostgreSQL (a schema of its own on `TEST_DATABASE_URL`).
 
-mod support;
-
 use ecoscan_reward::store::{Grant, RewardStore, StoredDecision};
 
 fn grant(job: &str, user: &str, code: &str, now_us: i64) -> Grant {
@@ -168,38 +166,10 @@ async fn list_owned_is_oldest_first_and_per_user<S: RewardStore + Clone>(s: S) {
     assert!(s.list_owned("nobody").await.unwrap().is_empty());
 }
 
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            use ecoscan_reward::store::SqliteRewardStore;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let dir = tempfile::TempDir::new().unwrap();
-                    let url = format!("sqlite://{}/reward.db?mode=rwc", dir.path().display());
-                    let store = SqliteRewardStore::connect(&url).await.unwrap();
-                    super::$case(store.clone()).await;
-                    store.close().await;
-                }
-            )*
-        }
-        mod postgres {
-            use ecoscan_reward::store::PgRewardStore;
-            use crate::support::PgSchema;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let schema = PgSchema::create().await;
-                    let store = PgRewardStore::connect(&schema.url).await.unwrap();
-                    super::$case(store.clone()).await;
-                    store.close().await;
-                }
-            )*
-        }
-    };
-}
-
-conformance!(
+ecoscan_sql::store_conformance! {
+    sqlite: ecoscan_reward::store::SqliteRewardStore, "reward.db";
+    postgres: ecoscan_reward::store::PgRewardStore;
+    cases:
     first_grant_is_granted_and_stored_as_the_jobs_decision,
     a_second_job_for_an_owned_character_is_already_owned,
     a_decided_job_grants_nothing_even_with_another_character,
@@ -207,4 +177,4 @@ conformance!(
     concurrent_grants_of_one_job_store_one_decision_and_one_character,
     concurrent_jobs_grant_a_character_exactly_once,
     list_owned_is_oldest_first_and_per_user,
-);
+}

@@ -68,3 +68,51 @@ impl Drop for PgSchema {
         }
     }
 }
+
+/// One store-conformance suite run against both of a SQL store's databases: for each case
+/// `async fn case(store: S)`, written once for any store `S`, a test `sqlite::case` on a file in
+/// a temporary directory and a test `postgres::case` on a [`PgSchema`] of its own. The store
+/// types are opened with `connect(url)` and ended with `close()`, as every SQL store of the
+/// workspace is ([`sql_store!`](crate::sql_store)); the suite's crate needs `tokio` and
+/// `tempfile` (dev-dependencies of every crate with such a suite). One macro, so that the
+/// stores of every service are held to their contract the same way.
+///
+/// ```ignore
+/// ecoscan_sql::store_conformance! {
+///     sqlite: ecoscan_reward::store::SqliteRewardStore, "reward.db";
+///     postgres: ecoscan_reward::store::PgRewardStore;
+///     cases: first_grant_is_granted, list_owned_is_oldest_first,
+/// }
+/// ```
+#[macro_export]
+macro_rules! store_conformance {
+    (
+        sqlite: $sqlite:ty, $file:literal;
+        postgres: $postgres:ty;
+        cases: $($case:ident),* $(,)?
+    ) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let dir = tempfile::TempDir::new().unwrap();
+                    let url = format!(concat!("sqlite://{}/", $file, "?mode=rwc"), dir.path().display());
+                    let store = <$sqlite>::connect(&url).await.unwrap();
+                    super::$case(store.clone()).await;
+                    store.close().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let schema = $crate::testing::PgSchema::create().await;
+                    let store = <$postgres>::connect(&schema.url).await.unwrap();
+                    super::$case(store.clone()).await;
+                    store.close().await;
+                }
+            )*
+        }
+    };
+}

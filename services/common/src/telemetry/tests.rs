@@ -1,4 +1,9 @@
-use super::*;
+use std::time::Duration;
+
+use opentelemetry::trace::TraceContextExt;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::{init::targets_only, messages::sse_messages, *};
 
 fn frame(len: u32) -> Vec<u8> {
     let mut f = vec![0];

@@ -11,14 +11,16 @@ use async_trait::async_trait;
 use ecoscan_redis::{
     Conn, Redis,
     redis::{
-        self, RedisError, Script,
+        self, RedisError, RedisResult,
         streams::{
             StreamClaimReply, StreamId, StreamPendingCountReply, StreamRangeReply, StreamReadReply,
         },
     },
 };
 
-use super::scripts::{ACK_HELD_SCRIPT, EXTEND_MANY, FORGET_IDLE, RESERVE_REQUEUE_SCRIPT};
+use super::scripts::{
+    ACK_HELD_SCRIPT, EXTEND_MANY_SCRIPT, FORGET_IDLE_SCRIPT, RESERVE_REQUEUE_SCRIPT,
+};
 use crate::{
     error::StoreError,
     store::queue::{Lease, Queue, QueueEntry},
@@ -44,7 +46,6 @@ pub struct RedisQueue {
     blocking: tokio::sync::Mutex<Conn>,
     key: String,
     consumer: String,
-    extend: Script,
     /// Wakes [`Queue::lost`]'s waiter (the sweeper) when Redis is found to have lost the
     /// queue: its consumer group is gone, and with it every entry waiting or claimed.
     lost: tokio::sync::Notify,
@@ -64,13 +65,23 @@ fn parse_lease_id(id: &str) -> Result<(&str, usize), StoreError> {
         .ok_or_else(|| StoreError::Corrupt(format!("malformed lease id {id:?}")))
 }
 
-fn is_nogroup(e: &RedisError) -> bool {
-    e.code() == Some("NOGROUP")
+/// Redis answered that the consumer group is gone: `NOGROUP`, or `UNBLOCKED` for a blocked
+/// read whose stream (and its group) vanished while it waited. Only a blocked `XREADGROUP`
+/// is ever answered `UNBLOCKED`, so to every other command this is `NOGROUP` alone.
+fn is_group_gone(e: &RedisError) -> bool {
+    matches!(e.code(), Some("NOGROUP" | "UNBLOCKED"))
 }
 
-/// The stream (and its group) vanished while a claimer was blocked on it.
-fn is_unblocked(e: &RedisError) -> bool {
-    e.code() == Some("UNBLOCKED")
+/// What a command that needs the consumer group does when Redis answers that it is gone
+/// ([`RedisQueue::unless_group_gone`]).
+#[derive(Clone, Copy)]
+enum OnGroupGone {
+    /// Recreate the group and wake [`Queue::lost`] ([`RedisQueue::lost_group`]): the commands
+    /// that claim entries and extend leases, which cannot go on without it.
+    Recreate,
+    /// Only go on without a reply: what the command would have touched went with the group,
+    /// and the next claim recreates it.
+    Skip,
 }
 
 impl RedisQueue {
@@ -87,7 +98,6 @@ impl RedisQueue {
             blocking: tokio::sync::Mutex::new(blocking),
             key: format!("{prefix}scan:dispatch"),
             consumer: consumer.to_owned(),
-            extend: Script::new(EXTEND_MANY),
             lost: tokio::sync::Notify::new(),
         };
         if queue.ensure_group().await? {
@@ -127,6 +137,26 @@ impl RedisQueue {
         }
     }
 
+    /// The reply of a command that needs the consumer group, `None` when Redis answered that
+    /// the group is gone (after recreating it if `on_gone` says so); other errors pass on.
+    /// One place, so every command reads a lost queue the same way.
+    async fn unless_group_gone<T>(
+        &self,
+        reply: RedisResult<T>,
+        on_gone: OnGroupGone,
+    ) -> Result<Option<T>, StoreError> {
+        match reply {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_group_gone(&e) => {
+                if let OnGroupGone::Recreate = on_gone {
+                    self.lost_group(&e).await?;
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn lease_of(&self, e: &StreamId, delivered: usize) -> Result<Lease, StoreError> {
         let carrier = e
             .get::<String>("carrier")
@@ -156,7 +186,7 @@ impl RedisQueue {
             *last = Some(now);
         }
         let idle = lease.as_millis() as u64;
-        let pending: StreamPendingCountReply = match redis::cmd("XPENDING")
+        let pending = redis::cmd("XPENDING")
             .arg(&self.key)
             .arg(GROUP)
             .arg("IDLE")
@@ -164,16 +194,14 @@ impl RedisQueue {
             .arg("-")
             .arg("+")
             .arg(max)
-            .query_async(&mut self.conn.clone())
-            .await
-        {
-            Ok(p) => p,
-            // Redis lost the group (a restart without persistence): nothing to reclaim.
-            Err(e) if is_nogroup(&e) => {
-                self.lost_group(&e).await?;
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(e.into()),
+            .query_async::<StreamPendingCountReply>(&mut self.conn.clone())
+            .await;
+        // Redis lost the group (a restart without persistence): nothing to reclaim.
+        let Some(pending) = self
+            .unless_group_gone(pending, OnGroupGone::Recreate)
+            .await?
+        else {
+            return Ok(Vec::new());
         };
         if pending.ids.is_empty() {
             return Ok(Vec::new());
@@ -213,13 +241,9 @@ impl RedisQueue {
             cmd.arg("BLOCK").arg((b.as_millis() as u64).max(1));
         }
         cmd.arg("STREAMS").arg(&self.key).arg(">");
-        let reply: Option<StreamReadReply> = match cmd.query_async(conn).await {
-            Ok(r) => r,
-            Err(e) if is_nogroup(&e) || is_unblocked(&e) => {
-                self.lost_group(&e).await?;
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(e.into()),
+        let reply = cmd.query_async::<Option<StreamReadReply>>(conn).await;
+        let Some(reply) = self.unless_group_gone(reply, OnGroupGone::Recreate).await? else {
+            return Ok(Vec::new());
         };
         reply
             .into_iter()
@@ -298,20 +322,20 @@ impl Queue for RedisQueue {
             return Ok(Vec::new());
         }
         // Reclaiming goes by idle time, so resetting it extends a lease by a full lease.
-        let mut call = self.extend.key(&self.key);
+        let mut call = EXTEND_MANY_SCRIPT.key(&self.key);
         call.arg(GROUP).arg(&self.consumer);
         for lease in leases {
             let (stream_id, delivered) = parse_lease_id(&lease.id)?;
             call.arg(stream_id).arg(delivered);
         }
-        match call.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await {
-            Ok(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
+        let extended = call.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await;
+        match self
+            .unless_group_gone(extended, OnGroupGone::Recreate)
+            .await?
+        {
+            Some(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
             // The group is gone (Redis restarted): so are the leases.
-            Err(e) if is_nogroup(&e) => {
-                self.lost_group(&e).await?;
-                Ok(vec![false; leases.len()])
-            }
-            Err(e) => Err(e.into()),
+            None => Ok(vec![false; leases.len()]),
         }
     }
 
@@ -336,18 +360,19 @@ impl Queue for RedisQueue {
             .ignore()
             .query_async::<()>(&mut self.conn.clone())
             .await;
-        match acked {
+        if self
+            .unless_group_gone(acked, OnGroupGone::Skip)
+            .await?
+            .is_none()
+        {
             // Nothing left to acknowledge after a restart; delete the entry anyway.
-            Err(e) if is_nogroup(&e) => {
-                redis::cmd("XDEL")
-                    .arg(&self.key)
-                    .arg(stream_id)
-                    .query_async::<()>(&mut self.conn.clone())
-                    .await?;
-                Ok(())
-            }
-            other => Ok(other?),
+            redis::cmd("XDEL")
+                .arg(&self.key)
+                .arg(stream_id)
+                .query_async::<()>(&mut self.conn.clone())
+                .await?;
         }
+        Ok(())
     }
 
     #[db_span(
@@ -366,12 +391,11 @@ impl Queue for RedisQueue {
             .arg(delivered)
             .invoke_async::<i64>(&mut self.conn.clone())
             .await;
-        match acked {
-            Ok(n) => Ok(n == 1),
-            // The group is gone, and the entry with it.
-            Err(e) if is_nogroup(&e) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
+        // The group is gone, and the entry with it: not held.
+        Ok(self
+            .unless_group_gone(acked, OnGroupGone::Skip)
+            .await?
+            .is_some_and(|n| n == 1))
     }
 
     async fn lost(&self) {
@@ -439,10 +463,10 @@ impl Queue for RedisQueue {
                 .arg("JUSTID")
                 .ignore();
         }
-        match pipe.query_async::<()>(&mut self.conn.clone()).await {
-            Err(e) if is_nogroup(&e) => Ok(()),
-            other => Ok(other?),
-        }
+        let released = pipe.query_async::<()>(&mut self.conn.clone()).await;
+        // The group is gone, and the leases with it: nothing to release.
+        self.unless_group_gone(released, OnGroupGone::Skip).await?;
+        Ok(())
     }
 
     #[db_span(
@@ -469,18 +493,18 @@ impl Queue for RedisQueue {
     }
 
     async fn forget_idle_claimers(&self, idle: Duration) -> Result<usize, StoreError> {
-        let forgotten: i64 = match Script::new(FORGET_IDLE)
+        let forgotten = FORGET_IDLE_SCRIPT
             .key(&self.key)
             .arg(GROUP)
             .arg(&self.consumer)
             .arg(idle.as_millis() as u64)
-            .invoke_async(&mut self.conn.clone())
-            .await
-        {
-            Ok(n) => n,
-            Err(e) if is_nogroup(&e) => 0,
-            Err(e) => return Err(e.into()),
-        };
+            .invoke_async::<i64>(&mut self.conn.clone())
+            .await;
+        // The group is gone, and its consumers with it.
+        let forgotten = self
+            .unless_group_gone(forgotten, OnGroupGone::Skip)
+            .await?
+            .unwrap_or(0);
         if forgotten > 0 {
             tracing::info!(
                 forgotten,

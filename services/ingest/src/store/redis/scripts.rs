@@ -85,6 +85,10 @@ end
 return out
 ";
 
+/// [`EXTEND_MANY`], with its SHA computed once.
+pub(super) static EXTEND_MANY_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(EXTEND_MANY));
+
 /// Acknowledges and deletes the entry ARGV[3] only while the consumer ARGV[2] holds delivery
 /// ARGV[4] of it (in the group ARGV[1]): a lease's own entry, not one claimed again since.
 /// Returns 1 when it did, else 0.
@@ -117,6 +121,10 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
 end
 return removed
 ";
+
+/// [`FORGET_IDLE`], with its SHA computed once.
+pub(super) static FORGET_IDLE_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(FORGET_IDLE));
 
 /// Reserves KEYS[1] (a job's re-enqueue) for holder ARGV[1], for ARGV[2] ms: 1 when it was
 /// free or the holder's own (its hold renewed), 0 when another holds it.

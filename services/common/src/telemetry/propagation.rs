@@ -1,0 +1,46 @@
+//! Moving a trace context (W3C trace-context and baggage) in and out of HTTP headers and of
+//! carriers that outlive a request, such as queue entries.
+
+use std::collections::HashMap;
+
+use opentelemetry::{Context, trace::TraceContextExt};
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The trace id of the current span, as 32 hex digits (empty when there is none).
+pub fn current_trace_id() -> String {
+    let cx = tracing::Span::current().context();
+    let sc = cx.span().span_context().clone();
+    if sc.is_valid() {
+        sc.trace_id().to_string()
+    } else {
+        String::new()
+    }
+}
+
+/// The current span's trace context as `traceparent`/`tracestate`/`baggage` entries, for a queue
+/// entry or any other carrier that outlives the request.
+pub fn current_carrier() -> HashMap<String, String> {
+    let mut carrier = HashMap::new();
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut carrier));
+    carrier
+}
+
+/// A context from entries written by [`current_carrier`].
+pub fn context_from_carrier(carrier: &HashMap<String, String>) -> Context {
+    opentelemetry::global::get_text_map_propagator(|p| p.extract(carrier))
+}
+
+/// A context from HTTP headers (`traceparent`, `baggage`).
+pub fn context_from_headers(headers: &http::HeaderMap) -> Context {
+    opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)))
+}
+
+/// Writes the current span's context into HTTP headers.
+pub fn inject_headers(headers: &mut http::HeaderMap) {
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut HeaderInjector(headers));
+    });
+}
