@@ -15,9 +15,9 @@ use ecoscan_ingest::{
     error::StoreError,
     hub::{Hub, HubConfig, HubItem},
     store::{
-        EventId, EventLog, Feed, FeedItem, JobStore, LocalObjectStore, MemoryEventLog, MemoryQueue,
-        NewJob, PgJobStore, Queue, QueueEntry, RUN_SPAN, RedisEventLog, RedisQueue, SqliteJobStore,
-        jobs::Checkpoint,
+        EventId, EventLog, Feed, FeedItem, JobStore, Lease, LocalObjectStore, MemoryEventLog,
+        MemoryQueue, NewJob, PgJobStore, Queue, QueueEntry, RUN_SPAN, RedisEventLog, RedisQueue,
+        SqliteJobStore, jobs::Checkpoint,
     },
     sweeper::{sweep_as, sweep_once},
 };
@@ -1216,6 +1216,45 @@ async fn redis_queue_renews_leases_in_batches() {
         .await
         .unwrap();
     leases_renew_in_batches(Arc::new(queue)).await;
+    scope.cleanup().await;
+}
+
+/// A renewal that reaches Redis later than its sender waited for it — its connection given up
+/// on, its bytes delivered when the network healed (issue 52) — renews nothing, judged by
+/// Redis's own clock: the entry has been idle longer than any renewal sent in time can see.
+#[tokio::test]
+async fn redis_queue_ignores_a_renewal_that_arrives_after_its_sender_gave_up() {
+    let scope = RedisScope::new().await;
+    let settings = Settings::single(&scope.url).with_response_timeout(Duration::from_millis(300));
+    let redis = Redis::connect(&settings, "test-late-renewal")
+        .await
+        .unwrap();
+    let queue = RedisQueue::open(&redis, &scope.prefix, "c1").await.unwrap();
+    queue.enqueue(entry("late")).await.unwrap();
+    let lease = Duration::from_secs(30);
+    let held = queue.claim(lease, Duration::ZERO).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // What Redis sees of a renewal sent just after a confirmed one and delivered a second
+    // later: the entry idle 1 s, more than the 0.3 s its sender would have waited.
+    let late = Lease {
+        renewed: tokio::time::Instant::now(),
+        ..held.clone()
+    };
+    assert!(
+        !queue.extend(&late, lease).await.unwrap(),
+        "a late renewal is refused"
+    );
+    // It reset nothing: the entry is as idle as before, so another one is refused as well.
+    assert!(
+        !queue.extend(&late, lease).await.unwrap(),
+        "the first one reset the idle time"
+    );
+    // A renewal sent in time (its bound runs from the claim) renews.
+    assert!(
+        queue.extend(&held, lease).await.unwrap(),
+        "a renewal in time is kept"
+    );
     scope.cleanup().await;
 }
 

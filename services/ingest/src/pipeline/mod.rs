@@ -158,12 +158,19 @@ impl Leases {
             .collect();
         for chunk in held.chunks(500) {
             let leases: Vec<Lease> = chunk.iter().map(|(l, _)| l.clone()).collect();
+            let sent = tokio::time::Instant::now();
             match queue.extend_many(&leases, hold).await {
                 Ok(kept) => {
-                    let held = self.held.lock().expect("leases lock poisoned");
+                    let mut held = self.held.lock().expect("leases lock poisoned");
                     for ((lease, lost), kept) in chunk.iter().zip(kept) {
-                        // A job that finished (and acknowledged) meanwhile no longer holds it.
-                        if !kept && held.contains_key(&lease.id) {
+                        if kept {
+                            // Renewed by a request sent at `sent`: the next renewal's bound.
+                            if let Some((l, _)) = held.get_mut(&lease.id) {
+                                l.renewed = sent;
+                            }
+                        } else if held.contains_key(&lease.id) {
+                            // (A job that finished, and acknowledged, meanwhile no longer
+                            // holds it.)
                             tracing::warn!(job.id = %lease.entry.job_id, "lease lost");
                             lost.cancel();
                         }

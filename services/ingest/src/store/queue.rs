@@ -29,6 +29,11 @@ pub struct Lease {
     pub entry: QueueEntry,
     /// The queue's own handle of this claim (opaque to callers).
     pub id: String,
+    /// When the request that claimed, or last renewed, this lease was sent, by this process's
+    /// clock (the holder moves it on each renewal [`Queue::extend_many`] confirmed). A queue
+    /// on a remote store uses it to refuse a renewal that reaches the store later than its
+    /// sender waited for it: see [`Queue::extend_many`].
+    pub renewed: tokio::time::Instant,
 }
 
 #[async_trait]
@@ -51,6 +56,12 @@ pub trait Queue: Send + Sync + 'static {
     }
     /// Pushes each lease's deadline `by` from now, in one round trip; for each, false when
     /// the lease was lost (another claimer holds the entry now, or it is gone).
+    ///
+    /// A renewal is good only while its sender waits for the answer: one that reaches the
+    /// store after that (its connection given up on and the bytes delivered late, after a
+    /// network fault) does nothing, judged by the store's clock — the Redis queue refuses it
+    /// when the entry has been idle longer than the time from [`Lease::renewed`] to the call
+    /// plus the response timeout, which no renewal that arrived in time can see.
     async fn extend_many(&self, leases: &[Lease], by: Duration) -> Result<Vec<bool>, StoreError>;
     /// [`Queue::extend_many`] of one lease.
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<bool, StoreError> {
@@ -150,7 +161,11 @@ impl MemoryQueue {
         st.next_id += 1;
         let id = st.next_id.to_string();
         st.claimed.insert(id.clone(), (entry.clone(), now + lease));
-        Some(Lease { entry, id })
+        Some(Lease {
+            entry,
+            id,
+            renewed: tokio::time::Instant::now(),
+        })
     }
 
     fn next_deadline(&self) -> Option<Instant> {

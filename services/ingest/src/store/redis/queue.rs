@@ -46,6 +46,9 @@ pub struct RedisQueue {
     blocking: tokio::sync::Mutex<Conn>,
     key: String,
     consumer: String,
+    /// How long a command's sender waits for its answer (`REDIS_RESPONSE_TIMEOUT`): a lease
+    /// renewal that reaches Redis later than that after it was sent does nothing.
+    response_timeout: Duration,
     /// Wakes [`Queue::lost`]'s waiter (the sweeper) when Redis is found to have lost the
     /// queue: its consumer group is gone, and with it every entry waiting or claimed.
     lost: tokio::sync::Notify,
@@ -98,6 +101,7 @@ impl RedisQueue {
             blocking: tokio::sync::Mutex::new(blocking),
             key: format!("{prefix}scan:dispatch"),
             consumer: consumer.to_owned(),
+            response_timeout: redis.response_timeout(),
             lost: tokio::sync::Notify::new(),
         };
         if queue.ensure_group().await? {
@@ -157,7 +161,13 @@ impl RedisQueue {
         }
     }
 
-    fn lease_of(&self, e: &StreamId, delivered: usize) -> Result<Lease, StoreError> {
+    /// The lease of entry `e`, claimed (its `delivered`th delivery) by a request sent at `sent`.
+    fn lease_of(
+        &self,
+        e: &StreamId,
+        delivered: usize,
+        sent: tokio::time::Instant,
+    ) -> Result<Lease, StoreError> {
         let carrier = e
             .get::<String>("carrier")
             .and_then(|c| serde_json::from_str(&c).ok())
@@ -171,6 +181,7 @@ impl RedisQueue {
                 enqueued_at: UNIX_EPOCH + Duration::from_millis(at_ms.max(0).unsigned_abs()),
             },
             id: lease_id(&e.id, delivered),
+            renewed: sent,
         })
     }
 
@@ -210,6 +221,7 @@ impl RedisQueue {
         // is left out of the reply.
         let mut cmd = redis::cmd("XCLAIM");
         cmd.arg(&self.key).arg(GROUP).arg(&self.consumer).arg(idle);
+        let sent = tokio::time::Instant::now();
         for p in &pending.ids {
             cmd.arg(&p.id);
         }
@@ -219,7 +231,7 @@ impl RedisQueue {
             .iter()
             .filter_map(|e| {
                 let delivered = pending.ids.iter().find(|p| p.id == e.id)?.times_delivered;
-                Some(self.lease_of(e, delivered + 1))
+                Some(self.lease_of(e, delivered + 1, sent))
             })
             .collect()
     }
@@ -241,6 +253,7 @@ impl RedisQueue {
             cmd.arg("BLOCK").arg((b.as_millis() as u64).max(1));
         }
         cmd.arg("STREAMS").arg(&self.key).arg(">");
+        let sent = tokio::time::Instant::now();
         let reply = cmd.query_async::<Option<StreamReadReply>>(conn).await;
         let Some(reply) = self.unless_group_gone(reply, OnGroupGone::Recreate).await? else {
             return Ok(Vec::new());
@@ -249,7 +262,7 @@ impl RedisQueue {
             .into_iter()
             .flat_map(|r| r.keys)
             .flat_map(|stream| stream.ids)
-            .map(|e| self.lease_of(&e, 1))
+            .map(|e| self.lease_of(&e, 1, sent))
             .collect()
     }
 }
@@ -321,12 +334,19 @@ impl Queue for RedisQueue {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        // Reclaiming goes by idle time, so resetting it extends a lease by a full lease.
+        // Reclaiming goes by idle time, so resetting it extends a lease by a full lease. Each
+        // lease carries the longest idle time this renewal can meet if it arrives while this
+        // call still waits (its entry was last reset no earlier than `renewed`, and the call
+        // gives up after the response timeout): more, and it arrived late, so it does nothing.
+        let now = tokio::time::Instant::now();
         let mut call = EXTEND_MANY_SCRIPT.key(&self.key);
         call.arg(GROUP).arg(&self.consumer);
         for lease in leases {
             let (stream_id, delivered) = parse_lease_id(&lease.id)?;
-            call.arg(stream_id).arg(delivered);
+            let late_after = now.saturating_duration_since(lease.renewed) + self.response_timeout;
+            call.arg(stream_id)
+                .arg(delivered)
+                .arg(late_after.as_millis() as u64);
         }
         let extended = call.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await;
         match self

@@ -68,14 +68,19 @@ redis.call(ARGV[3], KEYS[3], #ARGV[2] .. ':' .. ARGV[2])
 return 1
 ";
 
-/// Extends leases: for each (id, delivery count) pair in ARGV after the group and consumer,
-/// resets the entry's idle time with `XCLAIM … JUSTID` (which leaves the delivery count
-/// alone), only while the same consumer holds the same delivery of it. Returns 1 or 0 each.
+/// Extends leases: for each (id, delivery count, late-after ms) triple in ARGV after the group
+/// and consumer, resets the entry's idle time with `XCLAIM … JUSTID` (which leaves the
+/// delivery count alone), only while the same consumer holds the same delivery of it and the
+/// entry has been idle no longer than late-after: an entry idle longer met a renewal that
+/// arrived after its sender had given up on it (a connection abandoned on a timeout, its bytes
+/// delivered when the network healed), which must not renew a lease its holder may have let go.
+/// Returns 1 or 0 each.
 pub(super) const EXTEND_MANY: &str = r"
 local out = {}
-for i = 3, #ARGV, 2 do
+for i = 3, #ARGV, 3 do
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
-  if #p == 1 and p[1][2] == ARGV[2] and tonumber(p[1][4]) == tonumber(ARGV[i + 1]) then
+  if #p == 1 and p[1][2] == ARGV[2] and tonumber(p[1][4]) == tonumber(ARGV[i + 1])
+    and tonumber(p[1][3]) <= tonumber(ARGV[i + 2]) then
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
     out[#out + 1] = 1
   else
