@@ -259,7 +259,7 @@ mod tests {
             "serve",
             "migrate",
             "X_ADDR",
-            "Configuration",
+            "docs/configuration.md",
             "h or d",
         ] {
             assert!(help.contains(needle), "{needle:?} in {help}");

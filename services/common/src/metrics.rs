@@ -73,21 +73,38 @@ pub type Labels3 = [(&'static str, String); 3];
 /// Label set with four labels.
 pub type Labels4 = [(&'static str, String); 4];
 
-type Refresh = Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+type Refresh = Box<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+/// How long a scrape waits for a value read from a store ([`Metrics::sample`]) before it serves
+/// the last one read: `/metrics` answers within this (plus encoding) during any store fault,
+/// well inside Prometheus' 10 s scrape timeout, instead of waiting out the store's timeout.
+pub const SAMPLE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A value read from a store at scrape time: its read, at most one at a time (a read that
+/// outlives a scrape goes on in the background and serves the next), and when a read last
+/// succeeded.
+struct Sample {
+    name: &'static str,
+    read: Refresh,
+    in_flight: std::sync::Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
+    last_ok: Arc<std::sync::Mutex<Option<Instant>>>,
+}
 
 /// A service's metrics registry, plus the values read at scrape time. Build it in `serve()`,
 /// register the service's metrics, then hand it to [`crate::server::serve_with_metrics`].
 #[derive(Default)]
 pub struct Metrics {
     registry: Registry,
-    refresh: Vec<Refresh>,
+    samples: Vec<Arc<Sample>>,
+    /// `metrics_sample_age_seconds{sample}`: how old each sampled value is.
+    sample_age: Option<Family<Labels1, Gauge<f64, std::sync::atomic::AtomicU64>>>,
 }
 
 impl fmt::Debug for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Metrics")
             .field("registry", &self.registry)
-            .field("refresh", &self.refresh.len())
+            .field("samples", &self.samples.len())
             .finish()
     }
 }
@@ -100,7 +117,8 @@ impl Metrics {
                 Cow::Borrowed("service"),
                 Cow::Owned(service.to_owned()),
             ))),
-            refresh: Vec::new(),
+            samples: Vec::new(),
+            sample_age: None,
         }
     }
 
@@ -109,14 +127,33 @@ impl Metrics {
         &mut self.registry
     }
 
-    /// Runs `refresh` before every scrape: for values that need an async read (a queue's
-    /// backlog in Redis), written into a gauge the refresh owns.
-    pub fn on_scrape<F, Fut>(&mut self, refresh: F)
+    /// A value that needs an async read from a store (a queue's backlog in Redis): `read` runs
+    /// at each scrape, writes it into a gauge it owns and says whether it could. A scrape
+    /// waits for it at most [`SAMPLE_WAIT`] and otherwise serves the last value, the read
+    /// going on in the background (one at a time), so a store that stopped answering never
+    /// holds `/metrics` up. `metrics_sample_age_seconds{sample="<name>"}` says how old the
+    /// value is (absent until a read succeeded).
+    pub fn sample<F, Fut>(&mut self, name: &'static str, read: F)
     where
         F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
+        Fut: Future<Output = bool> + Send + 'static,
     {
-        self.refresh.push(Box::new(move || Box::pin(refresh())));
+        if self.sample_age.is_none() {
+            let family = Family::default();
+            self.registry.register(
+                "metrics_sample_age_seconds",
+                "Age of each value read from a store for /metrics (served without waiting for a \
+                 store that does not answer), by sample",
+                family.clone(),
+            );
+            self.sample_age = Some(family);
+        }
+        self.samples.push(Arc::new(Sample {
+            name,
+            read: Box::new(move || Box::pin(read())),
+            in_flight: std::sync::Mutex::new(None),
+            last_ok: Arc::new(std::sync::Mutex::new(None)),
+        }));
     }
 
     /// Registers a gauge whose value is `read` at scrape time (a count kept elsewhere).
@@ -150,13 +187,49 @@ impl Metrics {
 
     /// Refreshes the scrape-time values and encodes every series in the Prometheus text format.
     pub async fn render(&self) -> String {
-        for refresh in &self.refresh {
-            refresh().await;
+        let mut reads = Vec::new();
+        for sample in &self.samples {
+            reads.push(sample.start());
+        }
+        // All at once, within one bound: a read that does not finish serves its last value.
+        let deadline = tokio::time::Instant::now() + SAMPLE_WAIT;
+        for mut done in reads {
+            let _ = tokio::time::timeout_at(deadline, done.wait_for(|d| *d)).await;
+        }
+        if let Some(ages) = &self.sample_age {
+            for sample in &self.samples {
+                let last = *sample.last_ok.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(at) = last {
+                    ages.get_or_create(&[("sample", sample.name.to_owned())])
+                        .set(at.elapsed().as_secs_f64());
+                }
+            }
         }
         let mut out = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
             .expect("writing to a String never fails");
         out
+    }
+}
+
+impl Sample {
+    /// The read under way, or a new one: a receiver that turns true when it is done.
+    fn start(&self) -> tokio::sync::watch::Receiver<bool> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(done) = in_flight.as_ref().filter(|d| !*d.borrow()) {
+            return done.clone();
+        }
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let (read, last_ok) = ((self.read)(), self.last_ok.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            if read.await {
+                *last_ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
+            }
+            let _ = tx.send(true);
+        });
+        *in_flight = Some(rx.clone());
+        rx
     }
 }
 
@@ -438,19 +511,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn on_scrape_refreshes_values_before_encoding() {
+    async fn a_sample_is_read_before_encoding_and_served_with_its_age() {
         let mut metrics = Metrics::new("ingest");
         let backlog: Gauge = Gauge::default();
         metrics
             .registry()
             .register("ingest_backlog", "backlog", backlog.clone());
         let source = Arc::new(std::sync::atomic::AtomicI64::new(0));
-        metrics.on_scrape({
+        metrics.sample("ingest_backlog", {
             let source = source.clone();
             move || {
                 let (backlog, source) = (backlog.clone(), source.clone());
                 async move {
                     backlog.set(source.load(std::sync::atomic::Ordering::Relaxed));
+                    true
                 }
             }
         });
@@ -461,6 +535,61 @@ mod tests {
         assert!(
             text.contains(r#"ingest_backlog{service="ingest"} 5"#),
             "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"metrics_sample_age_seconds{service="ingest",sample="ingest_backlog"}"#
+            ),
+            "{text}"
+        );
+    }
+
+    /// A store that stopped answering: the scrape serves the last value at once, the stuck
+    /// read is not started again by every scrape, and the value's age says how old it is.
+    #[tokio::test]
+    async fn a_sample_that_does_not_answer_never_holds_a_scrape_up() {
+        let mut metrics = Metrics::new("ingest");
+        let backlog: Gauge = Gauge::default();
+        metrics
+            .registry()
+            .register("ingest_backlog", "backlog", backlog.clone());
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stuck = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        metrics.sample("ingest_backlog", {
+            let (reads, stuck) = (reads.clone(), stuck.clone());
+            move || {
+                let (backlog, reads, stuck) = (backlog.clone(), reads.clone(), stuck.clone());
+                async move {
+                    let n = reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if stuck.load(std::sync::atomic::Ordering::SeqCst) {
+                        std::future::pending::<()>().await;
+                    }
+                    backlog.set(i64::try_from(n).unwrap() + 7);
+                    true
+                }
+            }
+        });
+        let text = metrics.render().await;
+        assert!(
+            text.contains(r#"ingest_backlog{service="ingest"} 7"#),
+            "{text}"
+        );
+
+        stuck.store(true, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            // Bounded by SAMPLE_WAIT; the generous timeout only keeps a failure from hanging.
+            let text = tokio::time::timeout(std::time::Duration::from_secs(10), metrics.render())
+                .await
+                .expect("a scrape waited on a read that does not answer");
+            assert!(
+                text.contains(r#"ingest_backlog{service="ingest"} 7"#),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            reads.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "one read at a time: the stuck one is not started again"
         );
     }
 

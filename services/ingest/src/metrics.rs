@@ -72,14 +72,18 @@ impl IngestMetrics {
             "Running jobs' rows the hub keeps for GetResult (or reserved by a read under way)",
             move || i64::try_from(kept.pending().len()).unwrap_or(i64::MAX),
         );
-        metrics.on_scrape(move || {
+        metrics.sample("ingest_dispatch_backlog", move || {
             let (queue, backlog) = (queue.clone(), backlog.clone());
             async move {
                 match queue.backlog().await {
                     Ok(n) => {
                         backlog.set(i64::try_from(n).unwrap_or(i64::MAX));
+                        true
                     }
-                    Err(e) => tracing::warn!(error = %e, "failed to read the dispatch backlog"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "failed to read the dispatch backlog");
+                        false
+                    }
                 }
             }
         });

@@ -64,14 +64,18 @@ impl NotificationMetrics {
             "Live Subscribe streams in this process",
             move || i64::try_from(hub.subscribers()).unwrap_or(i64::MAX),
         );
-        metrics.on_scrape(move || {
+        metrics.sample("notification_scheduled_backlog", move || {
             let (scheduler, backlog) = (scheduler.clone(), backlog.clone());
             async move {
                 match scheduler.backlog().await {
                     Ok(n) => {
                         backlog.set(i64::try_from(n).unwrap_or(i64::MAX));
+                        true
                     }
-                    Err(e) => tracing::warn!(error = ?e, "failed to read the scheduled backlog"),
+                    Err(e) => {
+                        tracing::warn!(error = ?e, "failed to read the scheduled backlog");
+                        false
+                    }
                 }
             }
         });
