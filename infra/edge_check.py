@@ -26,7 +26,6 @@ import resource
 import selectors
 import socket
 import string
-import subprocess
 import sys
 import threading
 import time
@@ -38,8 +37,8 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from suiteproc import (  # noqa: E402  (the path above first)
-    WORK, Fast, bearer, check, children, free_port, gateway_env, refused_at_start,
-    report, request, say, start_gateway, start_up, stop_all,
+    WORK, Fast, bearer, check, free_port, gateway_env, refused_at_start,
+    report, request, say, start_gateway, start_nginx, start_up, stop_all, wait_listening,
 )
 
 NGINX = os.environ.get("EDGE_NGINX", "/usr/sbin/nginx")
@@ -111,17 +110,7 @@ def identity_through_a_proxy(up_port, up_token, addrs):
         "GATEWAY_JWT_ISSUER": "ecoscan-local", "GATEWAY_JWT_AUDIENCE": "ecoscan",
     }))
     plain, usual, plain_hdr = free_port(), free_port(), free_port()
-    root = os.path.join(WORK, "nginx")
-    os.makedirs(root, exist_ok=True)
-    conf = f"""
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log stderr warn;
-events {{ worker_connections 512; }}
-http {{
-  access_log off;
-  client_body_temp_path {root}/body; proxy_temp_path {root}/proxy;
-  fastcgi_temp_path {root}/fastcgi; uwsgi_temp_path {root}/uwsgi; scgi_temp_path {root}/scgi;
+    p = start_nginx(NGINX, "nginx", f"""
   # The shortest way to publish ecoscan up: nothing but proxy_pass.
   server {{ listen 127.0.0.1:{plain}; location / {{ proxy_pass http://127.0.0.1:{up_port}; }} }}
   # The usual way: the client's Host and address passed on.
@@ -132,21 +121,8 @@ http {{
     proxy_set_header X-Real-IP $remote_addr; }} }}
   # Nothing but proxy_pass, in front of a gateway in header mode.
   server {{ listen 127.0.0.1:{plain_hdr}; location / {{ proxy_pass http://127.0.0.1:{hdr_port}; }} }}
-}}
-"""
-    with open(os.path.join(root, "nginx.conf"), "w") as f:
-        f.write(conf)
-    p = subprocess.Popen([NGINX, "-p", root, "-c", os.path.join(root, "nginx.conf"), "-e",
-                          "stderr", "-g", "daemon off;"], stdin=subprocess.DEVNULL,
-                         stdout=open(os.path.join(root, "out.log"), "w"), stderr=subprocess.STDOUT)
-    children.append(p)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        try:
-            request(plain, "GET", "/healthz", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.2)
+""")
+    wait_listening(plain, "nginx")
 
     mallory = {"X-User-Id": "mallory", "X-User-Roles": "admin"}
     for path in ["/api/v1/analytics/usage", "/api/v1/characters/me", "/api/v1/notifications"]:

@@ -34,7 +34,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from suiteproc import (  # noqa: E402  (the path above first)
     WORK, bearer, check, children, free_port, gateway_env, report, request, say, start_gateway,
-    start_up, stop_all,
+    start_nginx, start_up, stop_all, wait_listening,
 )
 
 HAPROXY = os.environ.get("PROXY_HAPROXY", "/usr/sbin/haproxy")
@@ -87,19 +87,9 @@ def start_haproxy(name, config):
     return p, log
 
 
-def start_nginx(listen, backend):
+def start_proxy_nginx(name, listen, backend):
     """nginx with the settings docs/proxies.md gives for SSE."""
-    root = os.path.join(WORK, "nginx")
-    os.makedirs(root, exist_ok=True)
-    conf = f"""
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log stderr warn;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  client_body_temp_path {root}/body; proxy_temp_path {root}/proxy;
-  fastcgi_temp_path {root}/fastcgi; uwsgi_temp_path {root}/uwsgi; scgi_temp_path {root}/scgi;
+    start_nginx(NGINX, name, f"""
   upstream gateway {{ server 127.0.0.1:{backend}; keepalive 16; }}
   server {{
     listen 127.0.0.1:{listen};
@@ -113,27 +103,7 @@ http {{
       proxy_buffering off;
       proxy_read_timeout 60s;
     }}
-  }}
-}}
-"""
-    with open(os.path.join(root, "nginx.conf"), "w") as f:
-        f.write(conf)
-    p = subprocess.Popen([NGINX, "-p", root, "-c", os.path.join(root, "nginx.conf"), "-e",
-                          "stderr", "-g", "daemon off;"], stdin=subprocess.DEVNULL,
-                         stdout=open(os.path.join(root, "out.log"), "w"),
-                         stderr=subprocess.STDOUT)
-    children.append(p)
-
-
-def wait_listening(port, what):
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        try:
-            request(port, "GET", "/healthz", timeout=2)
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"{what} did not listen on {port} in 20 s")
+  }}""")
 
 
 # --- scans and streams -----------------------------------------------------------------------
@@ -231,7 +201,7 @@ def undelayed(up_port, token):
     say("-- SSE through HAProxy and nginx: undelayed, kept open by the keepalive")
     ha_port, ng_port, bare_port = free_port(), free_port(), free_port()
     start_haproxy("haproxy", haproxy_config(ha_port, up_port))
-    start_nginx(ng_port, up_port)
+    start_proxy_nginx("nginx", ng_port, up_port)
     # For comparison only: HAProxy's defaults, HTTP/1.1 to the gateway, Nagle left on.
     start_haproxy("haproxy-bare", haproxy_config(bare_port, up_port, no_delay=False,
                                                  server_options=""))
@@ -280,7 +250,7 @@ def trusted_proxies(up_port, token, addrs):
     say("-- trusted proxies: the client's address, from X-Forwarded-For and PROXY v2")
     ha_port, ng_port = free_port(), free_port()
     start_haproxy("haproxy-limits", haproxy_config(ha_port, up_port))
-    start_nginx(ng_port, up_port)
+    start_proxy_nginx("nginx-limits", ng_port, up_port)
     wait_listening(ha_port, "haproxy")
     wait_listening(ng_port, "nginx")
     per_client_limits("through HAProxy", ha_port, 1)

@@ -198,6 +198,45 @@ class Fast:
 
 
 
+def start_nginx(nginx, name, servers):
+    """nginx (the binary `nginx`) in a directory of its own under WORK, in the foreground, with
+    `servers` (the `upstream` and `server` blocks) inside its `http` block: the process."""
+    root = os.path.join(WORK, name)
+    os.makedirs(root, exist_ok=True)
+    conf = f"""
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {root}/body; proxy_temp_path {root}/proxy;
+  fastcgi_temp_path {root}/fastcgi; uwsgi_temp_path {root}/uwsgi; scgi_temp_path {root}/scgi;
+{servers}
+}}
+"""
+    with open(os.path.join(root, "nginx.conf"), "w") as f:
+        f.write(conf)
+    p = subprocess.Popen([nginx, "-p", root, "-c", os.path.join(root, "nginx.conf"), "-e",
+                          "stderr", "-g", "daemon off;"], stdin=subprocess.DEVNULL,
+                         stdout=open(os.path.join(WORK, f"{name}.log"), "w"),
+                         stderr=subprocess.STDOUT)
+    children.append(p)
+    return p
+
+
+def wait_listening(port, what):
+    """Until something answers HTTP on `port` (any status), at most 20 s."""
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            request(port, "GET", "/healthz", timeout=2)
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{what} did not listen on {port} in 20 s")
+
+
 def stop_all():
     """Terminate every child started here (then kill what does not stop in 15 s)."""
     for p in children:
