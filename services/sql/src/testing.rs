@@ -45,27 +45,36 @@ impl PgSchema {
 
 impl Drop for PgSchema {
     fn drop(&mut self) {
-        let (base, name) = (self.base.clone(), self.name.clone());
-        // Drop runs inside the test's runtime, which cannot be blocked on: use a thread of its own.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                let mut conn = PgConnection::connect(&base).await?;
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "DROP SCHEMA IF EXISTS {name} CASCADE"
-                )))
+        let statement = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name);
+        execute_detached(
+            &self.base,
+            statement,
+            &format!("drop test schema {}", self.name),
+        );
+    }
+}
+
+/// Runs `statement` on a connection of its own to `url`, from a thread of its own, and says on
+/// stderr when it failed (`what`): for a `Drop` (a test's schema or database), which runs inside
+/// the test's runtime and cannot block on it.
+pub fn execute_detached(url: &str, statement: String, what: &str) {
+    let url = url.to_owned();
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let mut conn = PgConnection::connect(&url).await?;
+            sqlx::raw_sql(AssertSqlSafe(statement))
                 .execute(&mut conn)
                 .await?;
-                conn.close().await
-            })
-            .map_err(std::io::Error::other)
+            conn.close().await
         })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("failed to drop test schema {}: {dropped:?}", self.name);
-        }
+        .map_err(std::io::Error::other)
+    })
+    .join();
+    if !matches!(done, Ok(Ok(()))) {
+        eprintln!("failed to {what}: {done:?}");
     }
 }
 

@@ -95,26 +95,9 @@ impl FreshDatabase {
 
 impl Drop for FreshDatabase {
     fn drop(&mut self) {
-        let (admin, name) = (self.admin_url.clone(), self.name.clone());
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                let mut conn = PgConnection::connect(&admin).await?;
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                )))
-                .execute(&mut conn)
-                .await?;
-                conn.close().await
-            })
-            .map_err(std::io::Error::other)
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("failed to drop test database {}: {dropped:?}", self.name);
-        }
+        let statement = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let what = format!("drop test database {}", self.name);
+        ecoscan_sql::testing::execute_detached(&self.admin_url, statement, &what);
     }
 }
 
