@@ -69,6 +69,11 @@ pub enum ApiError {
     },
 }
 
+/// Why a request failed, in full (an internal cause included), carried on the error response
+/// for the request span's status description; never sent to the caller.
+#[derive(Clone, Debug)]
+pub(crate) struct FailureReason(pub String);
+
 /// The error body every failed request gets.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[schema(example = json!({"code": "INVALID_ARGUMENT", "message": "job id \"42\" is not a uuid"}))]
@@ -225,6 +230,14 @@ impl ApiError {
         }
     }
 
+    /// The reason in full, for traces and logs: the cause an internal failure hides.
+    fn reason(&self) -> String {
+        match self {
+            Self::Internal(cause) => format!("internal error: {cause}"),
+            other => other.to_string(),
+        }
+    }
+
     /// Logs what the caller will not see: server-side failures with their cause.
     pub(crate) fn log(&self) {
         let status = self.http_status();
@@ -245,6 +258,8 @@ impl IntoResponse for ApiError {
             message: self.public_message(),
         };
         let mut res = (status, Json(body)).into_response();
+        // For the request span (`on_response`): the reason, which the body may not say.
+        res.extensions_mut().insert(FailureReason(self.reason()));
         if let Some(secs) = self.retry_after() {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -634,6 +634,37 @@ async fn a_failed_model_call_marks_its_spans_as_errors_and_the_model_request_car
     );
     assert!(!classify.attr("error.type").is_empty(), "{classify:#?}");
 
+    // Every error span says why in its status, in plain words, and names the error's type.
+    let errors: Vec<&&Span> = trace.iter().filter(|s| s.status_code == 2).collect();
+    assert!(errors.len() >= 3, "call, Classify and stage fail:\n{tree}");
+    for s in &errors {
+        assert!(
+            !s.status_message.is_empty() && !s.status_message.contains('%'),
+            "a plain status message on {} {}: {s:#?}",
+            s.service,
+            s.name
+        );
+        assert!(!s.attr("error.type").is_empty(), "error.type on {s:#?}");
+        assert!(
+            !s.attributes.contains_key("otel.status_message"),
+            "no stray status attribute: {s:#?}"
+        );
+    }
+    assert_eq!(classify.status_code, 2, "{classify:#?}");
+    assert!(
+        classify.status_message.contains(' '),
+        "Classify's status says why in words: {classify:#?}"
+    );
+    let stage = trace
+        .iter()
+        .find(|s| failed_stage(s))
+        .expect("the failed stage");
+    assert_eq!(
+        stage.attr("error.type"),
+        classify.attr("error.type"),
+        "the stage fails with the code of its call: {stage:#?}"
+    );
+
     // The model's HTTP request carried the call span's context.
     let requests = model_requests.lock().expect("headers lock").clone();
     assert_eq!(requests.len(), 1, "one request, no retries");
