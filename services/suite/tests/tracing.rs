@@ -152,9 +152,61 @@ fn ancestors<'a>(span: &'a Span, by_id: &HashMap<&str, &'a Span>) -> Vec<&'a Spa
     out
 }
 
+/// The one attribute vocabulary of every exported span: the OpenTelemetry conventions'
+/// namespaces, and the project's own names, each listed once. A Jaeger tag search on
+/// `job.id` finds every span of a job only if no span spells it `job_id`.
+const VOCABULARY_PREFIXES: [&str; 19] = [
+    // The OpenTelemetry conventions.
+    "rpc.",
+    "db.",
+    "messaging.",
+    "gen_ai.",
+    "http.",
+    "url.",
+    "server.",
+    "client.",
+    "network.",
+    "aws.",
+    "code.",
+    // The project's own, one namespace per subject.
+    "job.",
+    "llm.",
+    "vision.",
+    "rule.",
+    "answer.",
+    "reward.",
+    "notification.",
+    "analytics.",
+];
+const VOCABULARY: [&str; 2] = ["user.id", "error.type"];
+
+/// Every attribute name on the spans of `trace` is in the vocabulary.
+fn assert_attribute_vocabulary(trace: &[&Span]) {
+    let mut outside: Vec<String> = trace
+        .iter()
+        .flat_map(|s| {
+            s.attributes
+                .keys()
+                .filter(|k| {
+                    !VOCABULARY.contains(&k.as_str())
+                        && !VOCABULARY_PREFIXES.iter().any(|p| k.starts_with(p))
+                })
+                .map(move |k| format!("{k} (on {} {})", s.service, s.name))
+        })
+        .collect();
+    outside.sort();
+    outside.dedup();
+    assert!(
+        outside.is_empty(),
+        "attribute names outside the vocabulary:\n{}",
+        outside.join("\n")
+    );
+}
+
 fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usize) {
     let trace = in_trace(spans, trace_id);
     let tree = describe(&trace);
+    assert_attribute_vocabulary(&trace);
 
     // Spans from the gateway and all seven services.
     let services: HashSet<&str> = trace.iter().map(|s| s.service.as_str()).collect();
@@ -266,8 +318,14 @@ fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usi
         "ecoscan.v1.RewardService",
     ]) {
         assert_eq!(stage.attr("job.id"), job_id);
-        assert_eq!(stage.attr("stage"), stage.name.trim_start_matches("stage "));
-        assert_eq!(stage.attributes.get("attempt"), Some(&serde_json::json!(1)));
+        assert_eq!(
+            stage.attr("job.stage"),
+            stage.name.trim_start_matches("stage ")
+        );
+        assert_eq!(
+            stage.attributes.get("job.attempt"),
+            Some(&serde_json::json!(1))
+        );
         assert!(
             trace.iter().any(|s| s.attr("rpc.service") == service
                 && s.kind == 2
@@ -369,6 +427,8 @@ async fn a_scan_through_the_gateway_is_one_trace_across_every_service() {
     );
     assert_eq!(roots[0].service, "ecoscan-gateway");
     assert_well_formed_scan_trace(&spans, &trace_id, events.len());
+    // Background work (job store polls, sweeps, analytics commits) too, not only the scan.
+    assert_attribute_vocabulary(&spans.iter().collect::<Vec<_>>());
 
     // Each process exports under its own resource: name, version and a per-process instance id.
     let mut instances = HashSet::new();

@@ -339,9 +339,9 @@ impl Ctx {
             "stage",
             otel.name = %format!("stage {}", stage_name(stage)),
             job.id = %job.id,
-            stage = stage_name(stage),
+            job.stage = stage_name(stage),
             // The lease counted this run already: the first run is attempt 1.
-            attempt = i64::from(job.attempts),
+            job.attempt = i64::from(job.attempts),
             otel.status_code = tracing::field::Empty,
             otel.status_description = tracing::field::Empty,
             error.type = tracing::field::Empty,
