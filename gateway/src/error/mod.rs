@@ -241,6 +241,27 @@ impl ApiError {
     /// Logs what the caller will not see: server-side failures with their cause.
     pub(crate) fn log(&self) {
         let status = self.http_status();
+        // Refused credentials and deadlines that ran out are seen at `info`/`warn`, but at most
+        // one line per kind per interval: a caller could otherwise multiply them at will.
+        let limited = match self.code() {
+            "UNAUTHENTICATED" => Some(("http UNAUTHENTICATED", false)),
+            "DEADLINE_EXCEEDED" => Some(("http DEADLINE_EXCEEDED", true)),
+            _ => None,
+        };
+        if let Some((kind, warn)) = limited {
+            let Some(suppressed) = ecoscan_common::log_limit::admit(kind) else {
+                return;
+            };
+            let every_s = ecoscan_common::log_limit::INTERVAL.as_secs();
+            if warn {
+                tracing::warn!(error = %self, http.status = status.as_u16(), suppressed,
+                    "request ended at a deadline (at most one such line per {every_s} s; `suppressed` counts the others)");
+            } else {
+                tracing::info!(error = %self, http.status = status.as_u16(), suppressed,
+                    "request refused: no valid credentials (at most one such line per {every_s} s; `suppressed` counts the others)");
+            }
+            return;
+        }
         if status.is_server_error() {
             tracing::warn!(error = %self, http.status = status.as_u16(), "request failed");
         } else {

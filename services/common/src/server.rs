@@ -188,6 +188,9 @@ pub async fn serve_with_tls(
         )
         // Inside the span layer: RED metrics per RPC, recorded at the end of each stream.
         .layer(RpcMetricsLayer(rpc_metrics))
+        // A deadline that runs out is `DEADLINE_EXCEEDED` to the span, the metrics and the
+        // caller; a caller that left while its request was read is `CANCELLED`.
+        .layer(crate::deadline::CallEndLayer)
         // Innermost: a refused request is still traced and counted.
         .layer(ClientCertLayer {
             required: require_client_cert,

@@ -776,3 +776,186 @@ async fn spans_still_queued_are_flushed_when_a_service_stops() {
         "the span queued at shutdown was flushed: {spans:#?}"
     );
 }
+
+/// How a raw `Submit` over HTTP/2 ends: its status headers, or the stream reset.
+enum RawEnd {
+    Status(http::HeaderMap),
+    Reset,
+}
+
+/// A `Submit` to ingest as raw HTTP/2 whose image never finishes arriving: the gRPC frame
+/// announces 1000 bytes and 10 come. With `timeout` it carries `grpc-timeout`; with `leave_after`
+/// the caller resets the stream then (it left) instead of waiting. Unless `signed` (a valid
+/// identity assertion), it is a whole empty request with a forged one, which ingest refuses.
+async fn stalled_submit(
+    addr: std::net::SocketAddr,
+    timeout: Option<&str>,
+    leave_after: Option<Duration>,
+    signed: bool,
+) -> RawEnd {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("h2 ready");
+    let mut req = http::Request::post(format!("http://{addr}/ecoscan.v1.ScanService/Submit"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(t) = timeout {
+        req = req.header("grpc-timeout", t);
+    }
+    let assertion = if signed {
+        support::processes::use_identity_key();
+        ecoscan_common::assertion::sign(Some("tracer"), false, "ecoscan.v1.ScanService")
+    } else {
+        "forged".to_owned()
+    };
+    req = req.header(ecoscan_common::assertion::ASSERTION_HEADER, assertion);
+    let (response, mut body) = client
+        .send_request(req.body(()).unwrap(), false)
+        .expect("send the request");
+    if signed {
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&1000u32.to_be_bytes());
+        frame.extend_from_slice(&[0x0a, 0xe5, 0x07, 1, 2, 3, 4, 5, 6, 7]);
+        body.send_data(bytes::Bytes::from(frame), false)
+            .expect("send part of the image");
+    } else {
+        // Refused whatever it carries: an empty request, whole.
+        body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+            .expect("send the request");
+    }
+    if let Some(after) = leave_after {
+        tokio::time::sleep(after).await;
+        body.send_reset(h2::Reason::CANCEL);
+        return RawEnd::Reset;
+    }
+    match tokio::time::timeout(Duration::from_secs(10), response).await {
+        Ok(Ok(res)) => RawEnd::Status(res.headers().clone()),
+        Ok(Err(_)) => RawEnd::Reset,
+        Err(_) => panic!("no answer within 10 s"),
+    }
+}
+
+/// `rpc_server_requests` of ingest's `Submit` ending in `code`, from its `/metrics`.
+async fn submits_ending(cluster: &Cluster, code: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", cluster.uri(Service::Ingest)))
+        .await
+        .expect("scrape ingest")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("rpc_server_requests")
+                && l.contains("ScanService/Submit")
+                && l.contains(&format!("code=\"{code}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_deadline_that_runs_out_while_the_image_is_read_is_deadline_exceeded_everywhere() {
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+    let addr = cluster.addr(Service::Ingest);
+
+    // The wire: a status, DEADLINE_EXCEEDED, not a reset or CANCELLED.
+    let started = std::time::Instant::now();
+    let RawEnd::Status(headers) = stalled_submit(addr, Some("300m"), None, true).await else {
+        panic!("the stream was reset instead of answered");
+    };
+    let status = tonic::Status::from_header_map(&headers).expect("a grpc-status");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "at the deadline"
+    );
+
+    // The metric.
+    assert_eq!(submits_ending(&cluster, "DEADLINE_EXCEEDED").await, 1.0);
+    assert_eq!(submits_ending(&cluster, "CANCELLED").await, 0.0);
+
+    // The span: an error that says why.
+    let is_submit = |s: &Span| s.name == "ecoscan.v1.ScanService/Submit";
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |s| s.iter().any(is_submit))
+        .await;
+    let submit = spans
+        .iter()
+        .find(|s| is_submit(s))
+        .unwrap_or_else(|| panic!("no Submit span: {spans:#?}"));
+    assert_eq!(submit.status_code, 2, "{submit:#?}");
+    assert_eq!(
+        submit.attr("error.type"),
+        "DEADLINE_EXCEEDED",
+        "{submit:#?}"
+    );
+    assert_eq!(
+        submit.attributes.get("rpc.grpc.status_code"),
+        Some(&serde_json::json!(4))
+    );
+    assert!(
+        submit.status_message.contains("deadline"),
+        "{}",
+        submit.status_message
+    );
+
+    // The log, at `warn`.
+    let logs = cluster.logs(Service::Ingest);
+    let line = logs
+        .lines()
+        .find(|l| l.contains("call ended at its deadline"))
+        .unwrap_or_else(|| panic!("no deadline line in ingest's log:\n{logs}"));
+    assert!(line.contains("WARN"), "{line}");
+}
+
+#[tokio::test]
+async fn a_caller_that_left_is_cancelled_and_refusals_are_logged_once_per_interval() {
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+    let addr = cluster.addr(Service::Ingest);
+
+    // A caller that leaves while its image is read: CANCELLED, no error span, no deadline line.
+    assert!(matches!(
+        stalled_submit(addr, Some("5S"), Some(Duration::from_millis(200)), true).await,
+        RawEnd::Reset
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while submits_ending(&cluster, "CANCELLED").await < 1.0 && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(submits_ending(&cluster, "CANCELLED").await, 1.0);
+    assert_eq!(submits_ending(&cluster, "DEADLINE_EXCEEDED").await, 0.0);
+    let is_submit = |s: &Span| s.name == "ecoscan.v1.ScanService/Submit";
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |s| s.iter().any(is_submit))
+        .await;
+    let submit = spans.iter().find(|s| is_submit(s)).expect("a Submit span");
+    assert_ne!(
+        submit.status_code, 2,
+        "a caller that left is no error: {submit:#?}"
+    );
+
+    // Twenty refused calls: one line at `info`, the others held back and counted later.
+    for _ in 0..20 {
+        let RawEnd::Status(headers) = stalled_submit(addr, None, None, false).await else {
+            panic!("an unsigned call is answered");
+        };
+        let status = tonic::Status::from_header_map(&headers).expect("a grpc-status");
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    }
+    assert_eq!(submits_ending(&cluster, "UNAUTHENTICATED").await, 20.0);
+    let logs = cluster.logs(Service::Ingest);
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("call refused: no valid credentials"))
+        .collect();
+    assert_eq!(refused.len(), 1, "one line per interval:\n{logs}");
+    assert!(refused[0].contains("INFO"), "{}", refused[0]);
+    assert!(
+        !logs.contains("call ended at its deadline"),
+        "the caller that left is no deadline:\n{logs}"
+    );
+}
