@@ -959,3 +959,74 @@ async fn a_caller_that_left_is_cancelled_and_refusals_are_logged_once_per_interv
         "the caller that left is no deadline:\n{logs}"
     );
 }
+
+#[tokio::test]
+async fn a_watch_of_a_submitted_scan_links_to_the_scans_trace() {
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+    let http = reqwest::Client::new();
+
+    // Submit, then watch: two requests, so two traces, the way the demo page does it.
+    let res = http
+        .post(cluster.gateway_url("/api/v1/scan"))
+        .header("x-user-id", "tracer")
+        .multipart(image_form("can"))
+        .send()
+        .await
+        .expect("submit");
+    assert_eq!(res.status(), 202);
+    let body: serde_json::Value = res.json().await.expect("submit body");
+    let job_id = body["job_id"].as_str().expect("a job id").to_owned();
+    let res = http
+        .get(cluster.gateway_url(&format!("/api/v1/scan/{job_id}/events")))
+        .header("x-user-id", "tracer")
+        .send()
+        .await
+        .expect("watch");
+    let events = read_sse(res).await;
+    assert_eq!(events.last().map(|e| e.event.as_str()), Some("ready"));
+    let scan_trace = trace_id_of(&events);
+
+    // The scan's trace holds the Submit; the watch's trace, a Watch whose handler links to it.
+    let is_watch = |s: &Span| s.service == "ecoscan-ingest" && s.name == "watch";
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |spans| {
+            spans
+                .iter()
+                .any(|s| is_watch(s) && s.trace_id != scan_trace && !s.links.is_empty())
+                && spans
+                    .iter()
+                    .any(|s| s.name == "ecoscan.v1.ScanService/Submit")
+        })
+        .await;
+    let submit = spans
+        .iter()
+        .find(|s| s.name == "ecoscan.v1.ScanService/Submit")
+        .unwrap_or_else(|| panic!("no Submit span: {spans:#?}"));
+    assert_eq!(
+        submit.trace_id, scan_trace,
+        "the scan's trace begins at its Submit"
+    );
+    let watch = spans
+        .iter()
+        .find(|s| is_watch(s) && s.trace_id != scan_trace && !s.links.is_empty())
+        .unwrap_or_else(|| panic!("no linked watch span: {spans:#?}"));
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.trace_id == watch.trace_id && s.name == "ecoscan.v1.ScanService/Watch"),
+        "the handler's span is in the Watch call's trace"
+    );
+    let (linked_trace, linked_span) = &watch.links[0];
+    assert_eq!(
+        linked_trace, &scan_trace,
+        "the watch links to the scan's trace"
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|s| &s.span_id == linked_span && s.trace_id == scan_trace),
+        "the link names a span of the scan (the submitting request): {watch:#?}"
+    );
+    assert_eq!(watch.attr("job.id"), job_id);
+}
