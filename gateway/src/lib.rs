@@ -530,6 +530,8 @@ fn request_span(req: &Request) -> Span {
         otel.name = %format!("{} {route}", req.method()),
         otel.kind = "server",
         otel.status_code = Empty,
+        otel.status_description = Empty,
+        error.type = Empty,
         http.request.method = %req.method(),
         http.route = route,
         url.path = path,
@@ -550,7 +552,15 @@ fn on_response<B>(res: &Response<B>, latency: Duration, span: &Span) {
     let status = res.status().as_u16();
     span.record("http.response.status_code", i64::from(status));
     if res.status().is_server_error() {
-        span.record("otel.status_code", "ERROR");
+        // By the HTTP conventions: `error.type` is the status code, and only a server error
+        // fails a server span.
+        let reason = res
+            .extensions()
+            .get::<error::FailureReason>()
+            .map(|r| r.0.clone())
+            .or_else(|| res.status().canonical_reason().map(str::to_owned))
+            .unwrap_or_default();
+        ecoscan_common::telemetry::record_error(span, &status.to_string(), &reason);
     }
     tracing::debug!(
         status,

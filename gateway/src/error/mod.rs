@@ -69,6 +69,11 @@ pub enum ApiError {
     },
 }
 
+/// Why a request failed, in full (an internal cause included), carried on the error response
+/// for the request span's status description; never sent to the caller.
+#[derive(Clone, Debug)]
+pub(crate) struct FailureReason(pub String);
+
 /// The error body every failed request gets.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[schema(example = json!({"code": "INVALID_ARGUMENT", "message": "job id \"42\" is not a uuid"}))]
@@ -225,9 +230,38 @@ impl ApiError {
         }
     }
 
+    /// The reason in full, for traces and logs: the cause an internal failure hides.
+    fn reason(&self) -> String {
+        match self {
+            Self::Internal(cause) => format!("internal error: {cause}"),
+            other => other.to_string(),
+        }
+    }
+
     /// Logs what the caller will not see: server-side failures with their cause.
     pub(crate) fn log(&self) {
         let status = self.http_status();
+        // Refused credentials and deadlines that ran out are seen at `info`/`warn`, but at most
+        // one line per kind per interval: a caller could otherwise multiply them at will.
+        let limited = match self.code() {
+            "UNAUTHENTICATED" => Some(("http UNAUTHENTICATED", false)),
+            "DEADLINE_EXCEEDED" => Some(("http DEADLINE_EXCEEDED", true)),
+            _ => None,
+        };
+        if let Some((kind, warn)) = limited {
+            let Some(suppressed) = ecoscan_common::log_limit::admit(kind) else {
+                return;
+            };
+            let every_s = ecoscan_common::log_limit::INTERVAL.as_secs();
+            if warn {
+                tracing::warn!(error = %self, http.status = status.as_u16(), suppressed,
+                    "request ended at a deadline (at most one such line per {every_s} s; `suppressed` counts the others)");
+            } else {
+                tracing::info!(error = %self, http.status = status.as_u16(), suppressed,
+                    "request refused: no valid credentials (at most one such line per {every_s} s; `suppressed` counts the others)");
+            }
+            return;
+        }
         if status.is_server_error() {
             tracing::warn!(error = %self, http.status = status.as_u16(), "request failed");
         } else {
@@ -245,6 +279,8 @@ impl IntoResponse for ApiError {
             message: self.public_message(),
         };
         let mut res = (status, Json(body)).into_response();
+        // For the request span (`on_response`): the reason, which the body may not say.
+        res.extensions_mut().insert(FailureReason(self.reason()));
         if let Some(secs) = self.retry_after() {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -343,8 +343,8 @@ fn nearest_rank(sorted: &[f64], percent: usize) -> f64 {
 #[tonic::async_trait]
 impl AnalyticsService for Analytics {
     #[tracing::instrument(skip_all, fields(
-        call_id = %request.get_ref().call.as_ref().map_or("", |c| c.call_id.as_str()),
-        service = %request.get_ref().call.as_ref().map_or("", |c| c.service.as_str()),
+        llm.call_id = %request.get_ref().call.as_ref().map_or("", |c| c.call_id.as_str()),
+        llm.service = %request.get_ref().call.as_ref().map_or("", |c| c.service.as_str()),
     ))]
     async fn record(
         &self,
@@ -378,7 +378,7 @@ impl AnalyticsService for Analytics {
         Ok(Response::new(res))
     }
 
-    #[tracing::instrument(skip_all, fields(call_id = %request.get_ref().call_id))]
+    #[tracing::instrument(skip_all, fields(llm.call_id = %request.get_ref().call_id))]
     async fn get_call(
         &self,
         request: Request<GetCallRequest>,

@@ -316,9 +316,9 @@ async fn write_direct(target: &Target, batch: &Batch) -> Option<HashSet<String>>
 async fn write_batch(target: &Target, mut batch: Vec<Pending>) {
     let span = tracing::info_span!(
         "analytics.write_batch",
-        rows = batch.len(),
-        duplicates = tracing::field::Empty,
-        spooled = tracing::field::Empty,
+        analytics.rows = batch.len(),
+        analytics.duplicates = tracing::field::Empty,
+        analytics.spooled = tracing::field::Empty,
     );
     async {
         let (batch, acks) = prepare(&mut batch);
@@ -332,7 +332,7 @@ async fn write_batch(target: &Target, mut batch: Vec<Pending>) {
         }
         let outcome = match spool.push(&batch).await {
             Ok(()) => {
-                tracing::Span::current().record("spooled", true);
+                tracing::Span::current().record("analytics.spooled", true);
                 Ok(Accepted::Spooled)
             }
             Err(PushError::Full { used, max }) => {
@@ -382,7 +382,7 @@ fn ack_committed(rows: &[CallRow], acks: Vec<oneshot::Sender<Ack>>, mut inserted
         // A caller that went away no longer needs its answer; its row is stored.
         let _ = ack.send(Ok(Accepted::Committed { duplicate }));
     }
-    tracing::Span::current().record("duplicates", duplicates);
+    tracing::Span::current().record("analytics.duplicates", duplicates);
 }
 
 fn len_i64(n: usize) -> i64 {

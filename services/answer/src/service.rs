@@ -37,7 +37,7 @@ const REPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 impl AnswerService for AnswerSvc {
     type GenerateStream = ReceiverStream<Result<GenerateResponse, Status>>;
 
-    #[tracing::instrument(skip_all, fields(job.id = %req.get_ref().job_id, locale = %req.get_ref().locale))]
+    #[tracing::instrument(skip_all, fields(job.id = %req.get_ref().job_id, answer.locale = %req.get_ref().locale))]
     async fn generate(
         &self,
         req: Request<GenerateRequest>,

@@ -88,6 +88,9 @@ pub fn worth_retrying(status: &Status) -> bool {
     retryable(status.code()) && !already_retried(status)
 }
 
+/// What tonic says when it ends a call at its deadline (`tonic::TimeoutExpired`), as `CANCELLED`.
+const TIMEOUT_EXPIRED: &str = "Timeout expired";
+
 /// A call whose connection broke before the server sent a status (its process died, the
 /// connection was cut) comes back from tonic as `UNKNOWN` "h2 protocol error: …" or "transport
 /// error", or as `CANCELLED` when the stream was reset under it; gRPC calls that `UNAVAILABLE`,
@@ -99,6 +102,11 @@ pub fn connection_lost_is_unavailable(status: Status) -> Status {
         .any(|m| status.message().starts_with(m));
     match status.code() {
         Code::Unknown if lost => Status::unavailable(status.message()),
+        // tonic's own bound on a call (`grpc-timeout`, the endpoint's timeout) comes back as
+        // `CANCELLED` "Timeout expired": the deadline ran out, which gRPC calls so.
+        Code::Cancelled if status.message() == TIMEOUT_EXPIRED => {
+            Status::deadline_exceeded("the call's deadline ran out before the service answered")
+        }
         Code::Cancelled => Status::unavailable(format!("call cancelled: {}", status.message())),
         _ => status,
     }
@@ -119,6 +127,9 @@ mod tests {
             assert_eq!(mapped.code(), Code::Unavailable, "{mapped:?}");
             assert!(worth_retrying(&mapped));
         }
+        let timed_out =
+            connection_lost_is_unavailable(Status::from_error(tonic::TimeoutExpired(()).into()));
+        assert_eq!(timed_out.code(), Code::DeadlineExceeded, "{timed_out:?}");
         let verdict = connection_lost_is_unavailable(Status::unknown("model said no"));
         assert_eq!(verdict.code(), Code::Unknown);
         let invalid = connection_lost_is_unavailable(Status::invalid_argument("bad"));

@@ -317,6 +317,7 @@ impl RpcMetrics {
             method,
             started: Instant::now(),
             code: None,
+            message: String::new(),
         })
     }
 }
@@ -344,6 +345,8 @@ struct Call {
     started: Instant,
     /// `grpc-status` once seen (trailers-only response or trailers).
     code: Option<tonic::Code>,
+    /// `grpc-message` (decoded) with it.
+    message: String,
 }
 
 impl Call {
@@ -354,6 +357,9 @@ impl Call {
             .and_then(|v| v.parse::<i32>().ok())
         {
             self.code = Some(tonic::Code::from_i32(code));
+            if let Some(status) = tonic::Status::from_header_map(headers) {
+                self.message = status.message().to_owned();
+            }
         }
     }
 }
@@ -361,8 +367,12 @@ impl Call {
 impl Drop for Call {
     fn drop(&mut self) {
         let method = std::mem::take(&mut self.method);
-        // No status means the stream ended without one: the caller cancelled.
-        let code = crate::codes::code_name(self.code.unwrap_or(tonic::Code::Cancelled));
+        // No status means the stream ended without one: the caller cancelled (a deadline that
+        // ran out is answered `DEADLINE_EXCEEDED` by `deadline::CallEndLayer`).
+        let code = self.code.unwrap_or(tonic::Code::Cancelled);
+        // Refusals and deadline ends, which only metrics recorded, reach the logs too.
+        crate::log_limit::rpc_outcome(code, &method, &self.message);
+        let code = crate::codes::code_name(code);
         let m = &self.metrics;
         m.in_flight
             .get_or_create(&[("method", method.clone())])

@@ -188,6 +188,9 @@ pub async fn serve_with_tls(
         )
         // Inside the span layer: RED metrics per RPC, recorded at the end of each stream.
         .layer(RpcMetricsLayer(rpc_metrics))
+        // A deadline that runs out is `DEADLINE_EXCEEDED` to the span, the metrics and the
+        // caller; a caller that left while its request was read is `CANCELLED`.
+        .layer(crate::deadline::CallEndLayer)
         // Innermost: a refused request is still traced and counted.
         .layer(ClientCertLayer {
             required: require_client_cert,
@@ -355,7 +358,7 @@ fn rpc_span<B>(req: &http::Request<B>) -> Span {
         rpc.method = %method,
         rpc.grpc.status_code = Empty,
         error.type = Empty,
-        otel.status_message = Empty,
+        otel.status_description = Empty,
         user.id = Empty,
     );
     // `user.id` is recorded by `assertion::IdentityLayer` once the caller's assertion is
@@ -380,7 +383,7 @@ fn record_status(headers: &http::HeaderMap, span: &Span) {
         return;
     }
     let code = tonic::Code::from_i32(code);
-    span.record("error.type", crate::codes::code_name(code));
+    let name = crate::codes::code_name(code);
     if matches!(
         code,
         tonic::Code::Unknown
@@ -390,11 +393,13 @@ fn record_status(headers: &http::HeaderMap, span: &Span) {
             | tonic::Code::Unavailable
             | tonic::Code::DataLoss
     ) {
-        span.record("otel.status_code", "ERROR");
-        // `grpc-message` is percent-encoded; the raw form is readable enough for a trace.
-        if let Some(message) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) {
-            span.record("otel.status_message", message);
-        }
+        // `grpc-message` is percent-encoded on the wire: the status decodes it.
+        let message = tonic::Status::from_header_map(headers)
+            .map(|s| s.message().to_owned())
+            .unwrap_or_default();
+        crate::telemetry::record_error(span, name, &message);
+    } else {
+        span.record("error.type", name);
     }
 }
 

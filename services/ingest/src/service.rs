@@ -370,6 +370,8 @@ impl ScanService for ScanApi {
         if let Some(after) = after {
             check_position(&job.id, after)?;
         }
+        // A watch is a request (and a trace) of its own: linked to the job's, one story.
+        ecoscan_common::telemetry::link_to_carrier(&tracing::Span::current(), &job.trace_carrier);
         let events = self.inner.hub.watch(job, after, lifetime);
         Ok(Response::new(Box::pin(events.map(|item| {
             item.map(|watched| match watched {

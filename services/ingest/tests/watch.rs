@@ -398,6 +398,50 @@ async fn a_watch_ends_when_its_lifetime_runs_out_and_resumes_where_it_stopped() 
     assert!(all.last().is_some_and(is_done));
 }
 
+#[tokio::test]
+async fn a_watch_ends_ahead_of_its_callers_deadline_with_a_status() {
+    let stages = Stages {
+        answer_delay: Duration::from_millis(2500),
+        ..Stages::new(None)
+    };
+    let env = start_with(stages, |_| {}, |s| s).await;
+    let job = submit_png(&env).await;
+    let deadline = Duration::from_millis(1200);
+    let started = std::time::Instant::now();
+    let mut stream = env
+        .ingest
+        .clone()
+        .watch(request_as(
+            WatchRequest {
+                job_id: job.clone(),
+                after_event_id: String::new(),
+            },
+            deadline,
+            "u1",
+        ))
+        .await
+        .expect("the watch starts")
+        .into_inner();
+    let mut end = None;
+    while let Some(item) = stream.next().await {
+        if let Err(status) = item {
+            end = Some(status);
+            break;
+        }
+    }
+    let took = started.elapsed();
+    let end = end.expect("the stream ends with a status, not a reset");
+    assert_eq!(end.code(), Code::DeadlineExceeded, "{end:?}");
+    assert!(
+        end.message().contains("reconnect with the last event id"),
+        "{end:?}"
+    );
+    assert!(
+        took < deadline,
+        "ended ahead of the caller's deadline, so the caller sees the status: {took:?}"
+    );
+}
+
 /// The answer text a client builds from the events as the SSE contract in docs/api.md says: a stage event `started`
 /// or `restarted` of answer empties it, and a delta keeps the first `offset` code points and
 /// appends its text.

@@ -223,6 +223,7 @@ impl Llm {
             gen_ai.usage.output_tokens = Empty,
             gen_ai.server.time_to_first_token_ms = Empty,
             error.type = Empty,
+            otel.status_description = Empty,
             llm.operation = operation.as_str(),
             llm.call_id = Empty,
             job.id = %job_id,
@@ -262,8 +263,7 @@ impl Llm {
         }
         match &failure {
             Some(f) => {
-                span.record("otel.status_code", "ERROR");
-                span.record("error.type", f.kind);
+                ecoscan_common::telemetry::record_error(&span, f.kind, &f.message);
                 tracing::warn!(error = %f.message, latency_ms = ms(latency), "llm call failed");
             }
             None => tracing::info!(

@@ -56,7 +56,7 @@ pub(crate) async fn deliver_due(
 /// and a later round retries it.
 // A root span per batch: the delivery loop lives as long as the process, and a trace of it all
 // would never end.
-#[tracing::instrument(name = "deliver due notifications", parent = None, skip_all, fields(count = ids.len()))]
+#[tracing::instrument(name = "deliver due notifications", parent = None, skip_all, fields(notification.count = ids.len()))]
 async fn deliver_batch(
     store: &dyn NotificationStore,
     scheduler: &dyn Scheduler,

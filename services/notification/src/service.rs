@@ -278,13 +278,13 @@ pub(crate) fn to_proto(row: NotificationRow) -> Notification {
 /// The user the call acts for (see `ecoscan_common::identity`), recorded on the RPC's span.
 fn acting_user<T>(request: &Request<T>) -> Result<String, Error> {
     let user = caller(request.metadata())?;
-    tracing::Span::current().record("user_id", user.as_str());
+    tracing::Span::current().record("user.id", user.as_str());
     Ok(user)
 }
 
 #[tonic::async_trait]
 impl NotificationService for Notifications {
-    #[tracing::instrument(skip_all, fields(user_id, kind = %request.get_ref().kind))]
+    #[tracing::instrument(skip_all, fields(user.id, notification.kind = %request.get_ref().kind))]
     async fn notify(
         &self,
         request: Request<NotifyRequest>,
@@ -296,7 +296,7 @@ impl NotificationService for Notifications {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(user_id, kind = %request.get_ref().kind))]
+    #[tracing::instrument(skip_all, fields(user.id, notification.kind = %request.get_ref().kind))]
     async fn schedule(
         &self,
         request: Request<ScheduleRequest>,
@@ -308,7 +308,7 @@ impl NotificationService for Notifications {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(id = %request.get_ref().id, user_id))]
+    #[tracing::instrument(skip_all, fields(notification.id = %request.get_ref().id, user.id))]
     async fn cancel(
         &self,
         request: Request<CancelRequest>,
@@ -326,7 +326,7 @@ impl NotificationService for Notifications {
     /// Streams the user's notifications delivered from now on. A subscriber that falls more than
     /// the subscriber buffer behind gets RESOURCE_EXHAUSTED; server shutdown ends it with
     /// UNAVAILABLE.
-    #[tracing::instrument(skip_all, fields(user_id))]
+    #[tracing::instrument(skip_all, fields(user.id))]
     async fn subscribe(
         &self,
         request: Request<SubscribeRequest>,
@@ -369,7 +369,7 @@ impl NotificationService for Notifications {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    #[tracing::instrument(skip_all, fields(user_id, limit = request.get_ref().limit))]
+    #[tracing::instrument(skip_all, fields(user.id, notification.limit = request.get_ref().limit))]
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let user = acting_user(&request)?;
         let notifications = Notifications::list(self, &user, request.into_inner()).await?;

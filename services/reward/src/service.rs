@@ -152,18 +152,18 @@ fn ineligible(reason: &str) -> RewardDecision {
 
 #[tonic::async_trait]
 impl RewardService for Reward {
-    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id, user_id, reason))]
+    #[tracing::instrument(skip_all, fields(job.id = %request.get_ref().job_id, user.id, reward.reason))]
     async fn evaluate(
         &self,
         request: Request<EvaluateRequest>,
     ) -> Result<Response<EvaluateResponse>, Status> {
         let user = caller(request.metadata()).map_err(Error::from)?;
-        tracing::Span::current().record("user_id", user.as_str());
+        tracing::Span::current().record("user.id", user.as_str());
         let decision = Reward::evaluate(self, &user, request.into_inner()).await?;
         self.decisions
             .get_or_create(&[("reason", decision.reason.clone())])
             .inc();
-        tracing::Span::current().record("reason", decision.reason.as_str());
+        tracing::Span::current().record("reward.reason", decision.reason.as_str());
         tracing::info!(
             eligible = decision.eligible,
             newly_granted = decision.newly_granted,
@@ -174,13 +174,13 @@ impl RewardService for Reward {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(user_id))]
+    #[tracing::instrument(skip_all, fields(user.id))]
     async fn list_owned(
         &self,
         request: Request<ListOwnedRequest>,
     ) -> Result<Response<ListOwnedResponse>, Status> {
         let user = caller(request.metadata()).map_err(Error::from)?;
-        tracing::Span::current().record("user_id", user.as_str());
+        tracing::Span::current().record("user.id", user.as_str());
         let characters = Reward::list_owned(self, &user).await?;
         Ok(Response::new(ListOwnedResponse { characters }))
     }

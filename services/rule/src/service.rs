@@ -85,10 +85,10 @@ fn lookup_events(
         .as_ref()
         .ok_or(Error::MissingClassification)?;
     let span = Span::current();
-    span.record("major", c.major_category.as_str());
-    span.record("middle", c.middle_category.as_str());
-    span.record("minor", c.minor_category.as_str());
-    span.record("locale", locale.code());
+    span.record("rule.category.major", c.major_category.as_str());
+    span.record("rule.category.middle", c.middle_category.as_str());
+    span.record("rule.category.minor", c.minor_category.as_str());
+    span.record("rule.locale", locale.code());
 
     let resolved = dataset.lookup(&c.major_category, &c.middle_category, &c.minor_category)?;
 
@@ -149,7 +149,7 @@ impl RuleService for RuleApi {
     #[tracing::instrument(
         name = "rule.lookup",
         skip_all,
-        fields(major = Empty, middle = Empty, minor = Empty, locale = Empty)
+        fields(rule.category.major = Empty, rule.category.middle = Empty, rule.category.minor = Empty, rule.locale = Empty)
     )]
     async fn lookup(
         &self,

@@ -149,7 +149,7 @@ impl Spec {
             .unwrap_or_default();
         format!(
             "#[::tracing::instrument(name = \"db\", skip_all, fields(otel.name = {otel_name}, \
-             otel.kind = \"client\", db.system = {system}, db.operation.name = {op}\
+             otel.kind = \"client\", db.system = {system}, db.system.name = {system}, db.operation.name = {op}\
              {collection}{fields}), err)]"
         )
     }

@@ -152,9 +152,61 @@ fn ancestors<'a>(span: &'a Span, by_id: &HashMap<&str, &'a Span>) -> Vec<&'a Spa
     out
 }
 
+/// The one attribute vocabulary of every exported span: the OpenTelemetry conventions'
+/// namespaces, and the project's own names, each listed once. A Jaeger tag search on
+/// `job.id` finds every span of a job only if no span spells it `job_id`.
+const VOCABULARY_PREFIXES: [&str; 19] = [
+    // The OpenTelemetry conventions.
+    "rpc.",
+    "db.",
+    "messaging.",
+    "gen_ai.",
+    "http.",
+    "url.",
+    "server.",
+    "client.",
+    "network.",
+    "aws.",
+    "code.",
+    // The project's own, one namespace per subject.
+    "job.",
+    "llm.",
+    "vision.",
+    "rule.",
+    "answer.",
+    "reward.",
+    "notification.",
+    "analytics.",
+];
+const VOCABULARY: [&str; 2] = ["user.id", "error.type"];
+
+/// Every attribute name on the spans of `trace` is in the vocabulary.
+fn assert_attribute_vocabulary(trace: &[&Span]) {
+    let mut outside: Vec<String> = trace
+        .iter()
+        .flat_map(|s| {
+            s.attributes
+                .keys()
+                .filter(|k| {
+                    !VOCABULARY.contains(&k.as_str())
+                        && !VOCABULARY_PREFIXES.iter().any(|p| k.starts_with(p))
+                })
+                .map(move |k| format!("{k} (on {} {})", s.service, s.name))
+        })
+        .collect();
+    outside.sort();
+    outside.dedup();
+    assert!(
+        outside.is_empty(),
+        "attribute names outside the vocabulary:\n{}",
+        outside.join("\n")
+    );
+}
+
 fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usize) {
     let trace = in_trace(spans, trace_id);
     let tree = describe(&trace);
+    assert_attribute_vocabulary(&trace);
 
     // Spans from the gateway and all seven services.
     let services: HashSet<&str> = trace.iter().map(|s| s.service.as_str()).collect();
@@ -266,8 +318,14 @@ fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usi
         "ecoscan.v1.RewardService",
     ]) {
         assert_eq!(stage.attr("job.id"), job_id);
-        assert_eq!(stage.attr("stage"), stage.name.trim_start_matches("stage "));
-        assert_eq!(stage.attributes.get("attempt"), Some(&serde_json::json!(1)));
+        assert_eq!(
+            stage.attr("job.stage"),
+            stage.name.trim_start_matches("stage ")
+        );
+        assert_eq!(
+            stage.attributes.get("job.attempt"),
+            Some(&serde_json::json!(1))
+        );
         assert!(
             trace.iter().any(|s| s.attr("rpc.service") == service
                 && s.kind == 2
@@ -369,6 +427,8 @@ async fn a_scan_through_the_gateway_is_one_trace_across_every_service() {
     );
     assert_eq!(roots[0].service, "ecoscan-gateway");
     assert_well_formed_scan_trace(&spans, &trace_id, events.len());
+    // Background work (job store polls, sweeps, analytics commits) too, not only the scan.
+    assert_attribute_vocabulary(&spans.iter().collect::<Vec<_>>());
 
     // Each process exports under its own resource: name, version and a per-process instance id.
     let mut instances = HashSet::new();
@@ -634,6 +694,37 @@ async fn a_failed_model_call_marks_its_spans_as_errors_and_the_model_request_car
     );
     assert!(!classify.attr("error.type").is_empty(), "{classify:#?}");
 
+    // Every error span says why in its status, in plain words, and names the error's type.
+    let errors: Vec<&&Span> = trace.iter().filter(|s| s.status_code == 2).collect();
+    assert!(errors.len() >= 3, "call, Classify and stage fail:\n{tree}");
+    for s in &errors {
+        assert!(
+            !s.status_message.is_empty() && !s.status_message.contains('%'),
+            "a plain status message on {} {}: {s:#?}",
+            s.service,
+            s.name
+        );
+        assert!(!s.attr("error.type").is_empty(), "error.type on {s:#?}");
+        assert!(
+            !s.attributes.contains_key("otel.status_message"),
+            "no stray status attribute: {s:#?}"
+        );
+    }
+    assert_eq!(classify.status_code, 2, "{classify:#?}");
+    assert!(
+        classify.status_message.contains(' '),
+        "Classify's status says why in words: {classify:#?}"
+    );
+    let stage = trace
+        .iter()
+        .find(|s| failed_stage(s))
+        .expect("the failed stage");
+    assert_eq!(
+        stage.attr("error.type"),
+        classify.attr("error.type"),
+        "the stage fails with the code of its call: {stage:#?}"
+    );
+
     // The model's HTTP request carried the call span's context.
     let requests = model_requests.lock().expect("headers lock").clone();
     assert_eq!(requests.len(), 1, "one request, no retries");
@@ -684,4 +775,258 @@ async fn spans_still_queued_are_flushed_when_a_service_stops() {
             .any(|s| s.name == "ecoscan.v1.RuleService/ListCategories"),
         "the span queued at shutdown was flushed: {spans:#?}"
     );
+}
+
+/// How a raw `Submit` over HTTP/2 ends: its status headers, or the stream reset.
+enum RawEnd {
+    Status(http::HeaderMap),
+    Reset,
+}
+
+/// A `Submit` to ingest as raw HTTP/2 whose image never finishes arriving: the gRPC frame
+/// announces 1000 bytes and 10 come. With `timeout` it carries `grpc-timeout`; with `leave_after`
+/// the caller resets the stream then (it left) instead of waiting. Unless `signed` (a valid
+/// identity assertion), it is a whole empty request with a forged one, which ingest refuses.
+async fn stalled_submit(
+    addr: std::net::SocketAddr,
+    timeout: Option<&str>,
+    leave_after: Option<Duration>,
+    signed: bool,
+) -> RawEnd {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("h2 ready");
+    let mut req = http::Request::post(format!("http://{addr}/ecoscan.v1.ScanService/Submit"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(t) = timeout {
+        req = req.header("grpc-timeout", t);
+    }
+    let assertion = if signed {
+        support::processes::use_identity_key();
+        ecoscan_common::assertion::sign(Some("tracer"), false, "ecoscan.v1.ScanService")
+    } else {
+        "forged".to_owned()
+    };
+    req = req.header(ecoscan_common::assertion::ASSERTION_HEADER, assertion);
+    let (response, mut body) = client
+        .send_request(req.body(()).unwrap(), false)
+        .expect("send the request");
+    if signed {
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&1000u32.to_be_bytes());
+        frame.extend_from_slice(&[0x0a, 0xe5, 0x07, 1, 2, 3, 4, 5, 6, 7]);
+        body.send_data(bytes::Bytes::from(frame), false)
+            .expect("send part of the image");
+    } else {
+        // Refused whatever it carries: an empty request, whole.
+        body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+            .expect("send the request");
+    }
+    if let Some(after) = leave_after {
+        tokio::time::sleep(after).await;
+        body.send_reset(h2::Reason::CANCEL);
+        return RawEnd::Reset;
+    }
+    match tokio::time::timeout(Duration::from_secs(10), response).await {
+        Ok(Ok(res)) => RawEnd::Status(res.headers().clone()),
+        Ok(Err(_)) => RawEnd::Reset,
+        Err(_) => panic!("no answer within 10 s"),
+    }
+}
+
+/// `rpc_server_requests` of ingest's `Submit` ending in `code`, from its `/metrics`.
+async fn submits_ending(cluster: &Cluster, code: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", cluster.uri(Service::Ingest)))
+        .await
+        .expect("scrape ingest")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("rpc_server_requests")
+                && l.contains("ScanService/Submit")
+                && l.contains(&format!("code=\"{code}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_deadline_that_runs_out_while_the_image_is_read_is_deadline_exceeded_everywhere() {
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+    let addr = cluster.addr(Service::Ingest);
+
+    // The wire: a status, DEADLINE_EXCEEDED, not a reset or CANCELLED.
+    let started = std::time::Instant::now();
+    let RawEnd::Status(headers) = stalled_submit(addr, Some("300m"), None, true).await else {
+        panic!("the stream was reset instead of answered");
+    };
+    let status = tonic::Status::from_header_map(&headers).expect("a grpc-status");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "at the deadline"
+    );
+
+    // The metric.
+    assert_eq!(submits_ending(&cluster, "DEADLINE_EXCEEDED").await, 1.0);
+    assert_eq!(submits_ending(&cluster, "CANCELLED").await, 0.0);
+
+    // The span: an error that says why.
+    let is_submit = |s: &Span| s.name == "ecoscan.v1.ScanService/Submit";
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |s| s.iter().any(is_submit))
+        .await;
+    let submit = spans
+        .iter()
+        .find(|s| is_submit(s))
+        .unwrap_or_else(|| panic!("no Submit span: {spans:#?}"));
+    assert_eq!(submit.status_code, 2, "{submit:#?}");
+    assert_eq!(
+        submit.attr("error.type"),
+        "DEADLINE_EXCEEDED",
+        "{submit:#?}"
+    );
+    assert_eq!(
+        submit.attributes.get("rpc.grpc.status_code"),
+        Some(&serde_json::json!(4))
+    );
+    assert!(
+        submit.status_message.contains("deadline"),
+        "{}",
+        submit.status_message
+    );
+
+    // The log, at `warn`.
+    let logs = cluster.logs(Service::Ingest);
+    let line = logs
+        .lines()
+        .find(|l| l.contains("call ended at its deadline"))
+        .unwrap_or_else(|| panic!("no deadline line in ingest's log:\n{logs}"));
+    assert!(line.contains("WARN"), "{line}");
+}
+
+#[tokio::test]
+async fn a_caller_that_left_is_cancelled_and_refusals_are_logged_once_per_interval() {
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+    let addr = cluster.addr(Service::Ingest);
+
+    // A caller that leaves while its image is read: CANCELLED, no error span, no deadline line.
+    assert!(matches!(
+        stalled_submit(addr, Some("5S"), Some(Duration::from_millis(200)), true).await,
+        RawEnd::Reset
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while submits_ending(&cluster, "CANCELLED").await < 1.0 && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(submits_ending(&cluster, "CANCELLED").await, 1.0);
+    assert_eq!(submits_ending(&cluster, "DEADLINE_EXCEEDED").await, 0.0);
+    let is_submit = |s: &Span| s.name == "ecoscan.v1.ScanService/Submit";
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |s| s.iter().any(is_submit))
+        .await;
+    let submit = spans.iter().find(|s| is_submit(s)).expect("a Submit span");
+    assert_ne!(
+        submit.status_code, 2,
+        "a caller that left is no error: {submit:#?}"
+    );
+
+    // Twenty refused calls: one line at `info`, the others held back and counted later.
+    for _ in 0..20 {
+        let RawEnd::Status(headers) = stalled_submit(addr, None, None, false).await else {
+            panic!("an unsigned call is answered");
+        };
+        let status = tonic::Status::from_header_map(&headers).expect("a grpc-status");
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    }
+    assert_eq!(submits_ending(&cluster, "UNAUTHENTICATED").await, 20.0);
+    let logs = cluster.logs(Service::Ingest);
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("call refused: no valid credentials"))
+        .collect();
+    assert_eq!(refused.len(), 1, "one line per interval:\n{logs}");
+    assert!(refused[0].contains("INFO"), "{}", refused[0]);
+    assert!(
+        !logs.contains("call ended at its deadline"),
+        "the caller that left is no deadline:\n{logs}"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_of_a_submitted_scan_links_to_the_scans_trace() {
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+    let http = reqwest::Client::new();
+
+    // Submit, then watch: two requests, so two traces, the way the demo page does it.
+    let res = http
+        .post(cluster.gateway_url("/api/v1/scan"))
+        .header("x-user-id", "tracer")
+        .multipart(image_form("can"))
+        .send()
+        .await
+        .expect("submit");
+    assert_eq!(res.status(), 202);
+    let body: serde_json::Value = res.json().await.expect("submit body");
+    let job_id = body["job_id"].as_str().expect("a job id").to_owned();
+    let res = http
+        .get(cluster.gateway_url(&format!("/api/v1/scan/{job_id}/events")))
+        .header("x-user-id", "tracer")
+        .send()
+        .await
+        .expect("watch");
+    let events = read_sse(res).await;
+    assert_eq!(events.last().map(|e| e.event.as_str()), Some("ready"));
+    let scan_trace = trace_id_of(&events);
+
+    // The scan's trace holds the Submit; the watch's trace, a Watch whose handler links to it.
+    let is_watch = |s: &Span| s.service == "ecoscan-ingest" && s.name == "watch";
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |spans| {
+            spans
+                .iter()
+                .any(|s| is_watch(s) && s.trace_id != scan_trace && !s.links.is_empty())
+                && spans
+                    .iter()
+                    .any(|s| s.name == "ecoscan.v1.ScanService/Submit")
+        })
+        .await;
+    let submit = spans
+        .iter()
+        .find(|s| s.name == "ecoscan.v1.ScanService/Submit")
+        .unwrap_or_else(|| panic!("no Submit span: {spans:#?}"));
+    assert_eq!(
+        submit.trace_id, scan_trace,
+        "the scan's trace begins at its Submit"
+    );
+    let watch = spans
+        .iter()
+        .find(|s| is_watch(s) && s.trace_id != scan_trace && !s.links.is_empty())
+        .unwrap_or_else(|| panic!("no linked watch span: {spans:#?}"));
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.trace_id == watch.trace_id && s.name == "ecoscan.v1.ScanService/Watch"),
+        "the handler's span is in the Watch call's trace"
+    );
+    let (linked_trace, linked_span) = &watch.links[0];
+    assert_eq!(
+        linked_trace, &scan_trace,
+        "the watch links to the scan's trace"
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|s| &s.span_id == linked_span && s.trace_id == scan_trace),
+        "the link names a span of the scan (the submitting request): {watch:#?}"
+    );
+    assert_eq!(watch.attr("job.id"), job_id);
 }

@@ -36,7 +36,7 @@ type EventSender = mpsc::Sender<Result<ClassifyResponse, Status>>;
 impl VisionService for Vision {
     type ClassifyStream = ReceiverStream<Result<ClassifyResponse, Status>>;
 
-    #[tracing::instrument(skip_all, fields(job.id = %req.get_ref().job_id, image.bytes = req.get_ref().image.len()))]
+    #[tracing::instrument(skip_all, fields(job.id = %req.get_ref().job_id, vision.image.bytes = req.get_ref().image.len()))]
     async fn classify(
         &self,
         req: Request<ClassifyRequest>,

@@ -97,6 +97,9 @@ where
 {
     tracing_opentelemetry::layer()
         .with_threads(false)
+        // `target` (the Rust module path) is no attribute of the conventions; the span's
+        // `service.name` and name say where it comes from.
+        .with_target(false)
         .with_tracked_inactivity(false)
         // Nothing here reads OpenTelemetry's own current context (trace context is taken from
         // the `tracing` span: `OpenTelemetrySpanExt::context`), so entering a span need not

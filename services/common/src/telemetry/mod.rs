@@ -25,13 +25,14 @@
 // One module per concern, each re-exported here, so the API stays `telemetry::…` whatever
 // module holds it: `init` installs the subscriber and the tracer providers, `export` builds
 // what sends spans out, `messages` marks each message of a stream on its span, and
-// `propagation` moves a trace context in and out of carriers.
+// `propagation` moves a trace context in and out of carriers, `status` marks a failed span.
 mod export;
 mod init;
 pub mod log_ids;
 mod messages;
 mod propagation;
 pub mod routing;
+mod status;
 
 pub use export::resource;
 pub use init::{
@@ -42,8 +43,10 @@ pub use messages::{
 };
 pub use propagation::{
     context_from_carrier, context_from_headers, current_carrier, current_trace_id, inject_headers,
+    link_to_carrier,
 };
 pub use routing::{SERVICE_FIELD, ServiceRoutes, current_service};
+pub use status::record_error;
 
 #[cfg(test)]
 mod tests;

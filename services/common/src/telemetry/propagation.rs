@@ -32,6 +32,17 @@ pub fn context_from_carrier(carrier: &HashMap<String, String>) -> Context {
     opentelemetry::global::get_text_map_propagator(|p| p.extract(carrier))
 }
 
+/// Links `span` to the span whose context `carrier` holds (a job's submitting request, written
+/// by [`current_carrier`]): an OpenTelemetry span link, which Jaeger shows as a reference, so a
+/// trace of its own (a watch of the job, say) is joined to the story it belongs to. Nothing
+/// when the carrier holds no valid context.
+pub fn link_to_carrier(span: &tracing::Span, carrier: &HashMap<String, String>) {
+    let linked = context_from_carrier(carrier).span().span_context().clone();
+    if linked.is_valid() {
+        span.add_link(linked);
+    }
+}
+
 /// A context from HTTP headers (`traceparent`, `baggage`).
 pub fn context_from_headers(headers: &http::HeaderMap) -> Context {
     opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)))

@@ -42,8 +42,11 @@ impl Hub {
             fence: 0,
             tx,
         };
+        // A caller's deadline is ended a little ahead, so that the status reaches it before its
+        // own timer resets the stream (a reset says nothing; `DEADLINE_EXCEEDED` says reconnect).
         let lifetime = lifetime.map_or(self.inner.config.max_lifetime, |l| {
-            l.min(self.inner.config.max_lifetime)
+            l.saturating_sub(AHEAD_OF_CALLER.min(l / 2))
+                .min(self.inner.config.max_lifetime)
         });
         let span = tracing::info_span!("watch", job.id = %watcher.job.id);
         tokio::spawn(
@@ -54,8 +57,8 @@ impl Hub {
                     Ok(Ok(())) => return,
                     Ok(Err(status)) => status,
                     Err(_) => Status::deadline_exceeded(format!(
-                        "the stream reached its lifetime of {} s; reconnect with the last event id",
-                        lifetime.as_secs()
+                        "the stream reached its lifetime of {:.1} s; reconnect with the last event id",
+                        lifetime.as_secs_f64()
                     )),
                 };
                 let _ = tx.send(Err(status)).await;
@@ -65,6 +68,9 @@ impl Hub {
         Box::pin(ReceiverStream::new(rx))
     }
 }
+
+/// How long before the caller's deadline a watch stream ends itself (at most half the time).
+const AHEAD_OF_CALLER: Duration = Duration::from_millis(250);
 
 /// One watch stream's state.
 struct Watcher {

@@ -339,10 +339,12 @@ impl Ctx {
             "stage",
             otel.name = %format!("stage {}", stage_name(stage)),
             job.id = %job.id,
-            stage = stage_name(stage),
+            job.stage = stage_name(stage),
             // The lease counted this run already: the first run is attempt 1.
-            attempt = i64::from(job.attempts),
+            job.attempt = i64::from(job.attempts),
             otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            error.type = tracing::field::Empty,
         );
         let started = std::time::Instant::now();
         let result = async {
@@ -386,7 +388,11 @@ impl Ctx {
                 Ok(v) => Ok(Ok(v)),
                 Err(StageError::Store(e)) => Err(e),
                 Err(StageError::Call(status)) => {
-                    tracing::Span::current().record("otel.status_code", "ERROR");
+                    ecoscan_common::telemetry::record_error(
+                        &tracing::Span::current(),
+                        codes::code_name(status.code()),
+                        status.message(),
+                    );
                     Ok(Err(StageFailure { stage, status }))
                 }
             }

@@ -170,7 +170,7 @@ impl ObjectStore for S3ObjectStore {
     #[tracing::instrument(
         name = "s3",
         skip_all,
-        fields(otel.name = "S3.PutObject", otel.kind = "client", rpc.system = "aws-api", rpc.service = "S3", rpc.method = "PutObject", aws.s3.bucket = %self.bucket, aws.s3.key = tracing::field::Empty, bytes = body.len()),
+        fields(otel.name = "S3.PutObject", otel.kind = "client", rpc.system = "aws-api", rpc.service = "S3", rpc.method = "PutObject", aws.s3.bucket = %self.bucket, aws.s3.key = tracing::field::Empty, aws.s3.object.size = body.len()),
         err
     )]
     async fn put(&self, key: &str, body: Bytes) -> Result<(), ObjectError> {

@@ -41,6 +41,8 @@ pub struct Span {
     pub links: Vec<(String, String)>,
     /// `Status.code`: 0 unset, 1 ok, 2 error.
     pub status_code: i32,
+    /// `Status.message`: the description of an error status ("" when none).
+    pub status_message: String,
     pub resource: HashMap<String, Value>,
 }
 
@@ -111,7 +113,8 @@ impl Store {
                             .into_iter()
                             .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
                             .collect(),
-                        status_code: s.status.map_or(0, |st| st.code),
+                        status_code: s.status.as_ref().map_or(0, |st| st.code),
+                        status_message: s.status.map(|st| st.message).unwrap_or_default(),
                         resource: resource.clone(),
                     });
                 }
