@@ -133,11 +133,27 @@ pub fn verify(assertion: &str, audience: &str) -> Result<(Option<String>, bool),
     v.set_required_spec_claims(&["exp", "aud"]);
     v.leeway = 5;
     let claims = jsonwebtoken::decode::<Claims>(assertion, &keys().decoding, &v)
-        .map_err(|e| format!("the identity assertion is not valid for {audience}: {e}"))?
+        .map_err(|e| refused(audience, &e))?
         .claims;
     // The user id itself is checked by the service that reads it (`identity::caller`), with the
     // same answer whoever signed it.
     Ok((claims.sub, claims.adm))
+}
+
+/// Why an assertion for `audience` is refused, and what to do, in plain words.
+fn refused(audience: &str, e: &jsonwebtoken::errors::Error) -> String {
+    use jsonwebtoken::errors::ErrorKind;
+    let fix = match e.kind() {
+        ErrorKind::InvalidSignature => format!(
+            "it was signed with another key than this service's: every ecoscan process must \
+             share the same {KEY_VAR}"
+        ),
+        _ => format!("mint a fresh one: `ecoscan token --grpc {audience} --user <id>`"),
+    };
+    format!(
+        "the identity assertion ({ASSERTION_HEADER}) is refused: {}; {fix}",
+        crate::jwt::refusal(e)
+    )
 }
 
 /// The gRPC service a request path names (`/ecoscan.v1.ScanService/Submit` →
@@ -216,7 +232,11 @@ where
         if let Some(assertion) = req.headers_mut().remove(ASSERTION_HEADER) {
             let verified = assertion
                 .to_str()
-                .map_err(|_| "the identity assertion is not ASCII".to_owned())
+                .map_err(|_| {
+                    format!(
+                        "the identity assertion ({ASSERTION_HEADER}) is refused: it is not ASCII"
+                    )
+                })
                 .and_then(|a| verify(a, &service));
             match verified {
                 Ok((user, admin)) => {
@@ -276,6 +296,27 @@ mod tests {
         )
         .unwrap();
         assert!(verify(&forged, "ecoscan.v1.NotificationService").is_err());
+    }
+
+    #[test]
+    fn a_refused_assertion_is_told_in_plain_words() {
+        let a = sign(Some("ann"), false, "ecoscan.v1.NotificationService");
+        let none = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJ4In0.";
+        for (assertion, audience, expected) in [
+            (a.as_str(), "ecoscan.v1.RewardService", "another audience"),
+            (none, "ecoscan.v1.RewardService", "algorithm not accepted"),
+            ("x", "ecoscan.v1.RewardService", "not a JWT"),
+        ] {
+            let why = verify(assertion, audience).unwrap_err();
+            assert!(why.contains(expected), "{why}");
+            assert!(
+                why.contains("ecoscan token --grpc ecoscan.v1.RewardService"),
+                "{why}"
+            );
+            for library in ["InvalidAudience", "JSON error", "variant"] {
+                assert!(!why.contains(library), "{why}");
+            }
+        }
     }
 
     #[test]

@@ -18,19 +18,26 @@ pub fn is_admin(metadata: &MetadataMap) -> bool {
         .is_some_and(|roles| roles.split(',').any(|r| r.trim() == "admin"))
 }
 
-/// Why a call has no usable user.
+/// Why a call has no usable user: `UNAUTHENTICATED` either way (the user comes from the
+/// verified assertion only, so a missing or unusable one is a missing credential).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
     #[error(
-        "the call names no user: it carries no verified identity (the `x-ecoscan-identity` \
-         assertion, which sets `x-user-id`; `ecoscan token --grpc <service>` prints one)"
+        "this call needs an identity: send the signed `x-ecoscan-identity` assertion of the user \
+         it acts for (`ecoscan token --grpc <service> --user <id>` prints one)"
     )]
     Missing,
     #[error(
-        "the user id in `x-user-id` must be 1-128 characters of letters, digits, '_', '.', '@', \
-         '|', ':', '+' or '-'"
+        "the identity names an unusable user id: a user id is 1-128 characters of letters, \
+         digits, '_', '.', '@', '|', ':', '+' or '-'"
     )]
     Invalid,
+}
+
+impl From<IdentityError> for tonic::Status {
+    fn from(e: IdentityError) -> Self {
+        tonic::Status::unauthenticated(e.to_string())
+    }
 }
 
 /// Whether `id` is a user id services accept: short, printable, no separators that could
@@ -87,5 +94,18 @@ mod tests {
         assert!(!valid_user_id("a b"));
         assert!(!valid_user_id("ünïcode"));
         assert!(!valid_user_id(&"a".repeat(129)));
+    }
+
+    #[test]
+    fn a_call_without_a_usable_identity_is_unauthenticated() {
+        for e in [IdentityError::Missing, IdentityError::Invalid] {
+            let status = tonic::Status::from(e);
+            assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        }
+        let missing = tonic::Status::from(IdentityError::Missing);
+        assert!(
+            missing.message().contains("ecoscan token --grpc"),
+            "{missing:?}"
+        );
     }
 }

@@ -15,6 +15,9 @@ pub const IMAGE_FETCH_FAILED: &str =
 pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
+    /// The call carries no usable identity.
+    #[error(transparent)]
+    Identity(#[from] ecoscan_common::identity::IdentityError),
     #[error("job {0} not found")]
     JobNotFound(String),
     #[error("too many scans waiting ({backlog}); try again in {} s", retry_after.as_secs())]
@@ -92,6 +95,7 @@ impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
             Error::InvalidArgument(m) => Status::invalid_argument(m),
+            Error::Identity(e) => Status::from(e),
             Error::JobNotFound(_) => Status::not_found(e.to_string()),
             Error::Overloaded { retry_after, .. } | Error::FetchBusy { retry_after } => {
                 let mut s = Status::resource_exhausted(e.to_string());
@@ -125,6 +129,13 @@ mod tests {
         assert_eq!(
             Status::from(Error::InvalidArgument("x".into())).code(),
             Code::InvalidArgument
+        );
+        assert_eq!(
+            Status::from(Error::Identity(
+                ecoscan_common::identity::IdentityError::Missing
+            ))
+            .code(),
+            Code::Unauthenticated
         );
         assert_eq!(
             Status::from(Error::JobNotFound("j".into())).code(),

@@ -22,7 +22,8 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::EmptyJobId | Error::Identity(_) | Error::MissingClassification => {
+            Error::Identity(e) => Status::from(e),
+            Error::EmptyJobId | Error::MissingClassification => {
                 Status::invalid_argument(e.to_string())
             }
             Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
@@ -56,7 +57,7 @@ mod tests {
                 ecoscan_common::identity::IdentityError::Missing
             ))
             .code(),
-            Code::InvalidArgument
+            Code::Unauthenticated
         );
         assert_eq!(
             Status::from(Error::MissingClassification).code(),

@@ -207,10 +207,23 @@ async fn list_owned_returns_characters_in_acquisition_order_with_their_jobs() {
 async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
     let mut h = start().await;
     let cases = [
-        (request("", "frank", "종이", Some(true)), "job_id"),
-        // The acting user is the `x-user-id` metadata: a blank or missing one is refused.
-        (request("job-1", " ", "종이", Some(true)), "x-user-id"),
-        (Request::new(body("job-1", "종이", Some(true))), "x-user-id"),
+        (
+            request("", "frank", "종이", Some(true)),
+            Code::InvalidArgument,
+            "job_id",
+        ),
+        // The acting user comes from the identity assertion: a call whose identity is unusable
+        // or missing is UNAUTHENTICATED.
+        (
+            request("job-1", " ", "종이", Some(true)),
+            Code::Unauthenticated,
+            "identity",
+        ),
+        (
+            Request::new(body("job-1", "종이", Some(true))),
+            Code::Unauthenticated,
+            "needs an identity",
+        ),
         (
             as_user(
                 EvaluateRequest {
@@ -219,12 +232,13 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
                 },
                 "frank",
             ),
+            Code::InvalidArgument,
             "classification",
         ),
     ];
-    for (req, field) in cases {
+    for (req, code, field) in cases {
         let err = h.client.evaluate(req).await.unwrap_err();
-        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(err.code(), code, "{}", err.message());
         assert!(err.message().contains(field), "{}", err.message());
     }
     let err = h
@@ -232,7 +246,7 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
         .list_owned(Request::new(ListOwnedRequest {}))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(err.code(), Code::Unauthenticated);
     assert!(owned_codes(&mut h, "frank").await.is_empty());
     // The rejected job id was not consumed: a valid call for it still grants.
     let d = evaluate(&mut h, request("job-1", "frank", "종이", Some(true))).await;

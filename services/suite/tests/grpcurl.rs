@@ -474,7 +474,8 @@ async fn a_caller_that_reaches_a_service_port_is_nobody_without_a_valid_assertio
         "ecoscan.v1.NotificationService/Notify",
     ])
     .await;
-    assert!(raw.contains("names no user"), "{raw}");
+    assert!(raw.contains("Unauthenticated"), "{raw}");
+    assert!(raw.contains("this call needs an identity"), "{raw}");
 
     // Assertions that do not hold: for another service, expired, signed with another key,
     // not a token at all.
@@ -502,6 +503,13 @@ async fn a_caller_that_reaches_a_service_port_is_nobody_without_a_valid_assertio
             "not a token",
             format!("{}: nonsense", ecoscan_common::assertion::ASSERTION_HEADER),
         ),
+        (
+            "unsigned (alg none)",
+            format!(
+                "{}: eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJvcHMifQ.",
+                ecoscan_common::assertion::ASSERTION_HEADER
+            ),
+        ),
     ] {
         let out = grpcurl_refused(&[
             "-H",
@@ -513,6 +521,16 @@ async fn a_caller_that_reaches_a_service_port_is_nobody_without_a_valid_assertio
         ])
         .await;
         assert!(out.contains("Unauthenticated"), "{what}: {out}");
+        // Plain words, never the JWT library's own (`InvalidAudience`, `JSON error: …`).
+        assert!(out.contains("is refused: "), "{what}: {out}");
+        for library in [
+            "InvalidAudience",
+            "ExpiredSignature",
+            "InvalidSignature",
+            "JSON error",
+        ] {
+            assert!(!out.contains(library), "{what}: {out}");
+        }
     }
     // The same signed the suite's way is believed.
     let ok = grpcurl(&[
