@@ -10,6 +10,28 @@ pub const USER_ID_HEADER: &str = "x-user-id";
 /// Metadata key that carries the acting user's roles (`admin`), comma-separated.
 pub const ROLES_HEADER: &str = "x-user-roles";
 
+/// Metadata key that names the ecoscan service making a call on its own account (`ingest`
+/// running a job's stages, a service reporting its model calls), set by code like
+/// [`USER_ID_HEADER`] and, like it, believed only from a verified assertion (its `act` claim).
+pub const ACTOR_HEADER: &str = "x-ecoscan-actor";
+
+/// The actor of ingest's stage calls: reward's `Evaluate` grants for no other.
+pub const INGEST_ACTOR: &str = "ingest";
+
+/// The ecoscan service that makes the call on its own account, when a verified assertion names
+/// one.
+pub fn actor(metadata: &MetadataMap) -> Option<&str> {
+    metadata
+        .get(ACTOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|a| !a.is_empty())
+}
+
+/// Whether the call carries any verified identity: a user, the admin role or an actor.
+pub fn has_identity(metadata: &MetadataMap) -> bool {
+    metadata.contains_key(USER_ID_HEADER) || is_admin(metadata) || actor(metadata).is_some()
+}
+
 /// Whether the call's metadata grants the `admin` role.
 pub fn is_admin(metadata: &MetadataMap) -> bool {
     metadata

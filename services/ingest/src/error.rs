@@ -35,7 +35,10 @@ pub enum Error {
     Store(#[from] StoreError),
     #[error("service is shutting down")]
     ShuttingDown,
-    #[error("this needs the admin role (`x-user-roles: admin` metadata)")]
+    #[error(
+        "this needs the admin role: send an identity assertion with it (`ecoscan token --grpc \
+         ecoscan.v1.ScanAdminService --user <id> --admin` prints one)"
+    )]
     NotAdmin,
     #[error("job {0} is not dead-lettered; only a dead-lettered job can be requeued")]
     NotDeadLettered(String),

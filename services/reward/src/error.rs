@@ -13,6 +13,12 @@ pub enum Error {
     Identity(#[from] ecoscan_common::identity::IdentityError),
     #[error("classification is missing; send the scan's classification")]
     MissingClassification,
+    /// `Evaluate` called by anyone but ingest.
+    #[error(
+        "only ingest evaluates a scan's reward, for a job it ran: scan with ScanService (or \
+         POST /api/v1/scan) and the reward follows"
+    )]
+    NotIngest,
     #[error("job {0} was already evaluated for another user")]
     JobOfAnotherUser(String),
     #[error("internal storage error")]
@@ -27,6 +33,7 @@ impl From<Error> for Status {
                 Status::invalid_argument(e.to_string())
             }
             Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
+            Error::NotIngest => Status::permission_denied(e.to_string()),
             // The database is down or a connection dropped: the caller (ingest's pipeline)
             // retries, where INTERNAL would fail the scan for good.
             Error::Store(ref cause) if cause.is_transient() => {
@@ -62,6 +69,10 @@ mod tests {
         assert_eq!(
             Status::from(Error::MissingClassification).code(),
             Code::InvalidArgument
+        );
+        assert_eq!(
+            Status::from(Error::NotIngest).code(),
+            Code::PermissionDenied
         );
         assert_eq!(
             Status::from(Error::JobOfAnotherUser("j".into())).code(),

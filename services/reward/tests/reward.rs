@@ -36,11 +36,12 @@ async fn start() -> Harness {
 }
 
 /// `msg` as a call acting for `user` (the `x-user-id` metadata).
+/// A call made for `user` by ingest (the one caller `Evaluate` grants for).
 fn as_user<T>(msg: T, user: &str) -> Request<T> {
     let mut req = Request::new(msg);
     req.metadata_mut()
         .insert(USER_ID_HEADER, user.parse().unwrap());
-    req
+    ecoscan_common::client::by_actor(req, ecoscan_common::identity::INGEST_ACTOR)
 }
 
 fn request(
@@ -251,6 +252,32 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
     // The rejected job id was not consumed: a valid call for it still grants.
     let d = evaluate(&mut h, request("job-1", "frank", "종이", Some(true))).await;
     assert!(d.newly_granted);
+}
+
+#[tokio::test]
+async fn only_ingest_may_grant_a_character() {
+    let mut h = start().await;
+    // A user's own assertion (what `ecoscan token --grpc` mints), or another service's, names
+    // a job id of its choosing: refused, nothing granted.
+    let own = || {
+        let mut req = Request::new(body("job-manual-1", "종이", Some(true)));
+        req.metadata_mut()
+            .insert(USER_ID_HEADER, "ivy".parse().unwrap());
+        req
+    };
+    for req in [own(), ecoscan_common::client::by_actor(own(), "vision")] {
+        let err = h.client.evaluate(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+        assert!(err.message().contains("only ingest"), "{err:?}");
+    }
+    assert!(owned_codes(&mut h, "ivy").await.is_empty());
+    // An actor sent as plain metadata is dropped like `x-user-id`: only a verified assertion
+    // names one. (The test client signs what it sends, so this is what the server saw.)
+    let d = evaluate(&mut h, request("job-manual-1", "ivy", "종이", Some(true))).await;
+    assert!(
+        d.newly_granted,
+        "ingest's call for the same job still grants"
+    );
 }
 
 #[tokio::test]
