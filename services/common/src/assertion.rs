@@ -365,7 +365,13 @@ where
                 }
                 Err(why) => {
                     tracing::debug!(why, "refusing a call with a bad identity assertion");
-                    let status = tonic::Status::unauthenticated(why);
+                    let status = crate::reasons::status(
+                        tonic::Code::Unauthenticated,
+                        why,
+                        crate::reasons::Reason::IdentityRefused,
+                        &[("service", service.clone())],
+                        None,
+                    );
                     return futures::future::Either::Right(futures::future::ready(Ok(
                         status.into_http()
                     )));

@@ -58,7 +58,17 @@ pub enum IdentityError {
 
 impl From<IdentityError> for tonic::Status {
     fn from(e: IdentityError) -> Self {
-        tonic::Status::unauthenticated(e.to_string())
+        let reason = match e {
+            IdentityError::Missing => crate::reasons::Reason::IdentityMissing,
+            IdentityError::Invalid => crate::reasons::Reason::IdentityInvalid,
+        };
+        crate::reasons::status(
+            tonic::Code::Unauthenticated,
+            e.to_string(),
+            reason,
+            &[],
+            None,
+        )
     }
 }
 
@@ -129,5 +139,8 @@ mod tests {
             missing.message().contains("ecoscan token --grpc"),
             "{missing:?}"
         );
+        use tonic_types::StatusExt as _;
+        let details = missing.get_error_details();
+        assert_eq!(details.error_info().unwrap().reason, "IDENTITY_MISSING");
     }
 }

@@ -15,6 +15,7 @@ pub mod jwt;
 pub mod local;
 pub mod metrics;
 pub mod plain;
+pub mod reasons;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;

@@ -35,7 +35,17 @@ pub fn plain(status: &Status) -> Option<Status> {
               or fewer bytes"
             .to_owned(),
     };
-    Some(Status::new(status.code(), words))
+    let metadata: Vec<(&str, String)> = match numbers.as_slice() {
+        [found, limit] => vec![("size", found.to_string()), ("limit", limit.to_string())],
+        _ => Vec::new(),
+    };
+    Some(crate::reasons::status(
+        status.code(),
+        words,
+        crate::reasons::Reason::MessageTooLarge,
+        &metadata,
+        None,
+    ))
 }
 
 /// Rewrites the statuses [`plain`] knows in a server's answers (trailers-only answers, which is

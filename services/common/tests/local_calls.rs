@@ -243,6 +243,13 @@ async fn a_request_over_the_size_limit_is_refused_in_plain_words() {
             "{err:?}"
         );
         assert!(!err.message().contains("decoded message"), "{err:?}");
+        // The reason travels as google.rpc details (grpc-status-details-bin).
+        use tonic_types::StatusExt as _;
+        let details = err.get_error_details();
+        let info = details.error_info().expect("an ErrorInfo");
+        assert_eq!(info.reason, "MESSAGE_TOO_LARGE");
+        assert_eq!(info.domain, "ecoscan");
+        assert_eq!(info.metadata["limit"], "4194304");
         server.stop().await.unwrap();
     }
 }
