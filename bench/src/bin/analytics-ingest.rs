@@ -370,9 +370,9 @@ async fn wait_serving(client: &Client, bodies: &Bodies) -> anyhow::Result<()> {
     loop {
         match client
             .clone()
-            .record(RecordRequest {
+            .record(reported(RecordRequest {
                 call: Some(bodies.call(0)),
-            })
+            }))
             .await
         {
             Ok(_) => return Ok(()),
@@ -437,7 +437,9 @@ async fn fixed_rate(client: &Client, bodies: &Arc<Bodies>, rate: u32, duration: 
         tokio::time::sleep_until(due).await;
         let (mut client, run, call) = (client.clone(), run.clone(), bodies.call(i));
         tasks.spawn(async move {
-            let outcome = client.record(RecordRequest { call: Some(call) }).await;
+            let outcome = client
+                .record(reported(RecordRequest { call: Some(call) }))
+                .await;
             let latency = due.elapsed();
             run.lock().await.count(outcome.map(|_| 1), 1, latency);
         });
@@ -485,7 +487,9 @@ async fn closed_loop_unary(
         let mut client = client.clone();
         let call = bodies.call(w + n * in_flight);
         async move {
-            let outcome = client.record(RecordRequest { call: Some(call) }).await;
+            let outcome = client
+                .record(reported(RecordRequest { call: Some(call) }))
+                .await;
             (outcome.map(|_| 1), 1)
         }
     })
@@ -520,4 +524,9 @@ async fn closed_loop_streams(
         }
     })
     .await
+}
+
+/// `message` as vision reports its model calls: signed as itself (recording needs an identity).
+fn reported<T>(message: T) -> tonic::Request<T> {
+    ecoscan_common::client::by_actor(tonic::Request::new(message), "vision")
 }

@@ -161,14 +161,16 @@ impl Authenticator {
     /// Verifies `token` and returns its caller.
     pub async fn verify(&self, token: &str) -> Result<Caller, AuthError> {
         let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| AuthError::Invalid(format!("malformed token ({e})")))?;
+            .map_err(|e| AuthError::Invalid(ecoscan_common::jwt::refusal(&e)))?;
         let (alg, key) = match header.alg {
             Algorithm::HS256 => {
                 let secret = self.config.hs256_secret.as_ref().ok_or_else(|| {
                     AuthError::Invalid("HS256 tokens are not accepted here".into())
                 })?;
-                let key = DecodingKey::from_secret(secret.as_bytes())
-                    .map_err(|e| AuthError::Invalid(format!("unusable secret ({e})")))?;
+                let key = DecodingKey::from_secret(secret.as_bytes()).map_err(|e| {
+                    tracing::error!(error = %e, "the HS256 secret is not a usable key");
+                    AuthError::Invalid("it cannot be checked here".into())
+                })?;
                 (Algorithm::HS256, key)
             }
             Algorithm::RS256 | Algorithm::ES256 => {
@@ -193,7 +195,7 @@ impl Authenticator {
             }
         };
         let data = jsonwebtoken::decode::<Claims>(token, &key, &self.validation(alg))
-            .map_err(|e| AuthError::Invalid(e.to_string()))?;
+            .map_err(|e| AuthError::Invalid(ecoscan_common::jwt::refusal(&e)))?;
         let claims = data.claims;
         if !ecoscan_common::identity::valid_user_id(&claims.sub) {
             return Err(AuthError::Invalid(

@@ -92,6 +92,45 @@ async fn minted_tokens_verify_and_carry_the_admin_role() {
     assert!(mint(SECRET, "not a user", false, "iss", "aud", ttl).is_err());
 }
 
+#[tokio::test]
+async fn refused_tokens_are_told_in_plain_words() {
+    let a = auth();
+    let ttl = Duration::from_secs(60);
+    let none = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJ4In0.";
+    let cases = [
+        (none.to_owned(), "algorithm not accepted"),
+        (
+            mint(SECRET, "alice", false, "iss", "other", ttl).unwrap(),
+            "another audience",
+        ),
+        (
+            mint(
+                "another secret of 32 bytes or more",
+                "alice",
+                false,
+                "iss",
+                "aud",
+                ttl,
+            )
+            .unwrap(),
+            "signed with another key",
+        ),
+        ("nonsense".to_owned(), "not a JWT"),
+    ];
+    for (token, expected) in cases {
+        let words = a.verify(&token).await.unwrap_err().to_string();
+        assert!(words.contains(expected), "{words}");
+        for library in [
+            "JSON error",
+            "InvalidAudience",
+            "InvalidSignature",
+            "variant",
+        ] {
+            assert!(!words.contains(library), "{words}");
+        }
+    }
+}
+
 #[test]
 fn only_api_routes_need_a_caller() {
     assert!(is_public(Some("/")));

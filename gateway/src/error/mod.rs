@@ -61,6 +61,16 @@ pub enum ApiError {
     /// Something inside the gateway failed (500); the cause is logged, not returned.
     #[error("internal error")]
     Internal(String),
+    /// A backend refused the identity assertion the gateway signed for a caller it had
+    /// verified (`UNAUTHENTICATED` from upstream): the operator's misconfiguration (a replica
+    /// with another `ECOSCAN_IDENTITY_KEY`, clocks apart), never the caller's token. A 500 with
+    /// a plain reason and an ERROR log line, never a 401.
+    #[error("{service} refused the gateway's identity assertion: {message}")]
+    IdentityRefused {
+        service: &'static str,
+        /// What the backend said (for the log only).
+        message: String,
+    },
     /// A backend answered with a gRPC error.
     #[error("{service} answered {}: {}", .status.code(), .status.message())]
     Upstream {
@@ -106,6 +116,14 @@ impl ApiError {
         // The gateway never cancels a call it still answers: a CANCELLED (or a transport error)
         // here is the backend's connection breaking (a replica died, it is draining), which is
         // 503 and worth retrying, not the 499 "client closed request" of the shared table.
+        if status.code() == Code::Unauthenticated {
+            // The gateway verified its caller before calling: a backend that still finds no
+            // identity refuses what the gateway signed.
+            return Self::IdentityRefused {
+                service,
+                message: status.message().to_owned(),
+            };
+        }
         Self::Upstream {
             service,
             status: codes::connection_lost_is_unavailable(status),
@@ -124,7 +142,7 @@ impl ApiError {
             Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
             Self::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Internal(_) | Self::IdentityRefused { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             // grpc-gateway maps RESOURCE_EXHAUSTED to 429 (the shared table does too), but here it
             // means a backend is shedding load (ingest's backlog is full), not that this caller
             // sent too much: DESIGN says the edge answers 503 with Retry-After, so clients and
@@ -151,7 +169,7 @@ impl ApiError {
             Self::Unauthenticated { .. } => "UNAUTHENTICATED",
             Self::TooMany { .. } => "RESOURCE_EXHAUSTED",
             Self::Timeout(_) => "DEADLINE_EXCEEDED",
-            Self::Internal(_) => "INTERNAL",
+            Self::Internal(_) | Self::IdentityRefused { .. } => "INTERNAL",
             Self::Upstream { status, .. } => codes::code_name(status.code()),
         }
     }
@@ -216,6 +234,11 @@ impl ApiError {
                     "internal error".to_owned()
                 }
             },
+            Self::IdentityRefused { service, .. } => format!(
+                "the {service} service refused the identity the gateway sent for you: a server \
+                 misconfiguration, not a problem with your token; try again later, and tell \
+                 the operator if it lasts"
+            ),
             other => other.to_string(),
         }
     }
@@ -262,7 +285,15 @@ impl ApiError {
             }
             return;
         }
-        if status.is_server_error() {
+        if let Self::IdentityRefused { service, message } = self {
+            tracing::error!(
+                upstream = service,
+                error = %message,
+                http.status = status.as_u16(),
+                "a service refused the gateway's identity assertion: the gateway and the service \
+                 must share ECOSCAN_IDENTITY_KEY (and agree on the time)"
+            );
+        } else if status.is_server_error() {
             tracing::warn!(error = %self, http.status = status.as_u16(), "request failed");
         } else {
             tracing::debug!(error = %self, http.status = status.as_u16(), "request rejected");

@@ -32,6 +32,8 @@ fn upstream_codes_follow_the_shared_table_except_resource_exhausted_and_cancelle
             Code::ResourceExhausted => (503, "RESOURCE_EXHAUSTED"),
             // A backend's connection broke under the call: retry, elsewhere.
             Code::Cancelled => (503, "UNAVAILABLE"),
+            // A backend refusing the gateway's own identity: the operator's fault, not a 401.
+            Code::Unauthenticated => (500, "INTERNAL"),
             _ => (codes::http_status(code), codes::code_name(code)),
         };
         assert_eq!(err.http_status().as_u16(), expected, "{code:?}");
@@ -130,4 +132,25 @@ fn error_json_carries_code_status_and_retryable() {
     assert_eq!(json.http_status, 503);
     assert!(json.retryable);
     assert!(!upstream(Code::NotFound, "gone").to_json().retryable);
+}
+
+#[test]
+fn a_backend_refusing_the_gateway_s_identity_is_a_500_never_a_401() {
+    let e = upstream(
+        Code::Unauthenticated,
+        "the identity assertion (x-ecoscan-identity) is refused: its signature does not match",
+    );
+    assert!(matches!(e, ApiError::IdentityRefused { .. }), "{e:?}");
+    assert_eq!(e.http_status().as_u16(), 500);
+    assert_eq!(e.code(), "INTERNAL");
+    assert!(!e.retryable());
+    let words = e.public_message();
+    assert!(words.contains("not a problem with your token"), "{words}");
+    assert!(
+        !words.contains("signature"),
+        "the backend's words stay in the log: {words}"
+    );
+    let res = e.into_response();
+    assert_eq!(res.status().as_u16(), 500);
+    assert!(res.headers().get(header::WWW_AUTHENTICATE).is_none());
 }

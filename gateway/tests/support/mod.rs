@@ -86,10 +86,10 @@ impl Calls {
     }
 
     /// Records a call of `rpc` and returns its acting user, read from the metadata as the real
-    /// services read it: INVALID_ARGUMENT without one.
+    /// services read it: UNAUTHENTICATED without one.
     fn acting_user<T>(&self, rpc: &'static str, req: &Request<T>) -> Result<String, Status> {
         self.saw(req);
-        let user = caller(req.metadata()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let user = caller(req.metadata()).map_err(Status::from)?;
         self.users.lock().unwrap().insert(rpc, user.clone());
         Ok(user)
     }

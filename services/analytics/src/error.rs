@@ -35,11 +35,16 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// Recording needs an identity: the service that made the model call (its `act` claim) or a
+    /// user.
+    #[error(transparent)]
+    Identity(#[from] ecoscan_common::identity::IdentityError),
     #[error("no llm call with id {0}")]
     NotFound(String),
     #[error(
-        "reading model calls needs the admin role: they cover every user (the gateway forwards it \
-         as `x-user-roles: admin` metadata)"
+        "reading model calls needs the admin role: they cover every user (send an identity \
+         assertion with it: the gateway signs one for an admin's token, `ecoscan token --grpc \
+         ecoscan.v1.AnalyticsService --user <id> --admin` prints one)"
     )]
     NotAdmin,
     #[error("the analytics writer is shutting down; retry on another instance")]
@@ -80,6 +85,7 @@ impl From<Error> for Status {
             | Error::InvalidWindow
             | Error::InvalidStreamItem { .. } => Status::invalid_argument(e.to_string()),
             Error::NotFound(_) => Status::not_found(e.to_string()),
+            Error::Identity(e) => Status::from(e),
             Error::NotAdmin => Status::permission_denied(e.to_string()),
             Error::ShuttingDown | Error::Unavailable => Status::unavailable(e.to_string()),
             Error::SpoolFull { retry_after, .. } => {

@@ -350,6 +350,7 @@ impl AnalyticsService for Analytics {
         &self,
         request: Request<RecordRequest>,
     ) -> Result<Response<RecordResponse>, Status> {
+        require_identity(&request)?;
         let res = Analytics::record(self, request.into_inner().call).await?;
         tracing::info!(duplicate = res.duplicate, "call recorded");
         Ok(Response::new(res))
@@ -362,6 +363,7 @@ impl AnalyticsService for Analytics {
         &self,
         request: Request<Streaming<RecordStreamRequest>>,
     ) -> Result<Response<RecordStreamResponse>, Status> {
+        require_identity(&request)?;
         Analytics::record_stream(self, request.into_inner())
             .await
             .map(Response::new)
@@ -386,6 +388,16 @@ impl AnalyticsService for Analytics {
         require_admin(&request)?;
         let call = Analytics::get_call(self, &request.into_inner().call_id).await?;
         Ok(Response::new(GetCallResponse { call: Some(call) }))
+    }
+}
+
+/// `Record` and `RecordStream` write: a caller that proves nobody may not (the network inside
+/// is not trusted). Ecoscan services sign their reports as themselves (the `act` claim).
+fn require_identity<T>(request: &Request<T>) -> Result<(), Error> {
+    if ecoscan_common::identity::has_identity(request.metadata()) {
+        Ok(())
+    } else {
+        Err(ecoscan_common::identity::IdentityError::Missing.into())
     }
 }
 

@@ -76,18 +76,55 @@ fn call(id: &str) -> LlmCall {
     }
 }
 
-/// The Record request for `call`.
-fn record(call: LlmCall) -> RecordRequest {
-    RecordRequest { call: Some(call) }
+/// The Record request for `call`, made by the service that made the model call (recording
+/// needs an identity).
+fn record(call: LlmCall) -> tonic::Request<RecordRequest> {
+    reported(RecordRequest { call: Some(call) })
+}
+
+/// `message` as vision reports its model calls: signed as itself (the `act` claim).
+fn reported<T>(message: T) -> tonic::Request<T> {
+    ecoscan_common::client::by_actor(tonic::Request::new(message), "vision")
 }
 
 /// The RecordStream requests for `calls`, in order.
-fn record_stream(calls: Vec<LlmCall>) -> impl tokio_stream::Stream<Item = RecordStreamRequest> {
-    tokio_stream::iter(
+fn record_stream(
+    calls: Vec<LlmCall>,
+) -> tonic::Request<impl tokio_stream::Stream<Item = RecordStreamRequest>> {
+    reported(tokio_stream::iter(
         calls
             .into_iter()
             .map(|call| RecordStreamRequest { call: Some(call) }),
-    )
+    ))
+}
+
+#[tokio::test]
+async fn recording_needs_an_identity() {
+    let mut h = start().await;
+    let id = uuid::Uuid::now_v7().to_string();
+    let err = h
+        .client
+        .record(RecordRequest {
+            call: Some(call(&id)),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    let err = h
+        .client
+        .record_stream(tokio_stream::iter([RecordStreamRequest {
+            call: Some(call(&id)),
+        }]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    // Nothing was stored; signed as the reporting service, the same call is.
+    assert_eq!(
+        get(&mut h, &id).await.unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+    h.client.record(record(call(&id))).await.unwrap();
+    assert!(get(&mut h, &id).await.is_ok());
 }
 
 async fn get(h: &mut Harness, call_id: &str) -> Result<LlmCall, tonic::Status> {

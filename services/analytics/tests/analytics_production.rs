@@ -96,7 +96,7 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
         let mut client = client.clone();
         async move {
             client
-                .record(RecordRequest { call: Some(c) })
+                .record(reported(RecordRequest { call: Some(c) }))
                 .await
                 .unwrap()
                 .into_inner()
@@ -105,9 +105,9 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
     .await;
     let repeat = client
         .clone()
-        .record(RecordRequest {
+        .record(reported(RecordRequest {
             call: Some(calls[7].clone()),
-        })
+        }))
         .await
         .unwrap()
         .into_inner();
@@ -168,7 +168,7 @@ async fn calls_recorded_while_s3_is_unreachable_land_exactly_once_after_it_retur
         let mut client = client.clone();
         async move {
             client
-                .record(RecordRequest { call: Some(c) })
+                .record(reported(RecordRequest { call: Some(c) }))
                 .await
                 .map(|r| r.into_inner())
         }
@@ -200,11 +200,11 @@ async fn calls_recorded_while_s3_is_unreachable_land_exactly_once_after_it_retur
         let chunk = chunk.to_vec();
         async move {
             let res = client
-                .record_stream(tokio_stream::iter(
+                .record_stream(reported(tokio_stream::iter(
                     chunk
                         .into_iter()
                         .map(|c| RecordStreamRequest { call: Some(c) }),
-                ))
+                )))
                 .await
                 .unwrap()
                 .into_inner();
@@ -272,4 +272,9 @@ async fn calls_recorded_while_s3_is_unreachable_land_exactly_once_after_it_retur
     );
     server.stop().await.unwrap();
     objects.delete_bucket().await.unwrap();
+}
+
+/// `message` as vision reports its model calls: signed as itself (recording needs an identity).
+fn reported<T>(message: T) -> tonic::Request<T> {
+    ecoscan_common::client::by_actor(tonic::Request::new(message), "vision")
 }

@@ -329,7 +329,7 @@ fn call(i: usize) -> LlmCall {
 async fn record(client: &Client, c: LlmCall) -> Result<bool, tonic::Status> {
     client
         .clone()
-        .record(RecordRequest { call: Some(c) })
+        .record(reported(RecordRequest { call: Some(c) }))
         .await
         .map(|r| r.into_inner().duplicate)
 }
@@ -345,11 +345,11 @@ async fn record_under_load(client: &Client, calls: &[LlmCall]) {
         async move {
             let n = chunk.len() as u64;
             let res = client
-                .record_stream(tokio_stream::iter(
+                .record_stream(reported(tokio_stream::iter(
                     chunk
                         .into_iter()
                         .map(|c| RecordStreamRequest { call: Some(c) }),
-                ))
+                )))
                 .await
                 .unwrap()
                 .into_inner();
@@ -659,9 +659,9 @@ async fn past_its_bound_the_spool_refuses_with_resource_exhausted_and_stores_not
     let stream_status = svc
         .client
         .clone()
-        .record_stream(tokio_stream::iter([RecordStreamRequest {
+        .record_stream(reported(tokio_stream::iter([RecordStreamRequest {
             call: Some(streamed.clone()),
-        }]))
+        }])))
         .await
         .unwrap_err();
     let on_disk: u64 = dirs
@@ -834,4 +834,9 @@ async fn a_batch_the_database_keeps_refusing_is_set_aside_without_wedging_the_sp
     record_under_load(&svc.client, &(100..120).map(call).collect::<Vec<_>>()).await;
     assert_eq!(svc.metric("analytics_spooled_total").await, spooled);
     svc.server.stop().await.unwrap();
+}
+
+/// `message` as vision reports its model calls: signed as itself (recording needs an identity).
+fn reported<T>(message: T) -> tonic::Request<T> {
+    ecoscan_common::client::by_actor(tonic::Request::new(message), "vision")
 }

@@ -10,6 +10,28 @@ pub const USER_ID_HEADER: &str = "x-user-id";
 /// Metadata key that carries the acting user's roles (`admin`), comma-separated.
 pub const ROLES_HEADER: &str = "x-user-roles";
 
+/// Metadata key that names the ecoscan service making a call on its own account (`ingest`
+/// running a job's stages, a service reporting its model calls), set by code like
+/// [`USER_ID_HEADER`] and, like it, believed only from a verified assertion (its `act` claim).
+pub const ACTOR_HEADER: &str = "x-ecoscan-actor";
+
+/// The actor of ingest's stage calls: reward's `Evaluate` grants for no other.
+pub const INGEST_ACTOR: &str = "ingest";
+
+/// The ecoscan service that makes the call on its own account, when a verified assertion names
+/// one.
+pub fn actor(metadata: &MetadataMap) -> Option<&str> {
+    metadata
+        .get(ACTOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|a| !a.is_empty())
+}
+
+/// Whether the call carries any verified identity: a user, the admin role or an actor.
+pub fn has_identity(metadata: &MetadataMap) -> bool {
+    metadata.contains_key(USER_ID_HEADER) || is_admin(metadata) || actor(metadata).is_some()
+}
+
 /// Whether the call's metadata grants the `admin` role.
 pub fn is_admin(metadata: &MetadataMap) -> bool {
     metadata
@@ -18,19 +40,36 @@ pub fn is_admin(metadata: &MetadataMap) -> bool {
         .is_some_and(|roles| roles.split(',').any(|r| r.trim() == "admin"))
 }
 
-/// Why a call has no usable user.
+/// Why a call has no usable user: `UNAUTHENTICATED` either way (the user comes from the
+/// verified assertion only, so a missing or unusable one is a missing credential).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
     #[error(
-        "the call names no user: it carries no verified identity (the `x-ecoscan-identity` \
-         assertion, which sets `x-user-id`; `ecoscan token --grpc <service>` prints one)"
+        "this call needs an identity: send the signed `x-ecoscan-identity` assertion of the user \
+         it acts for (`ecoscan token --grpc <service> --user <id>` prints one)"
     )]
     Missing,
     #[error(
-        "the user id in `x-user-id` must be 1-128 characters of letters, digits, '_', '.', '@', \
-         '|', ':', '+' or '-'"
+        "the identity names an unusable user id: a user id is 1-128 characters of letters, \
+         digits, '_', '.', '@', '|', ':', '+' or '-'"
     )]
     Invalid,
+}
+
+impl From<IdentityError> for tonic::Status {
+    fn from(e: IdentityError) -> Self {
+        let reason = match e {
+            IdentityError::Missing => crate::reasons::Reason::IdentityMissing,
+            IdentityError::Invalid => crate::reasons::Reason::IdentityInvalid,
+        };
+        crate::reasons::status(
+            tonic::Code::Unauthenticated,
+            e.to_string(),
+            reason,
+            &[],
+            None,
+        )
+    }
 }
 
 /// Whether `id` is a user id services accept: short, printable, no separators that could
@@ -87,5 +126,21 @@ mod tests {
         assert!(!valid_user_id("a b"));
         assert!(!valid_user_id("ünïcode"));
         assert!(!valid_user_id(&"a".repeat(129)));
+    }
+
+    #[test]
+    fn a_call_without_a_usable_identity_is_unauthenticated() {
+        for e in [IdentityError::Missing, IdentityError::Invalid] {
+            let status = tonic::Status::from(e);
+            assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        }
+        let missing = tonic::Status::from(IdentityError::Missing);
+        assert!(
+            missing.message().contains("ecoscan token --grpc"),
+            "{missing:?}"
+        );
+        use tonic_types::StatusExt as _;
+        let details = missing.get_error_details();
+        assert_eq!(details.error_info().unwrap().reason, "IDENTITY_MISSING");
     }
 }

@@ -196,7 +196,9 @@ pub async fn serve_with_tls(
             required: require_client_cert,
         })
         // The acting user comes from a verified assertion or nowhere (and the span records it).
-        .layer(crate::assertion::IdentityLayer);
+        .layer(crate::assertion::IdentityLayer)
+        // Plain words for the statuses tonic writes itself (a request over the size limit).
+        .layer(crate::plain::PlainStatusLayer);
     let routes = routes
         .add_service(health)
         .add_service(reflection_v1)

@@ -616,3 +616,45 @@ fn the_checks_catch_what_they_should() {
     );
     assert!(broken(&root, Path::new("docs/README.md"), "../README.md", false).is_none());
 }
+
+/// What `grpcurl describe` shows is true of the identity: the user comes from the signed
+/// `x-ecoscan-identity` assertion (plain `x-user-id` / `x-user-roles` are dropped by every
+/// server), a call without one is UNAUTHENTICATED, and vision's content type is required.
+#[test]
+fn proto_comments_name_the_identity_services_believe() {
+    let dir = repo_root().join("proto/ecoscan/v1");
+    let mut problems = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (no, line) in text.lines().enumerate() {
+            for stale in [
+                "x-user-id",
+                "x-user-roles",
+                "fails with INVALID_ARGUMENT",
+                "(exactly one is set)",
+                // Vision refuses an empty content type (ingest does sniff one).
+                "vision.proto:sniffed from the bytes when empty",
+            ] {
+                let stale = match stale.split_once(':') {
+                    Some((file, words)) if path.ends_with(file) => words,
+                    Some(_) => continue,
+                    None => stale,
+                };
+                if line.contains(stale) {
+                    problems.push(format!("{}:{}: {stale:?}", path.display(), no + 1));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "stale proto comments: {problems:#?}");
+    for (file, says) in [
+        ("ingest.proto", "DEADLINE_EXCEEDED"),
+        ("ingest.proto", "UNAUTHENTICATED"),
+        ("reward.proto", "PERMISSION_DENIED for any other caller"),
+        ("analytics.proto", "Needs the admin role."),
+    ] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        assert!(text.contains(says), "{file} should say {says:?}");
+    }
+}

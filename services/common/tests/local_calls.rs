@@ -224,3 +224,34 @@ async fn an_in_process_call_keeps_its_deadline_and_a_stopping_server_waits_for_i
     assert!(!local::is_offered(addr));
     assert_eq!(established_tcp(addr.port()), 0);
 }
+
+#[tokio::test]
+async fn a_request_over_the_size_limit_is_refused_in_plain_words() {
+    // Health's limit is tonic's default (4 MiB): a 5 MiB service name is over it, over TCP and
+    // in memory alike, and the answer is not tonic's own "decoded message length too large".
+    for offered in [false, true] {
+        let server = server(offered).await;
+        let mut health = client(server.addr);
+        let err = health
+            .check(HealthCheckRequest {
+                service: "x".repeat(5 * 1024 * 1024),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+        assert!(
+            err.message()
+                .starts_with("the request is 5.0 MiB, more than the 4 MiB"),
+            "{err:?}"
+        );
+        assert!(!err.message().contains("decoded message"), "{err:?}");
+        // The reason travels as google.rpc details (grpc-status-details-bin).
+        use tonic_types::StatusExt as _;
+        let details = err.get_error_details();
+        let info = details.error_info().expect("an ErrorInfo");
+        assert_eq!(info.reason, "MESSAGE_TOO_LARGE");
+        assert_eq!(info.domain, "ecoscan");
+        assert_eq!(info.metadata["limit"], "4194304");
+        server.stop().await.unwrap();
+    }
+}

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use ecoscan_common::reasons::Reason;
 use tonic::{Status, metadata::MetadataValue};
 
 /// What a caller is told about any `image_url` that could not be fetched, whatever the reason
@@ -15,6 +16,9 @@ pub const IMAGE_FETCH_FAILED: &str =
 pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
+    /// The call carries no usable identity.
+    #[error(transparent)]
+    Identity(#[from] ecoscan_common::identity::IdentityError),
     #[error("job {0} not found")]
     JobNotFound(String),
     #[error("too many scans waiting ({backlog}); try again in {} s", retry_after.as_secs())]
@@ -32,7 +36,10 @@ pub enum Error {
     Store(#[from] StoreError),
     #[error("service is shutting down")]
     ShuttingDown,
-    #[error("this needs the admin role (`x-user-roles: admin` metadata)")]
+    #[error(
+        "this needs the admin role: send an identity assertion with it (`ecoscan token --grpc \
+         ecoscan.v1.ScanAdminService --user <id> --admin` prints one)"
+    )]
     NotAdmin,
     #[error("job {0} is not dead-lettered; only a dead-lettered job can be requeued")]
     NotDeadLettered(String),
@@ -92,9 +99,23 @@ impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
             Error::InvalidArgument(m) => Status::invalid_argument(m),
+            Error::Identity(e) => Status::from(e),
             Error::JobNotFound(_) => Status::not_found(e.to_string()),
             Error::Overloaded { retry_after, .. } | Error::FetchBusy { retry_after } => {
-                let mut s = Status::resource_exhausted(e.to_string());
+                let (reason, metadata) = match &e {
+                    Error::Overloaded { backlog, .. } => {
+                        (Reason::BacklogFull, vec![("backlog", backlog.to_string())])
+                    }
+                    _ => (Reason::FetchBusy, Vec::new()),
+                };
+                // RetryInfo for any gRPC client, and the `retry-after` trailer the gateway reads.
+                let mut s = ecoscan_common::reasons::status(
+                    tonic::Code::ResourceExhausted,
+                    e.to_string(),
+                    reason,
+                    &metadata,
+                    Some(retry_after.max(Duration::from_secs(1))),
+                );
                 // Callers (the gateway) turn this into an HTTP `Retry-After`.
                 s.metadata_mut().insert(
                     "retry-after",
@@ -127,6 +148,13 @@ mod tests {
             Code::InvalidArgument
         );
         assert_eq!(
+            Status::from(Error::Identity(
+                ecoscan_common::identity::IdentityError::Missing
+            ))
+            .code(),
+            Code::Unauthenticated
+        );
+        assert_eq!(
             Status::from(Error::JobNotFound("j".into())).code(),
             Code::NotFound
         );
@@ -136,6 +164,14 @@ mod tests {
         });
         assert_eq!(s.code(), Code::ResourceExhausted);
         assert_eq!(s.metadata().get("retry-after").unwrap(), "7");
+        use tonic_types::StatusExt as _;
+        let details = s.get_error_details();
+        assert_eq!(details.error_info().unwrap().reason, "BACKLOG_FULL");
+        assert_eq!(details.error_info().unwrap().metadata["backlog"], "10");
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_secs(7))
+        );
         let s = Status::from(Error::ImageFetch);
         assert_eq!(s.code(), Code::InvalidArgument);
         assert_eq!(s.message(), IMAGE_FETCH_FAILED);

@@ -65,7 +65,7 @@ impl ScanApi {
 
 /// The acting user (see `ecoscan_common::identity`), recorded on the RPC's span.
 fn user_of<T>(req: &Request<T>) -> Result<String, Error> {
-    let user = caller(req.metadata()).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let user = caller(req.metadata())?;
     tracing::Span::current().record("user.id", user.as_str());
     Ok(user)
 }

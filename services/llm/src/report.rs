@@ -175,6 +175,9 @@ async fn drain(client: Client, mut rx: mpsc::Receiver<Reported>, counters: Arc<C
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let reported = std::mem::take(&mut batch);
         let span = report_span(&reported);
+        // Analytics records for a caller that proves who it is: the service reporting its
+        // own model calls.
+        let actor = reported.iter().find_map(|r| r.service).unwrap_or("llm");
         let calls: Vec<LlmCall> = reported.into_iter().map(|r| r.call).collect();
         let n = calls.len() as u64;
         let send = || {
@@ -182,13 +185,16 @@ async fn drain(client: Client, mut rx: mpsc::Receiver<Reported>, counters: Arc<C
             let calls = calls.clone();
             async move {
                 client
-                    .record_stream(ecoscan_common::client::request(
-                        tokio_stream::iter(
-                            calls
-                                .into_iter()
-                                .map(|call| RecordStreamRequest { call: Some(call) }),
+                    .record_stream(ecoscan_common::client::by_actor(
+                        ecoscan_common::client::request(
+                            tokio_stream::iter(
+                                calls
+                                    .into_iter()
+                                    .map(|call| RecordStreamRequest { call: Some(call) }),
+                            ),
+                            SEND_DEADLINE,
                         ),
-                        SEND_DEADLINE,
+                        actor,
                     ))
                     .await
             }

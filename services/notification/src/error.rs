@@ -34,11 +34,10 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::Identity(_)
-            | Error::EmptyTitle
-            | Error::EmptyId
-            | Error::MissingDueAt
-            | Error::DueTooFar => Status::invalid_argument(e.to_string()),
+            Error::Identity(e) => Status::from(e),
+            Error::EmptyTitle | Error::EmptyId | Error::MissingDueAt | Error::DueTooFar => {
+                Status::invalid_argument(e.to_string())
+            }
             Error::NotFound(_) => Status::not_found(e.to_string()),
             Error::AlreadyDelivered(_) => Status::failed_precondition(e.to_string()),
             Error::SubscriberLagged(_) => Status::resource_exhausted(e.to_string()),
@@ -63,8 +62,14 @@ mod tests {
 
     #[test]
     fn errors_map_to_the_right_codes_and_hide_internal_causes() {
+        assert_eq!(
+            Status::from(Error::Identity(
+                ecoscan_common::identity::IdentityError::Missing
+            ))
+            .code(),
+            Code::Unauthenticated
+        );
         for e in [
-            Error::Identity(ecoscan_common::identity::IdentityError::Missing),
             Error::EmptyTitle,
             Error::EmptyId,
             Error::MissingDueAt,

@@ -413,26 +413,25 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
     ];
 
     let messages: Vec<_> = errors.iter().map(|e| e.message().to_owned()).collect();
-    assert!(
-        errors.iter().all(|e| e.code() == Code::InvalidArgument),
-        "{messages:?}"
-    );
-    // The acting user is the `x-user-id` metadata: an empty or missing one is named.
-    for (i, needle) in [
-        "x-user-id",
-        "title",
-        "due_at is missing",
-        "more than a year",
-        "x-user-id",
-        "title",
-        "id is empty",
-        "x-user-id",
-        "x-user-id",
-        "x-user-id",
+    // The acting user comes from the identity assertion: a call without one is
+    // UNAUTHENTICATED (a missing credential), a bad field INVALID_ARGUMENT.
+    let identity = (Code::Unauthenticated, "needs an identity");
+    for (i, (code, needle)) in [
+        identity,
+        (Code::InvalidArgument, "title"),
+        (Code::InvalidArgument, "due_at is missing"),
+        (Code::InvalidArgument, "more than a year"),
+        identity,
+        (Code::InvalidArgument, "title"),
+        (Code::InvalidArgument, "id is empty"),
+        identity,
+        identity,
+        identity,
     ]
     .iter()
     .enumerate()
     {
+        assert_eq!(errors[i].code(), *code, "{i}: {}", messages[i]);
         assert!(messages[i].contains(needle), "{i}: {}", messages[i]);
     }
     assert!(list(&mut client, "alice", 0).await.is_empty());

@@ -13,6 +13,12 @@ pub enum Error {
     Identity(#[from] ecoscan_common::identity::IdentityError),
     #[error("classification is missing; send the scan's classification")]
     MissingClassification,
+    /// `Evaluate` called by anyone but ingest.
+    #[error(
+        "only ingest evaluates a scan's reward, for a job it ran: scan with ScanService (or \
+         POST /api/v1/scan) and the reward follows"
+    )]
+    NotIngest,
     #[error("job {0} was already evaluated for another user")]
     JobOfAnotherUser(String),
     #[error("internal storage error")]
@@ -22,10 +28,12 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::EmptyJobId | Error::Identity(_) | Error::MissingClassification => {
+            Error::Identity(e) => Status::from(e),
+            Error::EmptyJobId | Error::MissingClassification => {
                 Status::invalid_argument(e.to_string())
             }
             Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
+            Error::NotIngest => Status::permission_denied(e.to_string()),
             // The database is down or a connection dropped: the caller (ingest's pipeline)
             // retries, where INTERNAL would fail the scan for good.
             Error::Store(ref cause) if cause.is_transient() => {
@@ -56,11 +64,15 @@ mod tests {
                 ecoscan_common::identity::IdentityError::Missing
             ))
             .code(),
-            Code::InvalidArgument
+            Code::Unauthenticated
         );
         assert_eq!(
             Status::from(Error::MissingClassification).code(),
             Code::InvalidArgument
+        );
+        assert_eq!(
+            Status::from(Error::NotIngest).code(),
+            Code::PermissionDenied
         );
         assert_eq!(
             Status::from(Error::JobOfAnotherUser("j".into())).code(),

@@ -159,6 +159,13 @@ impl RewardService for Reward {
     ) -> Result<Response<EvaluateResponse>, Status> {
         let user = caller(request.metadata()).map_err(Error::from)?;
         tracing::Span::current().record("user.id", user.as_str());
+        // Only ingest grants, for a job it runs for this user (the job and its owner are
+        // ingest's): a user's own assertion, or another service's, cannot name a job id.
+        if ecoscan_common::identity::actor(request.metadata())
+            != Some(ecoscan_common::identity::INGEST_ACTOR)
+        {
+            return Err(Error::NotIngest.into());
+        }
         let decision = Reward::evaluate(self, &user, request.into_inner()).await?;
         self.decisions
             .get_or_create(&[("reason", decision.reason.clone())])

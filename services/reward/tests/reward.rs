@@ -36,11 +36,12 @@ async fn start() -> Harness {
 }
 
 /// `msg` as a call acting for `user` (the `x-user-id` metadata).
+/// A call made for `user` by ingest (the one caller `Evaluate` grants for).
 fn as_user<T>(msg: T, user: &str) -> Request<T> {
     let mut req = Request::new(msg);
     req.metadata_mut()
         .insert(USER_ID_HEADER, user.parse().unwrap());
-    req
+    ecoscan_common::client::by_actor(req, ecoscan_common::identity::INGEST_ACTOR)
 }
 
 fn request(
@@ -207,10 +208,23 @@ async fn list_owned_returns_characters_in_acquisition_order_with_their_jobs() {
 async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
     let mut h = start().await;
     let cases = [
-        (request("", "frank", "종이", Some(true)), "job_id"),
-        // The acting user is the `x-user-id` metadata: a blank or missing one is refused.
-        (request("job-1", " ", "종이", Some(true)), "x-user-id"),
-        (Request::new(body("job-1", "종이", Some(true))), "x-user-id"),
+        (
+            request("", "frank", "종이", Some(true)),
+            Code::InvalidArgument,
+            "job_id",
+        ),
+        // The acting user comes from the identity assertion: a call whose identity is unusable
+        // or missing is UNAUTHENTICATED.
+        (
+            request("job-1", " ", "종이", Some(true)),
+            Code::Unauthenticated,
+            "identity",
+        ),
+        (
+            Request::new(body("job-1", "종이", Some(true))),
+            Code::Unauthenticated,
+            "needs an identity",
+        ),
         (
             as_user(
                 EvaluateRequest {
@@ -219,12 +233,13 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
                 },
                 "frank",
             ),
+            Code::InvalidArgument,
             "classification",
         ),
     ];
-    for (req, field) in cases {
+    for (req, code, field) in cases {
         let err = h.client.evaluate(req).await.unwrap_err();
-        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(err.code(), code, "{}", err.message());
         assert!(err.message().contains(field), "{}", err.message());
     }
     let err = h
@@ -232,11 +247,37 @@ async fn bad_input_is_rejected_with_invalid_argument_and_stores_nothing() {
         .list_owned(Request::new(ListOwnedRequest {}))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(err.code(), Code::Unauthenticated);
     assert!(owned_codes(&mut h, "frank").await.is_empty());
     // The rejected job id was not consumed: a valid call for it still grants.
     let d = evaluate(&mut h, request("job-1", "frank", "종이", Some(true))).await;
     assert!(d.newly_granted);
+}
+
+#[tokio::test]
+async fn only_ingest_may_grant_a_character() {
+    let mut h = start().await;
+    // A user's own assertion (what `ecoscan token --grpc` mints), or another service's, names
+    // a job id of its choosing: refused, nothing granted.
+    let own = || {
+        let mut req = Request::new(body("job-manual-1", "종이", Some(true)));
+        req.metadata_mut()
+            .insert(USER_ID_HEADER, "ivy".parse().unwrap());
+        req
+    };
+    for req in [own(), ecoscan_common::client::by_actor(own(), "vision")] {
+        let err = h.client.evaluate(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+        assert!(err.message().contains("only ingest"), "{err:?}");
+    }
+    assert!(owned_codes(&mut h, "ivy").await.is_empty());
+    // An actor sent as plain metadata is dropped like `x-user-id`: only a verified assertion
+    // names one. (The test client signs what it sends, so this is what the server saw.)
+    let d = evaluate(&mut h, request("job-manual-1", "ivy", "종이", Some(true))).await;
+    assert!(
+        d.newly_granted,
+        "ingest's call for the same job still grants"
+    );
 }
 
 #[tokio::test]

@@ -196,12 +196,13 @@ struct TokenArgs {
     /// The user the token acts for (its `sub`).
     #[arg(long)]
     user: String,
-    /// Grant the admin role (needed for /api/v1/usage).
+    /// Grant the admin role (needed for /api/v1/analytics/usage, and for the admin RPCs).
     #[arg(long)]
     admin: bool,
-    /// How long the token is valid: `1h`, `30m`, `7d`.
-    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
-    ttl: std::time::Duration,
+    /// How long the token is valid: `1h`, `30m`, `7d` (default 24h); with `--grpc`, at most
+    /// `5m` (the default), the longest any service believes an identity assertion.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Option<std::time::Duration>,
     /// The data directory of the `ecoscan up` that should accept the token (its secret lives
     /// there).
     #[arg(long, env = "ECOSCAN_DATA_DIR", default_value = "./data")]
@@ -364,9 +365,11 @@ fn token(args: TokenArgs) -> anyhow::Result<()> {
             ecoscan_common::identity::valid_user_id(&args.user),
             "user must be 1-128 characters of letters, digits and _.@|:+-"
         );
+        let ttl = args.ttl.unwrap_or(ecoscan_common::assertion::MAX_LIFETIME);
+        ecoscan_common::assertion::check_lifetime(ttl)?;
         crate::use_local_identity_key(&args.data_dir)?;
         let assertion =
-            ecoscan_common::assertion::sign_for(Some(&args.user), args.admin, service, args.ttl);
+            ecoscan_common::assertion::sign_for(Some(&args.user), args.admin, service, ttl)?;
         println!(
             "{}: {assertion}",
             ecoscan_common::assertion::ASSERTION_HEADER
@@ -380,7 +383,8 @@ fn token(args: TokenArgs) -> anyhow::Result<()> {
         args.admin,
         crate::LOCAL_ISSUER,
         crate::LOCAL_AUDIENCE,
-        args.ttl,
+        args.ttl
+            .unwrap_or(std::time::Duration::from_secs(24 * 3600)),
     )?;
     println!("{token}");
     Ok(())

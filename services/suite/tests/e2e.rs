@@ -402,8 +402,8 @@ async fn ingest_answers_bad_grpc_input_with_the_matching_codes() {
         .unwrap_err();
     assert_eq!(
         anonymous.code(),
-        Code::InvalidArgument,
-        "a job needs an owner"
+        Code::Unauthenticated,
+        "a job needs an owner: no identity is a missing credential"
     );
 }
 

@@ -418,13 +418,27 @@ async fn grpcurl_refused(args: &[&str]) -> String {
     .expect("grpcurl thread")
 }
 
-/// An assertion signed with `key` for `service`, expiring `exp` (Unix seconds).
+/// An assertion signed with `key` for `service`, expiring `exp` (Unix seconds), issued a
+/// minute before.
 fn assertion(key: &[u8], user: &str, admin: bool, service: &str, exp: u64) -> String {
+    assertion_issued(key, user, admin, service, exp - 60, exp)
+}
+
+/// An assertion signed with `key` for `service`, issued `iat` and expiring `exp`.
+fn assertion_issued(
+    key: &[u8],
+    user: &str,
+    admin: bool,
+    service: &str,
+    iat: u64,
+    exp: u64,
+) -> String {
     #[derive(serde::Serialize)]
     struct Claims<'a> {
         sub: &'a str,
         adm: bool,
         aud: &'a str,
+        iat: u64,
         exp: u64,
     }
     let token = jsonwebtoken::encode(
@@ -433,6 +447,7 @@ fn assertion(key: &[u8], user: &str, admin: bool, service: &str, exp: u64) -> St
             sub: user,
             adm: admin,
             aud: service,
+            iat,
             exp,
         },
         &jsonwebtoken::EncodingKey::from_secret(key).unwrap(),
@@ -474,7 +489,8 @@ async fn a_caller_that_reaches_a_service_port_is_nobody_without_a_valid_assertio
         "ecoscan.v1.NotificationService/Notify",
     ])
     .await;
-    assert!(raw.contains("names no user"), "{raw}");
+    assert!(raw.contains("Unauthenticated"), "{raw}");
+    assert!(raw.contains("this call needs an identity"), "{raw}");
 
     // Assertions that do not hold: for another service, expired, signed with another key,
     // not a token at all.
@@ -499,8 +515,20 @@ async fn a_caller_that_reaches_a_service_port_is_nobody_without_a_valid_assertio
             ),
         ),
         (
+            // Good for 5000 days, which no service believes: at most 5 min.
+            "long-lived",
+            assertion_issued(&key, "ops", true, service, now, now + 5000 * 86_400),
+        ),
+        (
             "not a token",
             format!("{}: nonsense", ecoscan_common::assertion::ASSERTION_HEADER),
+        ),
+        (
+            "unsigned (alg none)",
+            format!(
+                "{}: eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJvcHMifQ.",
+                ecoscan_common::assertion::ASSERTION_HEADER
+            ),
         ),
     ] {
         let out = grpcurl_refused(&[
@@ -513,7 +541,40 @@ async fn a_caller_that_reaches_a_service_port_is_nobody_without_a_valid_assertio
         ])
         .await;
         assert!(out.contains("Unauthenticated"), "{what}: {out}");
+        // Plain words, never the JWT library's own (`InvalidAudience`, `JSON error: …`).
+        assert!(out.contains("is refused: "), "{what}: {out}");
+        for library in [
+            "InvalidAudience",
+            "ExpiredSignature",
+            "InvalidSignature",
+            "JSON error",
+        ] {
+            assert!(!out.contains(library), "{what}: {out}");
+        }
     }
+    // Writing needs an identity: analytics records nothing for nobody.
+    let raw = grpcurl_refused(&[
+        "-d",
+        r#"{"call": {"call_id": "0190c8a4-0000-7000-8000-000000000001", "service": "x", "model": "m"}}"#,
+        &analytics,
+        "ecoscan.v1.AnalyticsService/Record",
+    ])
+    .await;
+    assert!(raw.contains("Unauthenticated"), "{raw}");
+    // Reward grants for ingest's calls only: a user's own assertion names any job it likes.
+    let reward = a.reward.to_string();
+    let raw = grpcurl_refused(&[
+        "-H",
+        &suite.grpc_identity("ops", false, "ecoscan.v1.RewardService"),
+        "-d",
+        r#"{"job_id": "job-manual-1", "classification": {"middle_category": "종이"}, "rules": {"recyclable": true}}"#,
+        &reward,
+        "ecoscan.v1.RewardService/Evaluate",
+    ])
+    .await;
+    assert!(raw.contains("PermissionDenied"), "{raw}");
+    assert!(raw.contains("only ingest"), "{raw}");
+
     // The same signed the suite's way is believed.
     let ok = grpcurl(&[
         "-H",

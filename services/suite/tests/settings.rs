@@ -53,6 +53,51 @@ fn every_subcommand_has_help() {
 }
 
 #[test]
+fn token_help_names_the_usage_route_and_a_long_lived_assertion_is_refused() {
+    let help = text(&ecoscan(&["token", "--help"], &[]).stdout);
+    assert!(help.contains("/api/v1/analytics/usage"), "{help}");
+    assert!(!help.contains("/api/v1/usage"), "{help}");
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().to_str().unwrap();
+    let out = ecoscan(
+        &[
+            "token",
+            "--user",
+            "alice",
+            "--grpc",
+            "ecoscan.v1.ScanService",
+            "--ttl",
+            "5000d",
+            "--data-dir",
+            dir,
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("an identity assertion lives at most 5 min (asked for 5000 days)"),
+        "{err}"
+    );
+    // The default and the cap itself are fine.
+    for ttl in [None, Some("5m")] {
+        let mut args = vec![
+            "token",
+            "--user",
+            "alice",
+            "--grpc",
+            "ecoscan.v1.ScanService",
+            "--data-dir",
+            dir,
+        ];
+        args.extend(ttl.iter().flat_map(|t| ["--ttl", *t]));
+        let out = ecoscan(&args, &[]);
+        assert!(out.status.success(), "{ttl:?}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).starts_with("x-ecoscan-identity: "));
+    }
+}
+
+#[test]
 fn production_stores_refuse_to_start_ingest_on_embedded_ones() {
     let out = ecoscan(
         &["serve", "ingest"],

@@ -181,6 +181,16 @@ pub fn as_admin<T>(message: T) -> Request<T> {
     req
 }
 
+/// `req`, made by the ecoscan service `actor` on its own account (the assertion's `act` claim;
+/// see [`crate::identity::ACTOR_HEADER`]).
+pub fn by_actor<T>(mut req: Request<T>, actor: &'static str) -> Request<T> {
+    req.metadata_mut().insert(
+        crate::identity::ACTOR_HEADER,
+        MetadataValue::from_static(actor),
+    );
+    req
+}
+
 /// A request with a deadline that acts on behalf of `user_id`.
 pub fn request_as<T>(message: T, deadline: Duration, user_id: &str) -> Request<T> {
     let mut req = request(message, deadline);

@@ -113,7 +113,7 @@ impl TestSuite {
     /// the real `ecoscan token --grpc` command.
     pub fn grpc_identity(&self, user: &str, admin: bool, service: &str) -> String {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ecoscan"));
-        cmd.args(["token", "--user", user, "--ttl", "10m", "--grpc", service])
+        cmd.args(["token", "--user", user, "--ttl", "5m", "--grpc", service])
             .arg("--data-dir")
             .arg(self.data_dir.path())
             .env_remove(ecoscan_common::assertion::KEY_VAR);

@@ -62,8 +62,13 @@ pub(super) struct Calls<'a> {
 impl Calls<'_> {
     /// `message` as the request of `job`'s stage call: under the call's deadline, made for the
     /// job's user (the stage services act for them).
+    /// Made by ingest on its own account too (the assertion's `act` claim), which reward's
+    /// `Evaluate` requires: only ingest, for a job it runs, may grant a character.
     fn request<T>(&self, job: &Job, message: T) -> tonic::Request<T> {
-        request_as(message, self.deadline, &job.user_id)
+        ecoscan_common::client::by_actor(
+            request_as(message, self.deadline, &job.user_id),
+            ecoscan_common::identity::INGEST_ACTOR,
+        )
     }
 }
 

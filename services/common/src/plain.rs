@@ -1,0 +1,136 @@
+//! Plain words for the statuses tonic writes itself. A request larger than a server's
+//! [`crate::server::MAX_MESSAGE_BYTES`] is refused by tonic's decoder before any service code
+//! runs, as `OUT_OF_RANGE` "Error, decoded message length too large: found … bytes, the limit
+//! is: … bytes"; [`PlainStatusLayer`] (one of every server's layers) keeps the code and says
+//! what happened and what to do instead.
+
+use std::task::{Context, Poll};
+
+use futures::{FutureExt, future::Map};
+use tonic::{Code, Status};
+
+/// What tonic's decoder says of a message over the limit (its message starts so).
+const TOO_LARGE: &str = "Error, decoded message length too large";
+
+/// The plain words for tonic's own `status`, when it is one this knows.
+pub fn plain(status: &Status) -> Option<Status> {
+    if status.code() != Code::OutOfRange || !status.message().starts_with(TOO_LARGE) {
+        return None;
+    }
+    // "… found {len} bytes, the limit is: {limit} bytes"
+    let numbers: Vec<u64> = status
+        .message()
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let words = match numbers.as_slice() {
+        [found, limit] => format!(
+            "the request is {:.1} MiB, more than the {:.0} MiB a request may be; send a smaller \
+             image (at most 10 MiB) or fewer bytes",
+            mib(*found),
+            mib(*limit)
+        ),
+        _ => "the request is larger than a request may be; send a smaller image (at most 10 MiB) \
+              or fewer bytes"
+            .to_owned(),
+    };
+    let metadata: Vec<(&str, String)> = match numbers.as_slice() {
+        [found, limit] => vec![("size", found.to_string()), ("limit", limit.to_string())],
+        _ => Vec::new(),
+    };
+    Some(crate::reasons::status(
+        status.code(),
+        words,
+        crate::reasons::Reason::MessageTooLarge,
+        &metadata,
+        None,
+    ))
+}
+
+/// Rewrites the statuses [`plain`] knows in a server's answers (trailers-only answers, which is
+/// how tonic refuses a request before its handler runs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlainStatusLayer;
+
+impl<S> tower::Layer<S> for PlainStatusLayer {
+    type Service = PlainStatus<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PlainStatus { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PlainStatus<S> {
+    inner: S,
+}
+
+type Rewrite<R, E> = fn(Result<http::Response<R>, E>) -> Result<http::Response<R>, E>;
+
+impl<S, B, R> tower::Service<http::Request<B>> for PlainStatus<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Map<S::Future, Rewrite<R, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        self.inner.call(req).map(rewrite as Rewrite<R, S::Error>)
+    }
+}
+
+fn rewrite<R, E>(res: Result<http::Response<R>, E>) -> Result<http::Response<R>, E> {
+    res.map(|mut res| {
+        if let Some(better) = Status::from_header_map(res.headers()).and_then(|s| plain(&s)) {
+            // Replaces `grpc-status` and `grpc-message`.
+            let _ = better.add_header(res.headers_mut());
+        }
+        res
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tonic_s_words_for_a_large_message_become_plain_ones() {
+        let tonic_s = Status::out_of_range(
+            "Error, decoded message length too large: found 20971533 bytes, the limit is: \
+             16777216 bytes",
+        );
+        let better = plain(&tonic_s).unwrap();
+        assert_eq!(better.code(), Code::OutOfRange);
+        assert_eq!(
+            better.message(),
+            "the request is 20.0 MiB, more than the 16 MiB a request may be; send a smaller \
+             image (at most 10 MiB) or fewer bytes"
+        );
+        assert!(plain(&Status::out_of_range("page 9 of 3")).is_none());
+        assert!(plain(&Status::invalid_argument(TOO_LARGE)).is_none());
+    }
+
+    #[test]
+    fn the_answer_s_headers_are_rewritten() {
+        let mut res = http::Response::new(());
+        Status::out_of_range(
+            "Error, decoded message length too large: found 20971533 bytes, the limit is: \
+             16777216 bytes",
+        )
+        .add_header(res.headers_mut())
+        .unwrap();
+        let res = rewrite::<(), ()>(Ok(res)).unwrap();
+        let status = Status::from_header_map(res.headers()).unwrap();
+        assert_eq!(status.code(), Code::OutOfRange);
+        assert!(
+            status.message().starts_with("the request is 20.0 MiB"),
+            "{status:?}"
+        );
+    }
+}
