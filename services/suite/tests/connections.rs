@@ -80,9 +80,10 @@ async fn redis_connections_stay_constant_with_a_thousand_watchers() {
             "GATEWAY_MAX_SSE_PER_USER",
             SSE_CLIENTS.to_string(),
         )
-        // Jobs run for ~14 s (two model calls each): every watcher is open while they run
-        // even on a busy machine (1000 watchers subscribe in ~1 s alone, ~8 s under 3x load).
-        .env("LLM_MOCK_LATENCY", "7s")
+        // Jobs run for ~24 s (two model calls each): every watcher is open while they run
+        // even on a busy machine (1000 watchers subscribe in ~1-3 s alone, ~8 s under 3x load,
+        // and more than 14 s while other builds and a large deletion ran beside the test).
+        .env("LLM_MOCK_LATENCY", "12s")
         .env("LLM_MOCK_JITTER", "0")
         .env("LLM_MAX_CONCURRENCY", (2 * JOBS).to_string())
         .start()
