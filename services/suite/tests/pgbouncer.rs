@@ -300,6 +300,23 @@ async fn scans_run_behind_pgbouncer_in_transaction_mode() {
     }
 }
 
+/// `ecoscan up` behind a session-mode pgbouncer of 6 server connections in front of a fresh
+/// database, with `extra` settings on top of the pooler's.
+async fn behind_a_session_pooler(extra: &[(&str, &str)]) -> (FreshDatabase, PgBouncer, Up) {
+    let db = FreshDatabase::create().await;
+    let bouncer = PgBouncer::start(&db, "session", 6).await;
+    let pooled = bouncer.url();
+    let mut env = vec![
+        ("GATEWAY_TRUST_USER_HEADER", "loopback"),
+        ("DATABASE_URL", pooled.as_str()),
+        ("DATABASE_POOLER", "session"),
+        ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
+    ];
+    env.extend_from_slice(extra);
+    let up = Up::start(&env).await;
+    (db, bouncer, up)
+}
+
 /// Statuses of finished jobs (ecoscan.v1.JobStatus SUCCEEDED and FAILED).
 const FINISHED: [i32; 2] = [3, 4];
 
@@ -309,17 +326,10 @@ const FINISHED: [i32; 2] = [3, 4];
 #[tokio::test]
 #[ignore = "issue 44: behind an undersized session-mode pooler a few jobs can stay pending"]
 async fn in_session_mode_with_a_small_pool_every_scan_ends() {
-    let db = FreshDatabase::create().await;
     // 6 server connections for a suite that opens up to 46 (16 + 10 + 10 + 10): clients beyond
     // the sixth wait in pgbouncer's queue (cl_waiting) until one disconnects, and in session
     // mode none disconnects while the suite runs.
-    let bouncer = PgBouncer::start(&db, "session", 6).await;
-    let pooled = bouncer.url();
-    let up = Up::start(&[
-        ("GATEWAY_TRUST_USER_HEADER", "loopback"),
-        ("DATABASE_URL", &pooled),
-        ("DATABASE_POOLER", "session"),
-        ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
+    let (db, _bouncer, up) = behind_a_session_pooler(&[
         // A job whose store writes fail is run again once its lease lapses, up to its
         // attempts, then failed: short leases and few attempts keep that within the test's
         // bound (defaults 30 s and 5, i.e. minutes).
@@ -387,17 +397,7 @@ async fn in_session_mode_with_a_small_pool_every_scan_ends() {
 /// pool): every scan succeeds.
 #[tokio::test]
 async fn in_session_mode_with_the_budget_sized_to_the_pool_every_scan_is_ready() {
-    let db = FreshDatabase::create().await;
-    let bouncer = PgBouncer::start(&db, "session", 6).await;
-    let pooled = bouncer.url();
-    let up = Up::start(&[
-        ("GATEWAY_TRUST_USER_HEADER", "loopback"),
-        ("DATABASE_URL", &pooled),
-        ("DATABASE_POOLER", "session"),
-        ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
-        ("DATABASE_MAX_CONNECTIONS", "6"),
-    ])
-    .await;
+    let (_db, bouncer, up) = behind_a_session_pooler(&[("DATABASE_MAX_CONNECTIONS", "6")]).await;
     let started = Instant::now();
     let ends = scans(&up, 12).await;
     eprintln!(
