@@ -105,9 +105,14 @@ pub async fn serve(
     // The reload at start: every scheduled row, in pages; on Redis only what it is missing is
     // added (entries waiting or claimed stay as they are). Not counted as reconciled: in memory
     // the whole schedule is reloaded at every start.
-    let reloaded = reconcile::sweep(&*store, &*scheduler, None, &NotificationMetrics::default())
-        .await
-        .context("failed to reload the scheduled notifications")?;
+    let Some(reloaded) = reconcile::reload(&*store, &*scheduler, &shutdown).await? else {
+        // Asked to stop while the stores were still unavailable: nothing was served yet.
+        if let Some(relay) = relay {
+            stop_relay.cancel();
+            let _ = relay.await;
+        }
+        return Ok(());
+    };
     tracing::info!(
         scheduled = reloaded.checked,
         added = reloaded.restored,

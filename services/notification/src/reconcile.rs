@@ -19,9 +19,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context;
+use backon::{ExponentialBuilder, Retryable};
 use ecoscan_common::CancellationToken;
 
-use crate::{metrics::NotificationMetrics, scheduler::Scheduler, store::NotificationStore};
+use crate::{
+    metrics::NotificationMetrics,
+    scheduler::{Scheduler, SchedulerError},
+    store::{NotificationStore, StoreError},
+};
 
 /// Scheduled rows read per page (one SQL query, one scheduler call).
 pub const PAGE: usize = 1000;
@@ -70,6 +76,57 @@ pub async fn sweep(
         after = page.last().map(|(id, due)| (*due, id.clone()));
     }
     Ok(swept)
+}
+
+/// Waits between reload attempts at start: the first, and the most.
+const RELOAD_FIRST_RETRY: Duration = Duration::from_secs(1);
+const RELOAD_MAX_RETRY: Duration = Duration::from_secs(30);
+
+/// The reload at start: [`sweep`] over every scheduled row. Tried again, 1 s doubling to 30 s
+/// apart, for as long as a store is unavailable — a pooler with no server connection free, a
+/// database or Redis still starting — so that the service waits for its stores instead of
+/// exiting (and taking `ecoscan up`'s other services with it). `None` when `stop` came first;
+/// an error that trying again cannot mend (a row that does not decode, a refused command) is
+/// returned at once.
+pub async fn reload(
+    store: &dyn NotificationStore,
+    scheduler: &dyn Scheduler,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Swept>> {
+    let uncounted = NotificationMetrics::default();
+    let attempt = || sweep(store, scheduler, None, &uncounted);
+    let retried = attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(RELOAD_FIRST_RETRY)
+                .with_max_delay(RELOAD_MAX_RETRY)
+                .without_max_times()
+                .with_jitter(),
+        )
+        .when(is_transient)
+        .notify(|e, after| {
+            tracing::warn!(
+                error = %format!("{e:#}"),
+                retry_in = ?after,
+                "could not reload the scheduled notifications, a store is unavailable; \
+                 trying again (the service answers once they are loaded)"
+            );
+        });
+    tokio::select! {
+        () = stop.cancelled() => Ok(None),
+        reloaded = retried => reloaded
+            .map(Some)
+            .context("failed to reload the scheduled notifications"),
+    }
+}
+
+/// Whether [`sweep`]'s error may pass when tried again: the database or Redis unavailable.
+pub fn is_transient(e: &anyhow::Error) -> bool {
+    if let Some(e) = e.downcast_ref::<StoreError>() {
+        return e.is_transient();
+    }
+    e.downcast_ref::<SchedulerError>()
+        .is_some_and(SchedulerError::is_transient)
 }
 
 /// When the reconcile loop sweeps and how much.
@@ -135,5 +192,44 @@ pub async fn run(
             () = tokio::time::sleep(gap) => {}
         }
         delay = delay.saturating_sub(gap);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use ecoscan_redis::redis::RedisError;
+
+    use super::*;
+
+    fn redis(e: RedisError) -> anyhow::Error {
+        SchedulerError::redis("add missing notifications")(e).into()
+    }
+
+    #[test]
+    fn an_unavailable_store_is_tried_again_and_a_broken_one_is_not() {
+        // What a pooler with no server connection free, or a database still starting, gives.
+        assert!(is_transient(
+            &StoreError::from(sqlx::Error::PoolTimedOut).into()
+        ));
+        assert!(is_transient(
+            &StoreError::from(sqlx::Error::Io(io::ErrorKind::ConnectionRefused.into())).into()
+        ));
+        assert!(is_transient(&redis(
+            io::Error::from(io::ErrorKind::ConnectionRefused).into()
+        )));
+        assert!(is_transient(&redis(
+            io::Error::from(io::ErrorKind::TimedOut).into()
+        )));
+        // A row no version writes, a command Redis refuses, anything else: no use trying again.
+        assert!(!is_transient(
+            &StoreError::Corrupt("due_at is not a number".into()).into()
+        ));
+        assert!(!is_transient(&redis(RedisError::from((
+            ecoscan_redis::redis::ServerErrorKind::ResponseError.into(),
+            "ERR unknown command",
+        )))));
+        assert!(!is_transient(&anyhow::anyhow!("something else")));
     }
 }

@@ -34,6 +34,21 @@ impl SchedulerError {
     ) -> impl FnOnce(ecoscan_redis::redis::RedisError) -> Self {
         move |source| Self { what, source }
     }
+
+    /// Whether the same call may pass when tried again: Redis was slow, unreachable, dropped
+    /// the connection or is still loading its data, not a refused command.
+    pub fn is_transient(&self) -> bool {
+        use ecoscan_redis::redis::{ErrorKind, ServerErrorKind};
+        let e = &self.source;
+        e.is_timeout()
+            || e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                ErrorKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::TryAgain)
+            )
+    }
 }
 
 /// Due-time ordering with leased claims.
