@@ -92,6 +92,25 @@ impl Up {
         format!("{}{path}", self.gateway)
     }
 
+    /// The data directory (`--data-dir`): what `ecoscan token` needs to mint for this suite.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// `host:port` of `service` (`ingest`, `rule`, …) as the start-up lines print it.
+    pub fn service_addr(&self, service: &str) -> String {
+        let log = self.logs();
+        log.lines()
+            .find_map(|l| {
+                let mut words = l.split_whitespace();
+                (words.next() == Some(service))
+                    .then(|| words.next())
+                    .flatten()
+            })
+            .unwrap_or_else(|| panic!("ecoscan up printed no address for {service}:\n{log}"))
+            .to_owned()
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("up.log")
     }
