@@ -9,16 +9,21 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
-use ecoscan_common::metrics::{Labels2, Labels3, Metrics, SecondsFamily, seconds_family};
+use ecoscan_common::metrics::{Labels1, Labels2, Labels3, Metrics, SecondsFamily, seconds_family};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
-use crate::limits::SseSlots;
+use crate::{error::IdentityRefusedBy, limits::SseSlots};
+
+/// The backends the gateway signs identity assertions for: each one's refusal series exists
+/// from the start at 0, so that an alert's `increase()` sees the first refusal.
+const IDENTITY_BACKENDS: [&str; 4] = ["ingest", "reward", "analytics", "notification"];
 
 /// Per-route request series. Cheap to clone; clones share the series.
 #[derive(Clone, Debug)]
 pub(crate) struct HttpMetrics {
     requests: Family<Labels3, Counter>,
     duration: SecondsFamily<Labels2>,
+    identity_refused: Family<Labels1, Counter>,
 }
 
 impl HttpMetrics {
@@ -31,12 +36,20 @@ impl HttpMetrics {
         let this = Self {
             requests: Family::default(),
             duration: seconds_family(),
+            identity_refused: Family::default(),
         };
+        for backend in IDENTITY_BACKENDS {
+            drop(
+                this.identity_refused
+                    .get_or_create(&[("backend", backend.to_owned())]),
+            );
+        }
         let r = metrics.registry();
         ecoscan_common::register_series! {
             r;
             ("http_server_requests", "HTTP requests answered, by route template, method and status", this.requests.clone());
             ("http_server_duration_seconds", "Time from request to response headers (SSE routes: until the stream starts)", this.duration.clone());
+            ("gateway_identity_refused", "Requests a backend refused because it did not accept the identity assertion the gateway signed (ECOSCAN_IDENTITY_KEY or clocks differ), by backend", this.identity_refused.clone());
         }
         metrics.gauge_fn(
             "gateway_sse_connections",
@@ -81,6 +94,12 @@ pub(crate) async fn track(
             ("status", res.status().as_u16().to_string()),
         ])
         .inc();
+    if let Some(IdentityRefusedBy(backend)) = res.extensions().get::<IdentityRefusedBy>() {
+        metrics
+            .identity_refused
+            .get_or_create(&[("backend", (*backend).to_owned())])
+            .inc();
+    }
     res
 }
 
@@ -156,5 +175,50 @@ mod tests {
             Some(0.0),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_backend_refusing_the_gateway_s_identity_is_counted_by_backend() {
+        let mut metrics = ecoscan_common::metrics::Metrics::new("gateway");
+        // Never called: the route below answers by itself.
+        let scan = ecoscan_proto::v1::scan_service_client::ScanServiceClient::new(
+            ecoscan_common::client::channel("http://127.0.0.1:9").unwrap(),
+        );
+        let watches = crate::watch::Watches::new(
+            scan,
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(1),
+        );
+        let http =
+            super::HttpMetrics::register(&mut metrics, crate::limits::SseSlots::new(1, 1), watches);
+        let app = axum::Router::new()
+            .route(
+                "/refused",
+                axum::routing::get(|| async {
+                    crate::error::ApiError::upstream(
+                        "reward",
+                        tonic::Status::unauthenticated("the identity assertion is refused"),
+                    )
+                }),
+            )
+            .route("/fine", axum::routing::get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn_with_state(http, super::track));
+
+        let (res, _) = get(&app, "/refused").await;
+        assert_eq!(res.status(), 500);
+        get(&app, "/refused").await;
+        get(&app, "/fine").await;
+        let text = metrics.render().await;
+        let refused = |backend| {
+            sample(
+                &text,
+                "gateway_identity_refused_total",
+                &[("backend", backend)],
+            )
+        };
+        assert_eq!(refused("reward"), Some(2.0), "{text}");
+        // Every backend's series is there from the start, at 0 (an alert's increase() needs it).
+        assert_eq!(refused("ingest"), Some(0.0), "{text}");
+        assert_eq!(refused("notification"), Some(0.0), "{text}");
     }
 }

@@ -301,6 +301,11 @@ impl ApiError {
     }
 }
 
+/// On a response: the backend that refused the identity the gateway signed for the request
+/// (counted by [`crate::metrics::track`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IdentityRefusedBy(pub &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.log();
@@ -315,6 +320,10 @@ impl IntoResponse for ApiError {
         if let Some(secs) = self.retry_after() {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Self::IdentityRefused { service, .. } = &self {
+            // For the request metrics (`gateway_identity_refused`): the alert's signal.
+            res.extensions_mut().insert(IdentityRefusedBy(service));
         }
         if let Self::Unauthenticated { invalid_token, .. } = &self {
             // RFC 6750: say how to authenticate, and why a token was refused.
