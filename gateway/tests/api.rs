@@ -40,11 +40,31 @@ async fn post_json(env: &Env, path: &str, body: Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// An error answer: an RFC 9457 problem with ecoscan's members, whatever the error.
 async fn error_body(res: reqwest::Response) -> (StatusCode, Value) {
     let status = res.status();
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/problem+json",
+        "error answers are problems"
+    );
     let body: Value = res.json().await.expect("error bodies are JSON");
     assert!(body["code"].is_string(), "no code in {body}");
     assert!(body["message"].is_string(), "no message in {body}");
+    assert_eq!(body["status"], status.as_u16(), "{body}");
+    assert_eq!(body["detail"], body["message"], "{body}");
+    assert_eq!(
+        body["title"],
+        status.canonical_reason().unwrap(),
+        "the title is the status's: {body}"
+    );
+    let reason = body["reason"].as_str().expect("a reason");
+    assert_eq!(
+        body["type"],
+        format!("urn:ecoscan:problem:{reason}"),
+        "the type names the reason: {body}"
+    );
+    assert!(body["retryable"].is_boolean(), "{body}");
     (status, body)
 }
 
@@ -314,6 +334,9 @@ async fn a_full_backlog_is_503_with_the_upstream_retry_after() {
     let (status, body) = error_body(res).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["code"], "RESOURCE_EXHAUSTED");
+    // The reason ingest sent in its ErrorInfo, as a gRPC caller gets it.
+    assert_eq!(body["reason"], "BACKLOG_FULL", "{body}");
+    assert_eq!(body["retryable"], true, "{body}");
 
     let res = post_multipart(
         &env,
@@ -545,15 +568,13 @@ async fn watch_of_an_unknown_job_is_a_404_json_not_a_stream() {
         .send()
         .await
         .unwrap();
-    assert!(
-        res.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("application/json")
-    );
     let (status, body) = error_body(res).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["code"], "NOT_FOUND");
+    assert_eq!(
+        body["reason"], "NOT_FOUND",
+        "no ErrorInfo: the code: {body}"
+    );
 }
 
 #[tokio::test]

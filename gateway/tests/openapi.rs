@@ -217,7 +217,7 @@ async fn the_bearer_scheme_is_documented_and_every_non_public_operation_takes_it
     let unauthorized = &doc["components"]["responses"]["Unauthorized"];
     assert!(unauthorized["headers"]["WWW-Authenticate"].is_object());
     assert_eq!(
-        unauthorized["content"]["application/json"]["schema"]["$ref"],
+        unauthorized["content"]["application/problem+json"]["schema"]["$ref"],
         "#/components/schemas/ErrorBody"
     );
 }

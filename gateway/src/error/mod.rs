@@ -1,6 +1,8 @@
 //! The gateway's one error type and its one mapping to HTTP responses.
 //!
-//! Every error answer is JSON `{"code": "...", "message": "..."}`. Upstream gRPC statuses map
+//! Every error answer is an RFC 9457 problem (`application/problem+json`): `type`, `title`,
+//! `status`, `detail`, `instance`, and the members ecoscan adds, `code`, `reason`, `message` and
+//! `retryable` ([`ErrorBody`]). Upstream gRPC statuses map
 //! through the shared table (`ecoscan_common::codes::http_status`), with one exception for load
 //! shedding (see [`ApiError::http_status`]). Messages of server-side failures never reach the
 //! caller: they are logged, and the caller gets a short generic message.
@@ -9,7 +11,6 @@
 //! [`ApiError`]).
 
 use axum::{
-    Json,
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
@@ -84,16 +85,52 @@ pub enum ApiError {
 #[derive(Clone, Debug)]
 pub(crate) struct FailureReason(pub String);
 
-/// The error body every failed request gets.
+/// The media type of every error answer (RFC 9457).
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The error body every failed request gets: an RFC 9457 problem with ecoscan's members.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-#[schema(example = json!({"code": "INVALID_ARGUMENT", "message": "job id \"42\" is not a uuid"}))]
+#[schema(example = json!({
+    "type": "urn:ecoscan:problem:BACKLOG_FULL",
+    "title": "Service Unavailable",
+    "status": 503,
+    "detail": "the ingest service is busy; try again later",
+    "instance": "urn:ecoscan:trace:4bf92f3577b34da6a3ce929d0e0e4736",
+    "code": "RESOURCE_EXHAUSTED",
+    "reason": "BACKLOG_FULL",
+    "message": "the ingest service is busy; try again later",
+    "retryable": true
+}))]
 pub(crate) struct ErrorBody {
+    /// The problem type: `urn:ecoscan:problem:` and the [`reason`](ErrorBody::reason).
+    #[serde(rename = "type")]
+    #[schema(pattern = "^urn:ecoscan:problem:[A-Z_]+$")]
+    pub kind: String,
+    /// A short summary of the HTTP status, the same for every occurrence.
+    pub title: &'static str,
+    /// The HTTP status of this answer.
+    #[schema(minimum = 400, maximum = 599)]
+    pub status: u16,
+    /// What went wrong and what to do, for a person (server-side failures get a generic
+    /// message; the cause is in the log under the trace id).
+    pub detail: String,
+    /// This occurrence: `urn:ecoscan:trace:` and the request's trace id, to find it in the
+    /// traces and logs. Absent when the request was not traced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^urn:ecoscan:trace:[0-9a-f]{32}$")]
+    pub instance: Option<String>,
     /// Machine-readable: a gRPC code name (`INVALID_ARGUMENT`, `NOT_FOUND`, `UNAVAILABLE`, …) or
     /// an HTTP-only condition (`PAYLOAD_TOO_LARGE`, `UNSUPPORTED_MEDIA_TYPE`).
     #[schema(pattern = "^[A-Z_]+$")]
     pub code: &'static str,
-    /// What went wrong, for a person (server-side failures get a generic message).
+    /// Why, as a client may branch on it: the `ErrorInfo` reason the backend sent (the same as
+    /// a gRPC caller gets, docs/api.md lists them), else the code.
+    #[schema(pattern = "^[A-Z_]+$")]
+    pub reason: String,
+    /// The same as `detail` (the member error answers had before they were problems).
     pub message: String,
+    /// True when the same request may succeed later (`Retry-After` says when, where sent).
+    pub retryable: bool,
 }
 
 /// An error as SSE `error` events and failed scan results carry it (the shape of `ErrorInfo`).
@@ -253,6 +290,19 @@ impl ApiError {
         }
     }
 
+    /// Why, for a client to branch on: the `ErrorInfo` reason a backend sent with its status
+    /// (`BACKLOG_FULL`, …), else the code.
+    pub(crate) fn error_reason(&self) -> String {
+        use tonic_types::StatusExt;
+        if let Self::Upstream { status, .. } = self
+            && let Some(info) = status.get_details_error_info()
+            && !info.reason.is_empty()
+        {
+            return info.reason;
+        }
+        self.code().to_owned()
+    }
+
     /// The reason in full, for traces and logs: the cause an internal failure hides.
     fn reason(&self) -> String {
         match self {
@@ -310,11 +360,26 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.log();
         let status = self.http_status();
+        let reason = self.error_reason();
+        let trace_id = ecoscan_common::telemetry::current_trace_id();
+        let detail = self.public_message();
         let body = ErrorBody {
+            kind: format!("urn:ecoscan:problem:{reason}"),
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            instance: (!trace_id.is_empty()).then(|| format!("urn:ecoscan:trace:{trace_id}")),
             code: self.code(),
-            message: self.public_message(),
+            reason,
+            message: detail.clone(),
+            detail,
+            retryable: self.retryable(),
         };
-        let mut res = (status, Json(body)).into_response();
+        let mut res = (
+            status,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))],
+            serde_json::to_vec(&body).expect("an error body serializes"),
+        )
+            .into_response();
         // For the request span (`on_response`): the reason, which the body may not say.
         res.extensions_mut().insert(FailureReason(self.reason()));
         if let Some(secs) = self.retry_after() {

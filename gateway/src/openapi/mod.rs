@@ -48,8 +48,11 @@ use crate::{
         title = "ecoscan gateway",
         description = "The HTTP edge of ecoscan: submit a photo of waste, follow its scan as \
                        Server-Sent Events, read the result, the characters it earned and the \
-                       notifications it sent. Every error answer is JSON `{\"code\", \"message\"}` \
-                       (`ErrorBody`); `Retry-After` accompanies 429 and most 503 answers.",
+                       notifications it sent. Every error answer is an RFC 9457 problem \
+                       (`application/problem+json`, `ErrorBody`): `type`, `title`, `status`, \
+                       `detail`, `instance` (the trace), and `code`, `reason` (the same reasons \
+                       gRPC callers get), `message` and `retryable`; `Retry-After` accompanies \
+                       429 and most 503 answers.",
         license(name = "MIT", identifier = "MIT"),
     ),
     paths(

@@ -9,12 +9,12 @@ use utoipa::{
     },
 };
 
-use crate::error::ErrorBody;
+use crate::error::{ErrorBody, PROBLEM_JSON};
 
-/// The JSON error body response most statuses share.
+/// The error body response every status shares: an RFC 9457 problem.
 fn error_response(description: &str, headers: &[(&str, &str)]) -> RefOr<openapi::Response> {
     let mut response = ResponseBuilder::new().description(description).content(
-        "application/json",
+        PROBLEM_JSON,
         ContentBuilder::new()
             .schema(Some(Ref::from_schema_name(ErrorBody::name())))
             .build(),

@@ -230,7 +230,14 @@ fn stream_of<T: Send + 'static>(items: Vec<Result<T, Status>>) -> EventStream<T>
 fn overloaded(hint: &str) -> Option<Status> {
     match hint {
         "overload" => {
-            let mut s = Status::resource_exhausted("backlog is full");
+            // As ingest sends it: its ErrorInfo reason, a RetryInfo, and the trailer.
+            let mut s = ecoscan_common::reasons::status(
+                tonic::Code::ResourceExhausted,
+                "backlog is full",
+                ecoscan_common::reasons::Reason::BacklogFull,
+                &[("backlog", "100".into())],
+                Some(std::time::Duration::from_secs(7)),
+            );
             s.metadata_mut().insert("retry-after", "7".parse().unwrap());
             Some(s)
         }
