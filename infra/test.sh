@@ -75,6 +75,9 @@ rm -rf "$bench_out"
 echo "==> REST/SSE API (schemathesis against ecoscan up, held to its OpenAPI document)"
 infra/api-check.sh
 
+echo "==> gRPC from a generated Python client (grpcio, grpcio-status against ecoscan up)"
+infra/grpc-client-check.sh
+
 echo "==> hostile edge (nginx, PyJWT + cryptography and raw sockets against ecoscan up)"
 infra/edge-check.sh
 

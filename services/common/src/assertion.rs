@@ -245,10 +245,10 @@ fn verify_at(assertion: &str, audience: &str, now: u64) -> Result<Verified, Stri
 fn refused(audience: &str, why: &str, kind: &jsonwebtoken::errors::ErrorKind) -> String {
     use jsonwebtoken::errors::ErrorKind;
     let fix = match kind {
-        ErrorKind::InvalidSignature => format!(
-            "it was signed with another key than this service's: every ecoscan process must \
-             share the same {KEY_VAR}"
-        ),
+        // `why` says already that another key signed it.
+        ErrorKind::InvalidSignature => {
+            format!("every ecoscan process must share the same {KEY_VAR}")
+        }
         _ => format!("mint a fresh one: `ecoscan token --grpc {audience} --user <id>`"),
     };
     format!("the identity assertion ({ASSERTION_HEADER}) is refused: {why}; {fix}")

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# gRPC from a client ecoscan did not write (infra/grpc_client_check.py): Python stubs generated
+# from proto/ with grpcio-tools, error details decoded with grpcio-status, against `ecoscan up`
+# on loopback — the happy path, and each error's code, ErrorInfo reason and detail types.
+#
+# Usage: infra/grpc-client-check.sh
+#
+# Installs the pinned grpcio-tools and grpcio-status into a virtualenv of their own under
+# ${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}, once. The check is cut after 5 minutes.
+# Traffic stays on 127.0.0.1.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+GRPCIO_TOOLS_VERSION=1.85.4
+GRPCIO_STATUS_VERSION=1.85.3
+
+say() { echo "grpc-client-check: $*"; }
+die() { echo "grpc-client-check: $*" >&2; exit 1; }
+
+venv="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}/grpcio-$GRPCIO_TOOLS_VERSION-$GRPCIO_STATUS_VERSION"
+if [[ ! -f "$venv/.installed" ]]; then
+    say "installing grpcio-tools==$GRPCIO_TOOLS_VERSION grpcio-status==$GRPCIO_STATUS_VERSION into $venv"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+        "grpcio-tools==$GRPCIO_TOOLS_VERSION" "grpcio-status==$GRPCIO_STATUS_VERSION" ||
+        die "could not install grpcio-tools and grpcio-status"
+    touch "$venv/.installed"
+fi
+
+say "building the suite binary"
+# The test command's own build: nothing to recompile after it.
+cargo build --locked --quiet --workspace --bins
+ecoscan="${CARGO_TARGET_DIR:-$PWD/target}/debug/ecoscan"
+[[ -x "$ecoscan" ]] || die "no suite binary at $ecoscan after cargo build"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+stubs="$work/stubs"
+mkdir -p "$stubs"
+say "generating the Python client from proto/ (grpc_tools.protoc)"
+"$venv/bin/python" -m grpc_tools.protoc -I proto --python_out="$stubs" \
+    --grpc_python_out="$stubs" proto/ecoscan/v1/*.proto
+status=0
+CHECK_NAME=grpc-client-check CHECK_ECOSCAN="$ecoscan" CHECK_WORK="$work" CHECK_STUBS="$stubs" \
+    timeout 300 "$venv/bin/python" infra/grpc_client_check.py || status=$?
+if ((status != 0)); then
+    for log in "$work"/*.log; do
+        [[ -f "$log" ]] || continue
+        echo "grpc-client-check: the end of $log:" >&2
+        tail -n 20 "$log" >&2
+    done
+    die "the gRPC client checks failed (exit status $status)"
+fi

@@ -1,0 +1,162 @@
+"""gRPC as a team that did not write ecoscan calls it (issue 46): a Python client generated from
+proto/ with grpcio-tools, errors decoded with grpcio-status (google.rpc.Status from
+grpc-status-details-bin), against `ecoscan up` on loopback.
+
+Checked, each with its code, its ErrorInfo (reason, domain `ecoscan`, metadata) and detail types:
+  - a scan submitted and watched to its end (the happy path, generated stubs only);
+  - a call with no identity: UNAUTHENTICATED, IDENTITY_MISSING;
+  - a forged assertion, and one for another service: UNAUTHENTICATED, IDENTITY_REFUSED with the
+    service called in metadata;
+  - a request over the server's limit: OUT_OF_RANGE, MESSAGE_TOO_LARGE with size and limit;
+  - submits past a full backlog: RESOURCE_EXHAUSTED, BACKLOG_FULL with a RetryInfo delay.
+
+Environment: CHECK_ECOSCAN, CHECK_WORK, CHECK_NAME (infra/lib/suiteproc.py) and CHECK_STUBS
+(the directory the generated modules are in).
+"""
+
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+sys.path.insert(0, os.environ["CHECK_STUBS"])
+
+import grpc  # noqa: E402
+from google.rpc import error_details_pb2  # noqa: E402
+from grpc_status import rpc_status  # noqa: E402
+
+from ecoscan.v1 import ingest_pb2, ingest_pb2_grpc  # noqa: E402
+import suiteproc as sp  # noqa: E402
+from suiteproc import check, say  # noqa: E402
+
+# A 1x1 PNG: ingest sniffs the bytes, and the mock model reads the hint.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cf00000301010018dd8db40000000049454e44ae426082")
+
+
+def identity(user, service):
+    """The `x-ecoscan-identity` metadata `ecoscan token --grpc` mints for `service`."""
+    out = subprocess.run(
+        [sp.ECOSCAN, "token", "--user", user, "--grpc", service,
+         "--data-dir", os.path.join(sp.WORK, "data")],
+        check=True, capture_output=True, text=True).stdout.strip()
+    key, value = out.split(":", 1)
+    return [(key.strip(), value.strip())]
+
+
+def details(err):
+    """(google.rpc.Status, {type name: message}) of an RpcError's details."""
+    status = rpc_status.from_call(err)
+    if status is None:
+        return None, {}
+    found = {}
+    for any_msg in status.details:
+        for cls in (error_details_pb2.ErrorInfo, error_details_pb2.RetryInfo,
+                    error_details_pb2.BadRequest, error_details_pb2.RequestInfo,
+                    error_details_pb2.LocalizedMessage):
+            if any_msg.Is(cls.DESCRIPTOR):
+                msg = cls()
+                any_msg.Unpack(msg)
+                found[cls.DESCRIPTOR.name] = msg
+    return status, found
+
+
+def refused(call, what):
+    """Runs `call`, which must fail; returns the RpcError."""
+    try:
+        call()
+    except grpc.RpcError as err:
+        return err
+    check(False, f"{what}: refused")
+    raise SystemExit(1)
+
+
+def check_error(err, what, code, reason, metadata_keys=(), retry=False):
+    check(err.code() == code, f"{what}: {code.name} (got {err.code().name}: {err.details()!r})")
+    status, found = details(err)
+    check(status is not None, f"{what}: google.rpc.Status in grpc-status-details-bin")
+    if status is None:
+        return
+    check(status.code == code.value[0] and status.message == err.details(),
+          f"{what}: the detailed status repeats the code and message")
+    info = found.get("ErrorInfo")
+    check(info is not None and info.reason == reason and info.domain == "ecoscan",
+          f"{what}: ErrorInfo reason {reason} domain ecoscan "
+          f"(got {info.reason if info else None!r} {info.domain if info else None!r})")
+    for key in metadata_keys:
+        check(info is not None and info.metadata.get(key),
+              f"{what}: ErrorInfo metadata has {key} ({dict(info.metadata) if info else {}})")
+    if retry:
+        delay = found.get("RetryInfo")
+        check(delay is not None and delay.retry_delay.ToTimedelta().total_seconds() >= 1,
+              f"{what}: RetryInfo with a delay ({delay})")
+    plain = err.details() or ""
+    check(plain and not any(s in plain for s in ("JSON error", "Invalid", "decoded message length")),
+          f"{what}: a plain message ({plain!r})")
+
+
+def main():
+    _, addrs, _, _ = sp.start_up({
+        # Slow scans and a small backlog, so the backlog fills within the check.
+        "LLM_MOCK_LATENCY": "3s",
+        "INGEST_MAX_BACKLOG": "3",
+    })
+    say(f"ecoscan up: ingest {addrs['ingest']}")
+    channel = grpc.insecure_channel(addrs["ingest"])
+    scans = ingest_pb2_grpc.ScanServiceStub(channel)
+    me = identity("grpcio-client", "ecoscan.v1.ScanService")
+
+    # The happy path: submit, then watch to the end.
+    job = scans.Submit(ingest_pb2.SubmitRequest(image=PNG, hint="plastic bottle", locale="en"),
+                       metadata=me, timeout=30)
+    check(len(job.job_id) == 36, f"Submit: a job id ({job.job_id})")
+    stages = [m.event.stage for m in scans.Watch(ingest_pb2.WatchRequest(job_id=job.job_id),
+                                                  metadata=me, timeout=120)
+              if m.HasField("event")]
+    check(stages and ingest_pb2.Stage.Name(stages[-1]) == "STAGE_DONE",
+          f"Watch: the stream ends done ({[ingest_pb2.Stage.Name(s) for s in stages[-3:]]})")
+
+    request = ingest_pb2.SubmitRequest(image=PNG, hint="plastic bottle")
+    err = refused(lambda: scans.Submit(request, timeout=10), "no identity")
+    check_error(err, "no identity", grpc.StatusCode.UNAUTHENTICATED, "IDENTITY_MISSING")
+
+    forged = [("x-ecoscan-identity", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl")]
+    err = refused(lambda: scans.Submit(request, metadata=forged, timeout=10), "forged identity")
+    check_error(err, "forged identity", grpc.StatusCode.UNAUTHENTICATED, "IDENTITY_REFUSED",
+                ["service"])
+
+    elsewhere = identity("grpcio-client", "ecoscan.v1.RewardService")
+    err = refused(lambda: scans.Submit(request, metadata=elsewhere, timeout=10),
+                  "identity for another service")
+    check_error(err, "identity for another service", grpc.StatusCode.UNAUTHENTICATED,
+                "IDENTITY_REFUSED", ["service"])
+
+    big = ingest_pb2.SubmitRequest(image=b"\0" * (17 * 1024 * 1024), hint="too big")
+    err = refused(lambda: scans.Submit(big, metadata=me, timeout=30), "oversized request")
+    check_error(err, "oversized request", grpc.StatusCode.OUT_OF_RANGE, "MESSAGE_TOO_LARGE",
+                ["size", "limit"])
+
+    # Fill the backlog (3) with slow scans: a submit past it is refused with when to retry.
+    err = None
+    for i in range(12):
+        try:
+            scans.Submit(ingest_pb2.SubmitRequest(image=PNG, hint=f"bottle {i}"),
+                         metadata=identity(f"grpcio-backlog-{i}", "ecoscan.v1.ScanService"),
+                         timeout=30)
+        except grpc.RpcError as e:
+            err = e
+            break
+    check(err is not None, "a full backlog refuses a submit")
+    if err is not None:
+        check_error(err, "full backlog", grpc.StatusCode.RESOURCE_EXHAUSTED, "BACKLOG_FULL",
+                    ["backlog"], retry=True)
+    channel.close()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        sp.stop_all()
+    sp.report()
