@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # gRPC from a client ecoscan did not write (infra/grpc_client_check.py): Python stubs generated
 # from proto/ with grpcio-tools, error details decoded with grpcio-status, against `ecoscan up`
-# on loopback — the happy path, and each error's code, ErrorInfo reason and detail types.
+# on loopback — the happy path, and each error's code, ErrorInfo reason and detail types; and
+# the RPC durations' trace-id exemplars, read by prometheus_client's OpenMetrics parser.
 #
 # Usage: infra/grpc-client-check.sh
 #
-# Installs the pinned grpcio-tools and grpcio-status into a virtualenv of their own under
+# Installs the pinned grpcio-tools, grpcio-status and prometheus-client into a virtualenv of their own under
 # ${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}, once. The check is cut after 5 minutes.
 # Traffic stays on 127.0.0.1.
 set -euo pipefail
@@ -14,19 +15,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 GRPCIO_TOOLS_VERSION=1.85.4
 GRPCIO_STATUS_VERSION=1.85.3
+PROMETHEUS_CLIENT_VERSION=0.26.0
 
 say() { echo "grpc-client-check: $*"; }
 die() { echo "grpc-client-check: $*" >&2; exit 1; }
 
-venv="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}/grpcio-$GRPCIO_TOOLS_VERSION-$GRPCIO_STATUS_VERSION"
+venv="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}/grpcio-$GRPCIO_TOOLS_VERSION-$GRPCIO_STATUS_VERSION-$PROMETHEUS_CLIENT_VERSION"
 if [[ ! -f "$venv/.installed" ]]; then
-    say "installing grpcio-tools==$GRPCIO_TOOLS_VERSION grpcio-status==$GRPCIO_STATUS_VERSION into $venv"
+    say "installing grpcio-tools==$GRPCIO_TOOLS_VERSION grpcio-status==$GRPCIO_STATUS_VERSION prometheus-client==$PROMETHEUS_CLIENT_VERSION into $venv"
     rm -rf "$venv"
     mkdir -p "$(dirname "$venv")"
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        "grpcio-tools==$GRPCIO_TOOLS_VERSION" "grpcio-status==$GRPCIO_STATUS_VERSION" ||
-        die "could not install grpcio-tools and grpcio-status"
+        "grpcio-tools==$GRPCIO_TOOLS_VERSION" "grpcio-status==$GRPCIO_STATUS_VERSION" \
+        "prometheus-client==$PROMETHEUS_CLIENT_VERSION" ||
+        die "could not install grpcio-tools, grpcio-status and prometheus-client"
     touch "$venv/.installed"
 fi
 

@@ -8,7 +8,8 @@ Checked, each with its code, its ErrorInfo (reason, domain `ecoscan`, metadata) 
   - a forged assertion, and one for another service: UNAUTHENTICATED, IDENTITY_REFUSED with the
     service called in metadata;
   - a request over the server's limit: OUT_OF_RANGE, MESSAGE_TOO_LARGE with size and limit;
-  - submits past a full backlog: RESOURCE_EXHAUSTED, BACKLOG_FULL with a RetryInfo delay.
+  - submits past a full backlog: RESOURCE_EXHAUSTED, BACKLOG_FULL with a RetryInfo delay;
+and, read by prometheus_client's OpenMetrics parser, the RPC durations' trace-id exemplars.
 
 Environment: CHECK_ECOSCAN, CHECK_WORK, CHECK_NAME (infra/lib/suiteproc.py) and CHECK_STUBS
 (the directory the generated modules are in).
@@ -24,6 +25,7 @@ sys.path.insert(0, os.environ["CHECK_STUBS"])
 import grpc  # noqa: E402
 from google.rpc import error_details_pb2  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
+from prometheus_client.openmetrics.parser import text_string_to_metric_families  # noqa: E402
 
 from ecoscan.v1 import ingest_pb2, ingest_pb2_grpc  # noqa: E402
 import suiteproc as sp  # noqa: E402
@@ -96,6 +98,24 @@ def check_error(err, what, code, reason, metadata_keys=(), retry=False):
           f"{what}: a plain message ({plain!r})")
 
 
+def exemplars(addr):
+    """The RPC durations carry trace ids as exemplars, as prometheus_client's OpenMetrics parser
+    (not the project's code) reads ingest's /metrics when asked the way Prometheus asks."""
+    port = int(addr.rsplit(":", 1)[1])
+    status, headers, body = sp.request(port, "GET", "/metrics", headers={
+        "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"})
+    check(status == 200 and headers.get("content-type", "").startswith(
+        "application/openmetrics-text"), f"/metrics in OpenMetrics when asked ({status}, "
+        f"{headers.get('content-type')})")
+    found = []
+    for family in text_string_to_metric_families(body.decode()):
+        if family.name == "rpc_server_duration_seconds":
+            found += [s.exemplar for s in family.samples if s.exemplar is not None]
+    trace_ids = [e.labels.get("trace_id", "") for e in found]
+    check(trace_ids and all(len(t) == 32 and int(t, 16) for t in trace_ids),
+          f"rpc_server_duration_seconds buckets carry trace ids as exemplars ({trace_ids[:3]})")
+
+
 def main():
     _, addrs, _, _ = sp.start_up({
         # Slow scans and a small backlog, so the backlog fills within the check.
@@ -116,6 +136,8 @@ def main():
               if m.HasField("event")]
     check(stages and ingest_pb2.Stage.Name(stages[-1]) == "STAGE_DONE",
           f"Watch: the stream ends done ({[ingest_pb2.Stage.Name(s) for s in stages[-3:]]})")
+
+    exemplars(addrs["ingest"])
 
     request = ingest_pb2.SubmitRequest(image=PNG, hint="plastic bottle")
     err = refused(lambda: scans.Submit(request, timeout=10), "no identity")

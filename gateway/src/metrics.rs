@@ -82,10 +82,12 @@ pub(crate) async fn track(
     };
     let started = Instant::now();
     let res = next.run(req).await;
-    metrics
-        .duration
-        .get_or_create(&[("route", route.clone()), ("method", method.clone())])
-        .observe(started.elapsed().as_secs_f64());
+    ecoscan_common::metrics::observe_traced(
+        &metrics
+            .duration
+            .get_or_create(&[("route", route.clone()), ("method", method.clone())]),
+        started.elapsed().as_secs_f64(),
+    );
     metrics
         .requests
         .get_or_create(&[
@@ -103,12 +105,13 @@ pub(crate) async fn track(
     res
 }
 
-/// `GET /metrics`.
-pub(crate) async fn serve_metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, ecoscan_common::metrics::CONTENT_TYPE)],
-        metrics.render().await,
-    )
+/// `GET /metrics`: OpenMetrics (with exemplars) to a scraper that asks for it.
+pub(crate) async fn serve_metrics(
+    State(metrics): State<Arc<Metrics>>,
+    headers: http::HeaderMap,
+) -> impl IntoResponse {
+    let (content_type, body) = metrics.scrape(headers.get(header::ACCEPT)).await;
+    ([(header::CONTENT_TYPE, content_type)], body)
 }
 
 #[cfg(test)]

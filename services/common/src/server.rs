@@ -14,7 +14,7 @@ use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{
-    metrics::{CONTENT_TYPE, Metrics, RpcMetrics, RpcMetricsLayer},
+    metrics::{Metrics, RpcMetrics, RpcMetricsLayer},
     tls::{
         TlsConfig,
         server::{ClientCertLayer, incoming as tls_incoming},
@@ -143,13 +143,12 @@ pub async fn serve_with_tls(
             .into_axum_router()
             .route(
                 "/metrics",
-                axum::routing::get(move || {
+                axum::routing::get(move |headers: http::HeaderMap| {
                     let metrics = metrics.clone();
                     async move {
-                        (
-                            [(http::header::CONTENT_TYPE, CONTENT_TYPE)],
-                            metrics.render().await,
-                        )
+                        let (content_type, body) =
+                            metrics.scrape(headers.get(http::header::ACCEPT)).await;
+                        ([(http::header::CONTENT_TYPE, content_type)], body)
                     }
                 }),
             )

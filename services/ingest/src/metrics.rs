@@ -131,8 +131,12 @@ impl IngestMetrics {
     }
 
     pub(crate) fn stage(&self, stage: &'static str, outcome: &'static str, took: Duration) {
-        self.stages
-            .get_or_create(&[("stage", stage.to_owned()), ("outcome", outcome.to_owned())])
-            .observe(took.as_secs_f64());
+        // In the job's pipeline span: the scan's trace is the exemplar.
+        ecoscan_common::metrics::observe_traced(
+            &self
+                .stages
+                .get_or_create(&[("stage", stage.to_owned()), ("outcome", outcome.to_owned())]),
+            took.as_secs_f64(),
+        );
     }
 }

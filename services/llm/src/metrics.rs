@@ -1,7 +1,9 @@
 //! Prometheus metrics of model calls: counts by outcome, tokens, latency and time to first
 //! token, by provider, model and operation; and the analytics reports dropped.
 
-use ecoscan_common::metrics::{Labels3, Labels4, Metrics, SecondsFamily, seconds_family};
+use ecoscan_common::metrics::{
+    Labels3, Labels4, Metrics, SecondsFamily, observe_traced, seconds_family,
+};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
 use crate::AnalyticsReporter;
@@ -66,11 +68,10 @@ impl LlmMetrics {
             ("model", call.model.to_owned()),
             ("operation", call.operation.to_owned()),
         ];
-        self.duration
-            .get_or_create(&labels)
-            .observe(call.latency_seconds);
+        // Inside the call's span: its trace is each duration's exemplar.
+        observe_traced(&self.duration.get_or_create(&labels), call.latency_seconds);
         if let Some(ttft) = call.ttft_seconds {
-            self.ttft.get_or_create(&labels).observe(ttft);
+            observe_traced(&self.ttft.get_or_create(&labels), ttft);
         }
     }
 }

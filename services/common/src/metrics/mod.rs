@@ -22,6 +22,7 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{
         counter::{ConstCounter, Counter},
+        exemplar::HistogramWithExemplars,
         family::Family,
         gauge::{ConstGauge, Gauge},
         histogram::Histogram,
@@ -32,6 +33,11 @@ use prost::Message as _;
 
 /// `Content-Type` of the Prometheus text format (version 0.0.4) served on `/metrics`.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// `Content-Type` of the OpenMetrics text format, served on `/metrics` to a scraper that asks
+/// for it (Prometheus does): the one that carries exemplars.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Bucket bounds (seconds) shared by every duration histogram: 1 ms to 2 min, enough for a
 /// unary call and for a model call or a whole scan stream alike.
@@ -56,12 +62,45 @@ pub fn seconds_histogram() -> Histogram {
     Histogram::new(SECONDS_BUCKETS)
 }
 
-/// A histogram family whose members are [`seconds_histogram`]s.
-pub type SecondsFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+/// The exemplar a duration carries: `trace_id`, the trace it was measured in, so that a
+/// latency spike on a dashboard leads to the trace of one request in it.
+pub type TraceExemplar = [(&'static str, String); 1];
+
+/// A histogram over [`SECONDS_BUCKETS`] whose buckets keep the trace of their latest
+/// observation as an exemplar (shown in the OpenMetrics exposition only).
+pub type SecondsHistogram = HistogramWithExemplars<TraceExemplar>;
+
+/// A histogram family whose members are [`SecondsHistogram`]s: the RED durations (per RPC,
+/// per route, per stage, per model call).
+pub type SecondsFamily<L> = Family<L, SecondsHistogram, fn() -> SecondsHistogram>;
+
+fn seconds_histogram_with_exemplars() -> SecondsHistogram {
+    HistogramWithExemplars::new(SECONDS_BUCKETS.into_iter())
+}
 
 /// An empty [`SecondsFamily`].
 pub fn seconds_family<L: Clone + std::hash::Hash + Eq>() -> SecondsFamily<L> {
-    Family::new_with_constructor(seconds_histogram as fn() -> Histogram)
+    Family::new_with_constructor(seconds_histogram_with_exemplars as fn() -> SecondsHistogram)
+}
+
+/// Observes `seconds` in `histogram` with the current span's trace as the exemplar (none
+/// outside a trace).
+pub fn observe_traced(histogram: &SecondsHistogram, seconds: f64) {
+    observe_in_trace(histogram, seconds, &crate::telemetry::current_trace_id());
+}
+
+/// Observes `seconds` in `histogram` with `trace_id` (32 hex digits; empty for none) as the
+/// exemplar.
+pub fn observe_in_trace(histogram: &SecondsHistogram, seconds: f64, trace_id: &str) {
+    let exemplar = (!trace_id.is_empty()).then(|| [("trace_id", trace_id.to_owned())]);
+    histogram.observe(seconds, exemplar, None);
+}
+
+/// Whether a scrape's `Accept` header asks for OpenMetrics (Prometheus' does, first).
+pub fn wants_openmetrics(accept: Option<&http::HeaderValue>) -> bool {
+    accept
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"))
 }
 
 /// Label set with one label.
@@ -187,6 +226,35 @@ impl Metrics {
 
     /// Refreshes the scrape-time values and encodes every series in the Prometheus text format.
     pub async fn render(&self) -> String {
+        self.refresh().await;
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            .expect("writing to a String never fails");
+        out
+    }
+
+    /// Refreshes the scrape-time values and encodes every series in the OpenMetrics text
+    /// format, exemplars included.
+    pub async fn render_openmetrics(&self) -> String {
+        self.refresh().await;
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String never fails");
+        out
+    }
+
+    /// `/metrics` for a scrape that sent `accept`: `(Content-Type, body)`, OpenMetrics when it
+    /// asks for it, else the Prometheus text format.
+    pub async fn scrape(&self, accept: Option<&http::HeaderValue>) -> (&'static str, String) {
+        if wants_openmetrics(accept) {
+            (OPENMETRICS_CONTENT_TYPE, self.render_openmetrics().await)
+        } else {
+            (CONTENT_TYPE, self.render().await)
+        }
+    }
+
+    /// Reads the scrape-time values, each within [`SAMPLE_WAIT`].
+    async fn refresh(&self) {
         let mut reads = Vec::new();
         for sample in &self.samples {
             reads.push(sample.start());
@@ -205,10 +273,6 @@ impl Metrics {
                 }
             }
         }
-        let mut out = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
-            .expect("writing to a String never fails");
-        out
     }
 }
 
@@ -316,6 +380,8 @@ impl RpcMetrics {
             metrics: self.clone(),
             method,
             started: Instant::now(),
+            // The request's span is current here (the trace layer wraps this one).
+            trace_id: crate::telemetry::current_trace_id(),
             code: None,
             message: String::new(),
         })
@@ -343,6 +409,8 @@ struct Call {
     metrics: RpcMetrics,
     method: String,
     started: Instant,
+    /// The call's trace, the exemplar of its duration.
+    trace_id: String,
     /// `grpc-status` once seen (trailers-only response or trailers).
     code: Option<tonic::Code>,
     /// `grpc-message` (decoded) with it.
@@ -377,9 +445,11 @@ impl Drop for Call {
         m.in_flight
             .get_or_create(&[("method", method.clone())])
             .dec();
-        m.duration
-            .get_or_create(&[("method", method.clone())])
-            .observe(self.started.elapsed().as_secs_f64());
+        observe_in_trace(
+            &m.duration.get_or_create(&[("method", method.clone())]),
+            self.started.elapsed().as_secs_f64(),
+            &self.trace_id,
+        );
         m.requests
             .get_or_create(&[("method", method), ("code", code.to_owned())])
             .inc();

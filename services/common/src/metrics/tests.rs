@@ -133,3 +133,55 @@ fn a_call_without_a_status_counts_as_cancelled_and_leaves_in_flight() {
     let cancelled = [m, ("code", "CANCELLED".to_owned())];
     assert_eq!(rpc.requests.get_or_create(&cancelled).get(), 1);
 }
+
+#[tokio::test]
+async fn durations_carry_their_trace_as_an_exemplar_in_openmetrics_only() {
+    let mut metrics = Metrics::new("exemplars");
+    let family: SecondsFamily<Labels1> = seconds_family();
+    metrics
+        .registry()
+        .register("stage_duration_seconds", "test durations", family.clone());
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    observe_in_trace(
+        &family.get_or_create(&[("stage", "vision".to_owned())]),
+        0.3,
+        trace,
+    );
+    // Outside a trace: counted, with no exemplar.
+    observe_traced(&family.get_or_create(&[("stage", "vision".to_owned())]), 7.0);
+
+    let open = metrics.render_openmetrics().await;
+    let bucket = open
+        .lines()
+        .find(|l| l.starts_with("stage_duration_seconds_bucket") && l.contains("le=\"0.5\""))
+        .unwrap_or_else(|| panic!("no 0.5 s bucket:\n{open}"));
+    assert!(
+        bucket.ends_with(&format!("# {{trace_id=\"{trace}\"}} 0.3")),
+        "the bucket the observation fell in carries its trace: {bucket}"
+    );
+    let slow = open
+        .lines()
+        .find(|l| l.starts_with("stage_duration_seconds_bucket") && l.contains("le=\"10.0\""))
+        .unwrap();
+    assert!(!slow.contains('#'), "no trace, no exemplar: {slow}");
+    assert!(open.ends_with("# EOF\n"), "{open}");
+
+    let text = metrics.render().await;
+    assert!(text.contains("stage_duration_seconds_count"), "{text}");
+    assert!(
+        !text.contains("trace_id"),
+        "the Prometheus text format has no exemplars:\n{text}"
+    );
+}
+
+#[test]
+fn a_scrape_asking_for_openmetrics_gets_it() {
+    // Prometheus 2 and 3 ask for OpenMetrics first.
+    let prometheus = http::HeaderValue::from_static(
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;\
+         q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    );
+    assert!(wants_openmetrics(Some(&prometheus)));
+    assert!(!wants_openmetrics(Some(&http::HeaderValue::from_static("*/*"))));
+    assert!(!wants_openmetrics(None));
+}
