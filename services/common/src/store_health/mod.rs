@@ -207,7 +207,9 @@ struct State {
 }
 
 struct Open {
-    since: Instant,
+    /// The last answer before the circuit opened: when the store stopped answering, as far
+    /// as anyone can tell.
+    last_answer: Instant,
     fault: FaultKind,
     next_probe: Instant,
 }
@@ -300,13 +302,14 @@ impl StoreHealth {
             open
         };
         if let Some(open) = reopened {
-            let out = now.saturating_duration_since(open.since);
+            let out = now.saturating_duration_since(open.last_answer);
             tracing::info!(
                 store = self.0.store,
                 address = %self.0.address,
                 out_for_s = out.as_secs_f64(),
-                "{} answers again after {:.1} s",
+                "{} at {} answers again, {:.1} s after its last answer",
                 self.0.store,
+                self.0.address,
                 out.as_secs_f64()
             );
         }
@@ -326,7 +329,7 @@ impl StoreHealth {
                 || now.saturating_duration_since(state.last_ok) >= settings.silence
             {
                 state.open = Some(Open {
-                    since: now,
+                    last_answer: state.last_ok,
                     fault: kind,
                     next_probe: now + settings.probe_interval,
                 });
@@ -343,7 +346,7 @@ impl StoreHealth {
                 address = %self.0.address,
                 fault = kind.as_str(),
                 waiting,
-                "{} at {} stopped answering ({kind}): {waiting}",
+                "{} at {} stopped answering ({kind})",
                 self.0.store,
                 self.0.address,
             );

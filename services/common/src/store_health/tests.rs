@@ -1,4 +1,7 @@
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tokio::time::advance;
 
@@ -195,4 +198,57 @@ async fn the_metrics_say_down_and_up_and_count_faults_by_kind() {
         text.contains(r#"address="redis://10.0.0.7:6379/0"} 1"#),
         "{text}"
     );
+}
+
+/// Log lines written while `f` runs, as plain text.
+fn logs_of(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+}
+
+#[test]
+fn it_says_once_that_the_store_stopped_answering_and_once_that_it_is_back() {
+    let h = health();
+    h.set_waiting("new scans are refused; running scans wait");
+    let logs = logs_of(|| {
+        for _ in 0..50 {
+            h.fault(FaultKind::Refused);
+        }
+        h.ok();
+        h.ok();
+    });
+    let lines: Vec<&str> = logs.lines().collect();
+    assert_eq!(lines.len(), 2, "{logs}");
+    let down = lines[0];
+    assert!(down.contains("WARN"), "{down}");
+    for want in [
+        "redis at redis://10.0.0.7:6379/0 stopped answering (connection refused)",
+        r#"fault="refused""#,
+        r#"waiting="new scans are refused; running scans wait""#,
+    ] {
+        assert!(down.contains(want), "{want} in {down}");
+    }
+    let up = lines[1];
+    assert!(up.contains("INFO"), "{up}");
+    assert!(up.contains("answers again"), "{up}");
+    assert!(up.contains("out_for_s="), "{up}");
+    assert!(!logs.contains("secret"), "{logs}");
 }
