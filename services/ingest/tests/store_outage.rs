@@ -56,8 +56,12 @@ fn value(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
 }
 
 fn assert_refused_naming_redis(status: &tonic::Status) {
+    assert_refused_naming(status, "redis");
+}
+
+fn assert_refused_naming(status: &tonic::Status, store: &str) {
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert!(status.message().contains("redis"), "{status:?}");
+    assert!(status.message().contains(store), "{status:?}");
     let retry_after: u64 = status
         .metadata()
         .get("retry-after")
@@ -67,7 +71,27 @@ fn assert_refused_naming_redis(status: &tonic::Status) {
     let details = status.get_error_details();
     let info = details.error_info().expect("an ErrorInfo");
     assert_eq!(info.reason, "STORE_UNAVAILABLE");
-    assert_eq!(info.metadata["store"], "redis");
+    assert_eq!(info.metadata["store"], store);
+}
+
+/// Submits until one is refused at once (the circuit is open), for at most a minute.
+async fn until_refused_fast(env: &Env, store: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let started = Instant::now();
+        let refused = submit(env)
+            .await
+            .expect_err("no submit succeeds while the store is away");
+        let took = started.elapsed();
+        if refused.metadata().get("retry-after").is_some() && took < FAST {
+            assert_refused_naming(&refused, store);
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "refusals still slow or not naming {store} after 60 s: {refused:?} took {took:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -91,22 +115,7 @@ async fn submits_and_watches_are_refused_fast_while_redis_does_not_answer_and_ac
     path.blackhole();
     // The first submits wait for Redis until the circuit opens (a timeout after seconds of
     // silence); then the refusals come at once.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let started = Instant::now();
-        let refused = submit(&env)
-            .await
-            .expect_err("no submit succeeds while redis is away");
-        let took = started.elapsed();
-        if refused.metadata().get("retry-after").is_some() && took < FAST {
-            assert_refused_naming_redis(&refused);
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "refusals still slow or not naming the store after 60 s: {refused:?} took {took:?}"
-        );
-    }
+    until_refused_fast(&env, "redis").await;
     for _ in 0..3 {
         let started = Instant::now();
         let refused = submit(&env).await.expect_err("refused while redis is away");
@@ -178,6 +187,84 @@ async fn submits_and_watches_are_refused_fast_while_redis_does_not_answer_and_ac
     let up = metrics(&env).await;
     assert_eq!(
         value(&up, "store_up{", &[r#"store="redis""#]),
+        Some(1.0),
+        "{up}"
+    );
+}
+
+#[tokio::test]
+async fn on_postgres_submits_are_refused_fast_while_it_does_not_answer_and_its_pool_is_a_metric() {
+    let schema = ecoscan_sql::testing::PgSchema::create().await;
+    let base = std::env::var("TEST_DATABASE_URL")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| ecoscan_sql::testing::DEFAULT_TEST_DATABASE_URL.to_owned());
+    let server: std::net::SocketAddr = tokio::net::lookup_host(
+        base.split('@')
+            .next_back()
+            .and_then(|rest| rest.split('/').next())
+            .expect("host:port in TEST_DATABASE_URL"),
+    )
+    .await
+    .expect("resolve the database's address")
+    .next()
+    .expect("an address");
+    let path = Blackhole::start(server).await;
+    // The schema's URL, through the forwarder.
+    let url = schema
+        .url
+        .replacen(&server.to_string(), &path.addr().to_string(), 1);
+    assert_ne!(
+        url, schema.url,
+        "the test URL names its server as host:port: {base}"
+    );
+    let via = url.clone();
+    let env = start(None, |c| c.database_url = via).await;
+    submit(&env).await.expect("a submit with postgres up");
+    let up = metrics(&env).await;
+    assert_eq!(
+        value(&up, "store_up{", &[r#"store="postgres""#]),
+        Some(1.0),
+        "{up}"
+    );
+    assert!(
+        value(
+            &up,
+            "store_pool_connections{",
+            &[r#"store="postgres""#, r#"state="open""#]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{up}"
+    );
+    assert!(
+        !up.contains("search_path"),
+        "the address is shown without its query: {up}"
+    );
+
+    path.blackhole();
+    // Idle past the ping threshold: the next statement's connection is checked first, and
+    // that check (bounded by DATABASE_ACQUIRE_TIMEOUT) is what meets the blackhole.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    until_refused_fast(&env, "postgres").await;
+    let down = metrics(&env).await;
+    assert_eq!(
+        value(&down, "store_up{", &[r#"store="postgres""#]),
+        Some(0.0),
+        "{down}"
+    );
+
+    path.heal();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = submit(&env).await {
+        assert!(
+            Instant::now() < deadline,
+            "no submit accepted 60 s after the path healed: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let up = metrics(&env).await;
+    assert_eq!(
+        value(&up, "store_up{", &[r#"store="postgres""#]),
         Some(1.0),
         "{up}"
     );
