@@ -428,6 +428,23 @@ pub struct PoolStats {
 /// A pool's connections, read when scraped.
 pub type PoolReader = Box<dyn Fn() -> PoolStats + Send + Sync>;
 
+/// Registers the gauges of a service's SQL store ([`register`]) when it is reached over the
+/// network (it has a health), telling the health what waits on it in this process.
+pub fn register_sql(
+    metrics: &mut Metrics,
+    health: Option<StoreHealth>,
+    waiting: &'static str,
+    pool_stats: impl Fn() -> Option<PoolStats> + Send + Sync + 'static,
+) {
+    let Some(health) = health else { return };
+    health.set_waiting(waiting);
+    let pool: PoolReader = Box::new(move || pool_stats().unwrap_or_default());
+    register(metrics, &[health], vec![(STORE_POSTGRES, pool)]);
+}
+
+/// The `store` label of PostgreSQL.
+pub const STORE_POSTGRES: &str = "postgres";
+
 /// Registers `store_up{store,address}` and `store_faults_total{store,kind}` for `healths` (each
 /// store once, however many handles name it), and `store_pool_connections{store,state}`
 /// (`state` = `open` or `idle`) for each of `pools`.
