@@ -6,6 +6,7 @@ use std::{
 use tokio::time::advance;
 
 use super::*;
+use crate::metrics::Metrics;
 
 fn health() -> StoreHealth {
     StoreHealth::with_settings(
