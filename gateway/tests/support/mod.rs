@@ -235,6 +235,18 @@ fn overloaded(hint: &str) -> Option<Status> {
             Some(s)
         }
         "overload-no-delay" => Some(Status::resource_exhausted("backlog is full")),
+        // What ingest answers while its Redis does not answer (its circuit is open).
+        "store-down" => {
+            let mut s = ecoscan_common::reasons::status(
+                tonic::Code::Unavailable,
+                "redis is not answering (timed out); try again in 1 s",
+                ecoscan_common::reasons::Reason::StoreUnavailable,
+                &[("store", "redis".into()), ("fault", "timed_out".into())],
+                Some(std::time::Duration::from_secs(1)),
+            );
+            s.metadata_mut().insert("retry-after", "1".parse().unwrap());
+            Some(s)
+        }
         _ => None,
     }
 }
