@@ -398,9 +398,10 @@ fn metric_names_are_read_from_promql() {
     );
 }
 
-/// The series an ingest on Redis (`TEST_REDIS_URL`, a key prefix of its own) exports: the
-/// suite's services run on embedded stores, which have no `store_up`.
-async fn ingest_on_redis(suite: &TestSuite) -> Vec<String> {
+/// The series an ingest on Redis (`TEST_REDIS_URL`, a key prefix of its own) and PostgreSQL
+/// (`TEST_DATABASE_URL`, a schema of its own) exports: the suite's services run on embedded
+/// stores, which have no `store_up` or pool.
+async fn ingest_on_production_stores(suite: &TestSuite) -> Vec<String> {
     let dir = tempfile::tempdir().expect("temp dir");
     let redis_url = std::env::var("TEST_REDIS_URL")
         .ok()
@@ -413,11 +414,9 @@ async fn ingest_on_redis(suite: &TestSuite) -> Vec<String> {
             .unwrap()
             .as_nanos()
     );
+    let schema = ecoscan_sql::testing::PgSchema::create().await;
     let config = ecoscan_ingest::Config {
-        database_url: format!(
-            "sqlite://{}?mode=rwc",
-            dir.path().join("ingest.db").display()
-        ),
+        database_url: schema.url.clone(),
         object_dir: dir.path().join("objects"),
         redis: Some(ecoscan_redis::Settings::single(redis_url.clone())),
         redis_prefix: prefix.clone(),
@@ -426,7 +425,10 @@ async fn ingest_on_redis(suite: &TestSuite) -> Vec<String> {
     let stores = ecoscan_ingest::Stores::from_config(&config)
         .await
         .unwrap_or_else(|e| {
-            panic!("ingest on redis at {redis_url} ({e:#}); start it with infra/services.sh")
+            panic!(
+                "ingest on redis at {redis_url} and postgresql ({e:#}); start them with \
+                 infra/services.sh"
+            )
         });
     let ingest = ecoscan_common::testing::spawn(move |l, sd| {
         ecoscan_ingest::serve_with(config, stores, l, sd)
@@ -499,8 +501,9 @@ async fn every_metric_a_dashboard_or_alert_names_is_one_the_services_export() {
     })
     .await;
     exported.extend(analytics.samples.into_iter().map(|s| s.name));
-    // The series only a store reached over the network has (`store_up`, …): ingest on Redis.
-    exported.extend(ingest_on_redis(&suite).await);
+    // The series only a store reached over the network has (`store_up`, its pool, …): ingest
+    // on Redis and PostgreSQL.
+    exported.extend(ingest_on_production_stores(&suite).await);
 
     let queries = monitoring_queries();
     assert!(
