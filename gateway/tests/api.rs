@@ -999,6 +999,34 @@ async fn a_scan_while_ingest_cannot_reach_its_store_is_503_naming_the_store() {
 }
 
 #[tokio::test]
+async fn a_watch_while_ingest_cannot_reach_its_store_ends_at_once_naming_it_with_a_retry() {
+    let env = start().await;
+    let started = std::time::Instant::now();
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{STORE_DOWN_JOB}/events")))
+        .send()
+        .await
+        .unwrap();
+    // An EventSource given a 503 gives up for good: the stream opens and ends with the hint
+    // to come back, as when ingest goes away.
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = res.text().await.unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?} {body}",
+        started.elapsed()
+    );
+    assert!(body.contains("retry: 1000"), "{body}");
+    assert!(
+        body.contains(
+            ": ingest cannot reach its redis store for now; reconnect with Last-Event-ID"
+        ),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn upstream_unavailable_maps_to_503_without_internal_details() {
     let closed = {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -340,7 +340,7 @@ impl IntoResponse for ApiError {
 
 /// The store a backend said it cannot reach (`STORE_UNAVAILABLE`, see
 /// `ecoscan_common::reasons`): one of the names a store goes by, never free text from the wire.
-fn store_down(status: &tonic::Status) -> Option<&'static str> {
+pub(crate) fn store_down(status: &tonic::Status) -> Option<&'static str> {
     use tonic_types::StatusExt as _;
     let details = status.get_error_details();
     let info = details.error_info()?;
