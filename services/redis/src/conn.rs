@@ -229,11 +229,21 @@ async fn reopen(inner: Weak<Inner>) {
                 );
                 return;
             }
-            Err(e) => tracing::warn!(
-                connection = inner.opener.name(),
-                error = %e,
-                "cannot open a new redis connection yet; retrying"
-            ),
+            // Every second of an outage, for every connection: one line per interval, the
+            // others counted (the store's health says once that Redis stopped answering).
+            Err(e) => {
+                if let Some(suppressed) = ecoscan_common::log_limit::admit("redis reopen failed") {
+                    tracing::warn!(
+                        connection = inner.opener.name(),
+                        error = %e,
+                        suppressed,
+                        "cannot open a new redis connection yet; retrying every {} s (at most one \
+                         such line per {} s; `suppressed` counts the others)",
+                        REOPEN_PAUSE.as_secs(),
+                        ecoscan_common::log_limit::INTERVAL.as_secs()
+                    );
+                }
+            }
         }
         drop(inner);
         tokio::time::sleep(REOPEN_PAUSE).await;
