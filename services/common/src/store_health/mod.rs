@@ -5,8 +5,8 @@
 //!   a row, or a fault after [`Settings::silence`] without a single answer. While it is open,
 //!   [`StoreHealth::check`] refuses at once (the entry points — a submit, a new watch — answer
 //!   `UNAVAILABLE` with a retry delay instead of waiting out the store's timeout), except for
-//!   one probe call every [`Settings::probe_interval`] (half-open); any call that gets an answer
-//!   closes it again. Callers that must wait for the store (workers, leases, the sweeper) never
+//!   one probe call once [`Settings::probe_interval`] has passed without a fault (half-open);
+//!   any call that gets an answer closes it again. Callers that must wait for the store (workers, leases, the sweeper) never
 //!   ask it and go on as before;
 //! - logs the transitions, once each: a `warn` line when the store stops answering (the store,
 //!   its address without credentials, the fault, what waits on it) and an `info` line when it
@@ -40,8 +40,9 @@ pub struct Settings {
     /// out while nothing else got an answer either (a stalled store fails its calls one
     /// response timeout apart, never several in a row).
     pub silence: Duration,
-    /// While open, one call every this long is let through as a probe; the retry delay the
-    /// refused ones are given (rounded up to whole seconds).
+    /// While open, a call is let through as a probe once this long has passed since the last
+    /// probe and the last fault; the retry delay the refused ones are given (rounded up to whole
+    /// seconds).
     pub probe_interval: Duration,
 }
 
@@ -222,7 +223,10 @@ impl StoreHealth {
         let tripped = {
             let mut state = self.state();
             state.in_a_row = state.in_a_row.saturating_add(1);
-            if state.open.is_some() {
+            if let Some(open) = state.open.as_mut() {
+                // A failed call (a probe that waited out its timeout, say) restarts the
+                // interval: the caller right after it is refused, not made the next probe.
+                open.next_probe = open.next_probe.max(now + settings.probe_interval);
                 false
             } else if state.in_a_row >= settings.trip_after
                 || now.saturating_duration_since(state.last_ok) >= settings.silence
@@ -268,8 +272,8 @@ impl StoreHealth {
     }
 
     /// Whether a new request that needs the store may go ahead: at once while the circuit is
-    /// closed; while it is open, one call per probe interval (the probe), the others refused
-    /// with [`Down`].
+    /// closed; while it is open, one call per probe interval without a fault (the probe), the
+    /// others refused with [`Down`].
     pub fn check(&self) -> Result<(), Down> {
         if self.is_up() {
             return Ok(());

@@ -102,6 +102,29 @@ async fn while_open_one_probe_per_interval_goes_through_and_an_answer_closes_it(
     assert!(h.is_up());
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_waits_out_its_timeout_does_not_make_the_next_caller_a_probe() {
+    let h = health();
+    for _ in 0..3 {
+        h.fault(FaultKind::TimedOut);
+    }
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(h.check(), Ok(()), "the probe");
+    // A caller that sends one request at a time: its probe times out 10 s later, and its next
+    // request, right after, is refused at once.
+    advance(Duration::from_secs(10)).await;
+    h.fault(FaultKind::TimedOut);
+    assert!(h.check().is_err(), "refused right after the failed probe");
+    advance(Duration::from_millis(999)).await;
+    assert!(h.check().is_err());
+    advance(Duration::from_millis(1)).await;
+    assert_eq!(
+        h.check(),
+        Ok(()),
+        "a probe a whole interval after the last fault"
+    );
+}
+
 #[test]
 fn io_errors_are_classified_by_kind_and_lookups_by_message() {
     use std::io::{Error, ErrorKind};
