@@ -56,12 +56,13 @@ pub(crate) enum FeedItem {
 }
 
 /// How far a feed has come, for subscribers waiting on its first answer.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 enum Started {
     Waiting,
     /// At least one event arrived (or the upstream stream is established and quiet).
     Streaming,
-    Failed(Code, String),
+    /// With the whole status: its details say why (a store ingest cannot reach, say).
+    Failed(Status),
 }
 
 /// The state a feed's subscribers read.
@@ -164,10 +165,14 @@ impl Watches {
         let mut started = feed.shared.started.subscribe();
         let _ = tokio::time::timeout(
             self.first_wait,
-            started.wait_for(|s| *s != Started::Waiting),
+            started.wait_for(|s| !matches!(s, Started::Waiting)),
         )
         .await;
-        if let Started::Failed(code, message) = started.borrow().clone() {
+        let failed = match &*started.borrow() {
+            Started::Failed(status) => Some(status.clone()),
+            _ => None,
+        };
+        if let Some(status) = failed {
             self.forget(&caller.user, job_id, &feed);
             // A feed's start is its first client's request: a failure of it (that client's
             // resume id was refused, say) is that request's. A client that joined from another
@@ -182,7 +187,7 @@ impl Watches {
             if started_after.as_deref() != after {
                 return Err(Refused::OutsideWindow);
             }
-            return Err(Refused::Upstream(Status::new(code, message)));
+            return Err(Refused::Upstream(status));
         }
         let ring = feed.shared.ring.lock().expect("ring lock poisoned");
         let replay: VecDeque<Arc<SharedEvent>> = match after {
@@ -330,7 +335,7 @@ async fn pump(
         {
             Ok(response) => {
                 shared.started.send_if_modified(|s| {
-                    let was = *s == Started::Waiting;
+                    let was = matches!(s, Started::Waiting);
                     if was {
                         *s = Started::Streaming;
                     }
@@ -373,14 +378,23 @@ async fn pump(
             Err(status) => status,
         };
         fruitless += 1;
-        if !retryable(&ended) || fruitless > MAX_FRUITLESS_RECONNECTS {
+        // Ingest refusing a new watch because a store of its own does not answer is its answer
+        // for the next second (`retry-after`): a feed that has streamed nothing yet passes it on
+        // at once instead of retrying for seconds; one that was streaming waits it out as for
+        // any outage.
+        let refused_new = crate::error::store_down(&ended).is_some()
+            && shared
+                .ring
+                .lock()
+                .expect("ring lock poisoned")
+                .events
+                .is_empty();
+        if !retryable(&ended) || fruitless > MAX_FRUITLESS_RECONNECTS || refused_new {
             tracing::info!(code = ?ended.code(), error = %ended.message(), "job feed failed");
             let mut ring = shared.ring.lock().expect("ring lock poisoned");
             if ring.events.is_empty() {
                 // Nothing was streamed: the clients' requests fail with an HTTP status.
-                shared
-                    .started
-                    .send_replace(Started::Failed(ended.code(), ended.message().to_owned()));
+                shared.started.send_replace(Started::Failed(ended.clone()));
             }
             ring.failed = Some(ended.clone());
             let _ = shared.live.send(FeedItem::Failed(ended));

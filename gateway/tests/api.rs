@@ -998,6 +998,56 @@ async fn readyz_stays_200_while_a_backend_is_down_and_the_metric_says_which() {
 }
 
 #[tokio::test]
+async fn a_scan_while_ingest_cannot_reach_its_store_is_503_naming_the_store() {
+    let env = start().await;
+    let image = png(16);
+    for route in ["/api/v1/scan", "/api/v1/scan/completion"] {
+        let res = post_multipart(
+            &env,
+            route,
+            &[("image", Some("a"), &image), ("hint", None, b"store-down")],
+        )
+        .await;
+        assert_eq!(res.headers()["retry-after"], "1", "{route}");
+        let (status, body) = error_body(res).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{route}");
+        assert_eq!(body["code"], "UNAVAILABLE", "{route}");
+        assert_eq!(
+            body["message"], "ingest cannot reach its redis store, try again in 1 s",
+            "{route}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_watch_while_ingest_cannot_reach_its_store_ends_at_once_naming_it_with_a_retry() {
+    let env = start().await;
+    let started = std::time::Instant::now();
+    let res = env
+        .http
+        .get(env.url(&format!("/api/v1/scan/{STORE_DOWN_JOB}/events")))
+        .send()
+        .await
+        .unwrap();
+    // An EventSource given a 503 gives up for good: the stream opens and ends with the hint
+    // to come back, as when ingest goes away.
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = res.text().await.unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?} {body}",
+        started.elapsed()
+    );
+    assert!(body.contains("retry: 1000"), "{body}");
+    assert!(
+        body.contains(
+            ": ingest cannot reach its redis store for now; reconnect with Last-Event-ID"
+        ),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn upstream_unavailable_maps_to_503_without_internal_details() {
     let closed = {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

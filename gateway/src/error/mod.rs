@@ -260,11 +260,19 @@ impl ApiError {
                 Code::ResourceExhausted => {
                     format!("the {service} service is busy; try again later")
                 }
-                // Names what is down, so a person knows which part of the API waits on it.
-                Code::Unavailable | Code::Cancelled => format!(
-                    "{service} is unavailable, try again in {} s",
-                    self.retry_after().unwrap_or(DEFAULT_RETRY_AFTER_SECS)
-                ),
+                // Names what is down, so a person knows which part of the API waits on it: the
+                // backend, or the store the backend cannot reach (it refuses at once while the
+                // store does not answer).
+                Code::Unavailable | Code::Cancelled => match store_down(status) {
+                    Some(store) => format!(
+                        "{service} cannot reach its {store} store, try again in {} s",
+                        self.retry_after().unwrap_or(DEFAULT_RETRY_AFTER_SECS)
+                    ),
+                    None => format!(
+                        "{service} is unavailable, try again in {} s",
+                        self.retry_after().unwrap_or(DEFAULT_RETRY_AFTER_SECS)
+                    ),
+                },
                 Code::DeadlineExceeded => format!("the {service} service did not answer in time"),
                 Code::Unimplemented => format!("the {service} service does not support this"),
                 Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => {
@@ -402,6 +410,22 @@ impl IntoResponse for ApiError {
         }
         res
     }
+}
+
+/// The store a backend said it cannot reach (`STORE_UNAVAILABLE`, see
+/// `ecoscan_common::reasons`): one of the names a store goes by, never free text from the wire.
+pub(crate) fn store_down(status: &tonic::Status) -> Option<&'static str> {
+    use tonic_types::StatusExt as _;
+    let details = status.get_error_details();
+    let info = details.error_info()?;
+    if info.reason != ecoscan_common::reasons::Reason::StoreUnavailable.as_str() {
+        return None;
+    }
+    Some(match info.metadata.get("store").map(String::as_str) {
+        Some("redis") => "redis",
+        Some("postgres") => "postgres",
+        _ => "data",
+    })
 }
 
 #[cfg(test)]

@@ -105,6 +105,27 @@ fn a_backend_that_is_down_is_503_with_retry_after_naming_it() {
 }
 
 #[test]
+fn a_backend_whose_store_is_down_says_which_store_with_its_retry_after() {
+    let mut status = ecoscan_common::reasons::status(
+        Code::Unavailable,
+        "redis is not answering (timed out); try again in 1 s",
+        ecoscan_common::reasons::Reason::StoreUnavailable,
+        &[("store", "redis".into()), ("fault", "timed_out".into())],
+        Some(std::time::Duration::from_secs(1)),
+    );
+    status
+        .metadata_mut()
+        .insert("retry-after", "1".parse().unwrap());
+    let err = ApiError::upstream("ingest", status);
+    assert_eq!(err.http_status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(err.retry_after(), Some(1));
+    assert_eq!(
+        err.public_message(),
+        "ingest cannot reach its redis store, try again in 1 s"
+    );
+}
+
+#[test]
 fn internal_details_never_reach_the_caller() {
     for code in [
         Code::Internal,

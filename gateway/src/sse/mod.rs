@@ -246,9 +246,14 @@ const RESUME_AFTER: Duration = Duration::from_secs(1);
 /// resumes with its `Last-Event-ID`, as after any dropped connection, and misses nothing.
 fn resume_hint(status: &Status) -> Event {
     tracing::info!(code = ?status.code(), error = %status.message(), "job stream broke upstream; the client resumes");
-    Event::default()
-        .retry(RESUME_AFTER)
-        .comment("ingest is unavailable for now; reconnect with Last-Event-ID")
+    // Ingest refusing a new watch because a store of its own does not answer says which.
+    let comment = match crate::error::store_down(status) {
+        Some(store) => {
+            format!("ingest cannot reach its {store} store for now; reconnect with Last-Event-ID")
+        }
+        None => "ingest is unavailable for now; reconnect with Last-Event-ID".to_owned(),
+    };
+    Event::default().retry(RESUME_AFTER).comment(comment)
 }
 
 /// A stream of one job's events from ingest (shared by the clients of a job: hence `Arc`).

@@ -48,6 +48,8 @@ pub const SLOW_JOB: &str = "44444444-4444-4444-8444-444444444444";
 pub const NEW_JOB: &str = "55555555-5555-4555-8555-555555555555";
 /// A job the fake ingest does not know.
 pub const UNKNOWN_JOB: &str = "66666666-6666-4666-8666-666666666666";
+/// A job whose watch ingest refuses because its Redis does not answer.
+pub const STORE_DOWN_JOB: &str = "77777777-7777-4777-8777-777777777777";
 
 /// What the fakes saw.
 #[derive(Default)]
@@ -242,8 +244,23 @@ fn overloaded(hint: &str) -> Option<Status> {
             Some(s)
         }
         "overload-no-delay" => Some(Status::resource_exhausted("backlog is full")),
+        "store-down" => Some(store_down()),
         _ => None,
     }
+}
+
+/// What ingest answers a submit or a new watch while its Redis does not answer (its circuit
+/// is open).
+fn store_down() -> Status {
+    let mut s = ecoscan_common::reasons::status(
+        tonic::Code::Unavailable,
+        "redis is not answering (timed out); try again in 1 s",
+        ecoscan_common::reasons::Reason::StoreUnavailable,
+        &[("store", "redis".into()), ("fault", "timed_out".into())],
+        Some(std::time::Duration::from_secs(1)),
+    );
+    s.metadata_mut().insert("retry-after", "1".parse().unwrap());
+    s
 }
 
 #[derive(Clone)]
@@ -317,6 +334,9 @@ impl ScanService for FakeIngest {
                 "event id {} is not an event of job {}",
                 msg.after_event_id, msg.job_id
             )));
+        }
+        if msg.job_id == STORE_DOWN_JOB {
+            return Err(store_down());
         }
         let events = match msg.job_id.as_str() {
             DONE_JOB => success_events(DONE_JOB),

@@ -93,6 +93,13 @@ pub async fn serve_with_stores(
 ) -> anyhow::Result<()> {
     config.validate()?;
     let mut metrics = ecoscan_common::metrics::Metrics::new("analytics");
+    let observed = store.clone();
+    ecoscan_common::store_health::register_sql(
+        &mut metrics,
+        store.health(),
+        "call reports go to the spool and are written when it answers",
+        move || observed.pool_stats(),
+    );
     let writer_metrics = writer::WriterMetrics::register(&mut metrics);
     let spool_metrics = SpoolMetrics::register(&mut metrics);
     let spool_dir = config.spool_dir();

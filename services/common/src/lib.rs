@@ -19,6 +19,7 @@ pub mod plain;
 pub mod reasons;
 pub mod server;
 pub mod shutdown;
+pub mod store_health;
 pub mod telemetry;
 pub mod testing;
 pub mod tls;

@@ -27,17 +27,21 @@ pub enum Reason {
     BacklogFull,
     /// RESOURCE_EXHAUSTED: every image-fetch slot is taken; retry after the delay.
     FetchBusy,
+    /// UNAVAILABLE: a store the call needs (`store` in the metadata: `redis`, `postgres`) has
+    /// stopped answering; refused at once, retry after the delay.
+    StoreUnavailable,
 }
 
 impl Reason {
     /// Every reason, for the docs and their test.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::IdentityMissing,
         Reason::IdentityInvalid,
         Reason::IdentityRefused,
         Reason::MessageTooLarge,
         Reason::BacklogFull,
         Reason::FetchBusy,
+        Reason::StoreUnavailable,
     ];
 
     /// The reason as sent: UPPER_SNAKE.
@@ -49,6 +53,7 @@ impl Reason {
             Reason::MessageTooLarge => "MESSAGE_TOO_LARGE",
             Reason::BacklogFull => "BACKLOG_FULL",
             Reason::FetchBusy => "FETCH_BUSY",
+            Reason::StoreUnavailable => "STORE_UNAVAILABLE",
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ecoscan_common::reasons::Reason;
+use ecoscan_common::{reasons::Reason, store_health::Down};
 use tonic::{Status, metadata::MetadataValue};
 
 /// What a caller is told about any `image_url` that could not be fetched, whatever the reason
@@ -34,6 +34,9 @@ pub enum Error {
     FetchBusy { retry_after: Duration },
     #[error("store failure: {0}")]
     Store(#[from] StoreError),
+    /// A store this call needs is known to be down (its circuit is open): refused at once.
+    #[error(transparent)]
+    StoreDown(#[from] Down),
     #[error("service is shutting down")]
     ShuttingDown,
     #[error(
@@ -125,8 +128,37 @@ impl From<Error> for Status {
             }
             Error::ImageFetch => Status::invalid_argument(IMAGE_FETCH_FAILED),
             Error::Store(inner) => {
-                tracing::error!(error = %inner, "storage failure");
+                // One line per call would be a flood during an outage (the store's health says
+                // once that it stopped answering): at most one per interval, the rest counted.
+                if let Some(suppressed) = ecoscan_common::log_limit::admit("ingest storage failure")
+                {
+                    tracing::error!(
+                        error = %inner,
+                        suppressed,
+                        "a call failed on a store (at most one such line per {} s; `suppressed` \
+                         counts the others)",
+                        ecoscan_common::log_limit::INTERVAL.as_secs()
+                    );
+                }
                 Status::unavailable("storage is unavailable; try again")
+            }
+            Error::StoreDown(down) => {
+                let retry_after = down.retry_after.max(Duration::from_secs(1));
+                let mut s = ecoscan_common::reasons::status(
+                    tonic::Code::Unavailable,
+                    down.to_string(),
+                    Reason::StoreUnavailable,
+                    &[
+                        ("store", down.store.to_owned()),
+                        ("fault", down.fault.as_str().to_owned()),
+                    ],
+                    Some(retry_after),
+                );
+                s.metadata_mut().insert(
+                    "retry-after",
+                    MetadataValue::from(retry_after.as_secs().max(1)),
+                );
+                s
             }
             Error::ShuttingDown => Status::unavailable("service is shutting down; try again"),
             Error::NotAdmin => Status::permission_denied(e.to_string()),
@@ -189,6 +221,24 @@ mod tests {
             !s.message().contains("10.0.0.1"),
             "internal detail leaked: {}",
             s.message()
+        );
+        let s = Status::from(Error::StoreDown(Down {
+            store: "redis",
+            fault: ecoscan_common::store_health::FaultKind::TimedOut,
+            retry_after: Duration::from_secs(1),
+        }));
+        assert_eq!(s.code(), Code::Unavailable);
+        assert_eq!(
+            s.message(),
+            "redis is not answering (timed out); try again in 1 s"
+        );
+        assert_eq!(s.metadata().get("retry-after").unwrap(), "1");
+        let details = s.get_error_details();
+        assert_eq!(details.error_info().unwrap().reason, "STORE_UNAVAILABLE");
+        assert_eq!(details.error_info().unwrap().metadata["store"], "redis");
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_secs(1))
         );
     }
 }

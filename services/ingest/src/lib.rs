@@ -92,6 +92,23 @@ pub async fn serve_with(
         .context("failed to start the event hub")?;
     let stages = pipeline::StageClients::connect(&config)?;
     let mut metrics = ecoscan_common::metrics::Metrics::new("ingest");
+    let healths = stores.healths();
+    for health in &healths {
+        health.set_waiting(
+            "new scans and watches are refused with UNAVAILABLE until it answers; running \
+             scans and open watches wait for it",
+        );
+    }
+    let jobs = stores.jobs.clone();
+    let pools: Vec<(&'static str, ecoscan_common::store_health::PoolReader)> =
+        match jobs.pool_stats() {
+            Some(_) => vec![(
+                "postgres",
+                Box::new(move || jobs.pool_stats().unwrap_or_default()),
+            )],
+            None => Vec::new(),
+        };
+    ecoscan_common::store_health::register(&mut metrics, &healths, pools);
     let ingest_metrics =
         metrics::IngestMetrics::register(&mut metrics, stores.queue.clone(), hub.clone());
     let workers = pipeline::spawn_workers(

@@ -117,6 +117,8 @@ impl Inner {
                 "idempotency_key is longer than 128 bytes".into(),
             ));
         }
+        // A store known to be down refuses the scan now, not after its timeout.
+        self.stores.check()?;
         let idempotency_key =
             (!req.idempotency_key.is_empty()).then(|| req.idempotency_key.clone());
         if let Some(key) = &idempotency_key
@@ -366,6 +368,9 @@ impl ScanService for ScanApi {
                     .map_err(Error::InvalidArgument)?,
             )
         };
+        // A store known to be down refuses a new watch now, not after its timeout (a watch
+        // already open waits and resumes as before).
+        self.inner.stores.check().map_err(Error::from)?;
         let job = self.inner.job_for(&req.job_id, &user).await?;
         if let Some(after) = after {
             check_position(&job.id, after)?;

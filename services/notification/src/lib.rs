@@ -72,9 +72,9 @@ pub async fn serve(
     let hub = Hub::new(config.subscriber_buffer);
     let stop_relay = CancellationToken::new();
     let kick = Kick::default();
-    let (scheduler, fanout, relay) = match &config.redis {
+    let (scheduler, fanout, relay, redis_health) = match &config.redis {
         Some(settings) => {
-            let (scheduler, fanout, relay) = open_redis(
+            let (scheduler, fanout, relay, health) = open_redis(
                 settings,
                 &config.redis_prefix,
                 config.poll_interval,
@@ -88,11 +88,13 @@ pub async fn serve(
                 Arc::new(scheduler) as Arc<dyn Scheduler>,
                 Fanout::Redis(fanout),
                 Some(relay),
+                Some(health),
             )
         }
         None => (
             Arc::new(MemoryScheduler::new()) as Arc<dyn Scheduler>,
             Fanout::Local(hub.clone()),
+            None,
             None,
         ),
     };
@@ -100,6 +102,23 @@ pub async fn serve(
     let fanout = Arc::new(fanout);
 
     let mut metrics = ecoscan_common::metrics::Metrics::new("notification");
+    let observed = store.clone();
+    ecoscan_common::store_health::register_sql(
+        &mut metrics,
+        store.health(),
+        "schedules and inbox reads fail with UNAVAILABLE; due notifications wait",
+        move || observed.pool_stats(),
+    );
+    if let Some(health) = &redis_health {
+        health.set_waiting(
+            "scheduled notifications wait; the reconcile sweep puts back what was missed",
+        );
+        ecoscan_common::store_health::register(
+            &mut metrics,
+            std::slice::from_ref(health),
+            Vec::new(),
+        );
+    }
     let notification_metrics =
         NotificationMetrics::register(&mut metrics, scheduler.clone(), hub.clone());
     // The reload at start: every scheduled row, in pages; on Redis only what it is missing is
@@ -197,11 +216,12 @@ async fn open_redis(
     scheduler::RedisScheduler,
     hub::RedisFanout,
     tokio::task::JoinHandle<()>,
+    ecoscan_common::store_health::StoreHealth,
 )> {
     let redis = ecoscan_redis::Redis::connect(settings, "ecoscan-notification")
         .await
         .context("failed to connect to redis (REDIS_URL)")?;
     let scheduler = scheduler::RedisScheduler::new(&redis, prefix, poll);
     let (fanout, relay) = hub::RedisFanout::start_with(&redis, prefix, hub, stop, resynced).await?;
-    Ok((scheduler, fanout, relay))
+    Ok((scheduler, fanout, relay, redis.health().clone()))
 }

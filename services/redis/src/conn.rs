@@ -20,6 +20,8 @@ use redis::{
     cluster_async::ClusterConnection,
 };
 
+use ecoscan_common::store_health::{FaultKind, StoreHealth};
+
 use crate::Error;
 
 /// Pause between attempts to open a replacement when one failed (the server is still down).
@@ -124,6 +126,8 @@ struct Slot {
 struct Inner {
     slot: Mutex<Slot>,
     opener: Opener,
+    /// Told the outcome of every command.
+    health: StoreHealth,
 }
 
 /// A connection usable for any command: one server's, or a Cluster's (which routes each
@@ -134,7 +138,7 @@ struct Inner {
 pub struct Conn(Arc<Inner>);
 
 impl Conn {
-    pub(crate) async fn open(opener: Opener) -> Result<Self, Error> {
+    pub(crate) async fn open(opener: Opener, health: StoreHealth) -> Result<Self, Error> {
         let raw = opener.open().await?;
         Ok(Self(Arc::new(Inner {
             slot: Mutex::new(Slot {
@@ -143,6 +147,7 @@ impl Conn {
                 replacing: false,
             }),
             opener,
+            health,
         })))
     }
 
@@ -164,12 +169,19 @@ impl Conn {
         (slot.generation, slot.raw.clone())
     }
 
-    /// After a command on connection `generation`: a timeout means that connection stalled.
+    /// After a command on connection `generation`: the store's health learns whether Redis
+    /// answered, and a timeout means that connection stalled.
     fn observe<T>(&self, generation: u64, result: &RedisResult<T>) {
-        if let Err(e) = result
-            && e.is_timeout()
-        {
-            self.replace(generation);
+        match result {
+            Ok(_) => self.0.health.ok(),
+            Err(e) => {
+                let fault = crate::fault_kind(e);
+                self.0.health.report(fault);
+                mark_span_failed(e, fault);
+                if e.is_timeout() {
+                    self.replace(generation);
+                }
+            }
         }
     }
 
@@ -186,6 +198,17 @@ impl Conn {
             "redis connection stopped answering; opening a new one"
         );
         tokio::spawn(reopen(Arc::downgrade(&self.0)));
+    }
+}
+
+/// Marks the store operation's span (`#[db_span]`, named `db`) this command ran in as failed
+/// with the error (`error.type`: the fault's kind, or `redis_error` for an error Redis
+/// answered): the span's record of it, without a log line per failed command.
+fn mark_span_failed(e: &redis::RedisError, fault: Option<FaultKind>) {
+    let span = tracing::Span::current();
+    if span.metadata().is_some_and(|m| m.name() == "db") {
+        let kind = fault.map_or("redis_error", FaultKind::as_str);
+        ecoscan_common::telemetry::record_error(&span, kind, &e.to_string());
     }
 }
 
@@ -206,11 +229,21 @@ async fn reopen(inner: Weak<Inner>) {
                 );
                 return;
             }
-            Err(e) => tracing::warn!(
-                connection = inner.opener.name(),
-                error = %e,
-                "cannot open a new redis connection yet; retrying"
-            ),
+            // Every second of an outage, for every connection: one line per interval, the
+            // others counted (the store's health says once that Redis stopped answering).
+            Err(e) => {
+                if let Some(suppressed) = ecoscan_common::log_limit::admit("redis reopen failed") {
+                    tracing::warn!(
+                        connection = inner.opener.name(),
+                        error = %e,
+                        suppressed,
+                        "cannot open a new redis connection yet; retrying every {} s (at most one \
+                         such line per {} s; `suppressed` counts the others)",
+                        REOPEN_PAUSE.as_secs(),
+                        ecoscan_common::log_limit::INTERVAL.as_secs()
+                    );
+                }
+            }
         }
         drop(inner);
         tokio::time::sleep(REOPEN_PAUSE).await;

@@ -17,6 +17,11 @@
 //!   seconds so a reconnected connection gets it back), and as its library name (`CLIENT
 //!   SETINFO LIB-NAME`, Redis 7.2 and later) on every connection, Cluster nodes included.
 //!
+//! - Every command on a [`Conn`] reports its outcome into the handle's [`StoreHealth`]
+//!   ([`Redis::health`]): an answer, or a transport fault ([`fault_kind`]), so the process
+//!   knows when Redis has stopped answering (a circuit its entry points check, a metric, one
+//!   log line each way).
+//!
 //! Single server or Cluster is a setting ([`Settings::cluster`]); callers use [`Conn`] the
 //! same way for both. Keys that one command or script uses together must share a hash tag
 //! (`{…}`), which the stores take care of.
@@ -28,8 +33,9 @@ pub mod testing;
 
 use std::time::Duration;
 
+use ecoscan_common::store_health::{FaultKind, StoreHealth};
 use redis::{
-    Client, ProtocolVersion, RedisError,
+    Client, ErrorKind, ProtocolVersion, RedisError,
     aio::{ConnectionLike, ConnectionManagerConfig},
     cluster::{ClusterClient, ClusterClientBuilder},
     io::tcp::{TcpSettings, socket2::TcpKeepalive},
@@ -189,6 +195,25 @@ pub enum Error {
     Redis(#[from] RedisError),
 }
 
+/// Whether `e` means Redis did not answer (and how), or `None` when Redis answered with an
+/// error (`OOM`, `WRONGTYPE`, a script's refusal), which is an answer like any other.
+pub fn fault_kind(e: &RedisError) -> Option<FaultKind> {
+    if e.is_timeout() {
+        Some(FaultKind::TimedOut)
+    } else if e.is_connection_refusal() {
+        Some(FaultKind::Refused)
+    } else if e.is_connection_dropped() {
+        Some(FaultKind::Reset)
+    } else if matches!(
+        e.kind(),
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound
+    ) {
+        Some(FaultKind::of_message(&e.to_string()))
+    } else {
+        None
+    }
+}
+
 enum Clients {
     Single(Client),
     Cluster(Vec<redis::ConnectionInfo>),
@@ -205,6 +230,8 @@ struct Inner {
     shared: Conn,
     name: String,
     settings: Settings,
+    /// Whether Redis answers, reported into by every command on every connection.
+    health: StoreHealth,
     /// Single-server connections whose name is set again now and then (a reconnect loses it).
     named: std::sync::Mutex<Vec<conn::WeakConn>>,
 }
@@ -287,7 +314,12 @@ impl Redis {
             )?;
             Clients::Single(Client::open(info)?)
         };
-        let shared = Conn::open(opener(&clients, name, settings.response_timeout)).await?;
+        let health = StoreHealth::new("redis", &settings.urls.join(","));
+        let shared = Conn::open(
+            opener(&clients, name, settings.response_timeout),
+            health.clone(),
+        )
+        .await?;
         let named = if settings.cluster {
             Vec::new()
         } else {
@@ -299,6 +331,7 @@ impl Redis {
                 shared,
                 name: name.to_owned(),
                 settings: settings.clone(),
+                health,
                 named: std::sync::Mutex::new(named),
             }),
         };
@@ -330,7 +363,11 @@ impl Redis {
     /// replaced ([`Conn`]). It also reconnects by itself after a broken socket.
     pub async fn blocking(&self, longest_block: Duration) -> Result<Conn, Error> {
         let timeout = longest_block + self.inner.settings.response_timeout;
-        let conn = Conn::open(opener(&self.inner.clients, &self.inner.name, timeout)).await?;
+        let conn = Conn::open(
+            opener(&self.inner.clients, &self.inner.name, timeout),
+            self.inner.health.clone(),
+        )
+        .await?;
         if !self.is_cluster() {
             self.inner
                 .named
@@ -339,6 +376,11 @@ impl Redis {
                 .push(conn.downgrade());
         }
         Ok(conn)
+    }
+
+    /// Whether Redis answers: every command of this handle's connections reports into it.
+    pub fn health(&self) -> &StoreHealth {
+        &self.inner.health
     }
 
     /// How long a command may wait for its answer ([`Settings::response_timeout`]).

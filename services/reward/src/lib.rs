@@ -55,6 +55,13 @@ pub async fn serve(
         .context("failed to open the reward database")?;
     tracing::info!(characters = catalogue.len(), "reward service ready");
     let mut metrics = ecoscan_common::metrics::Metrics::new("reward");
+    let observed = store.clone();
+    ecoscan_common::store_health::register_sql(
+        &mut metrics,
+        store.health(),
+        "evaluations fail with UNAVAILABLE; running scans retry their reward stage",
+        move || observed.pool_stats(),
+    );
     let reward = Reward::new(catalogue, store.clone()).with_metrics(&mut metrics);
     let svc = RewardServiceServer::new(reward)
         .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);

@@ -14,6 +14,10 @@
 //! statement is unnamed (`persistent(false)`) and runs inside `BEGIN … COMMIT`: both of its
 //! round trips stay on the one server connection the transaction holds.
 //!
+//! Every statement run through a [`Db`] (and every `BEGIN`) reports its outcome into the
+//! database's [`StoreHealth`] when it has one ([`Db::health`]; PostgreSQL pools do): an answer,
+//! or a transport fault ([`crate::fault_kind`]).
+//!
 //! Waiting for a connection is bounded by `DATABASE_ACQUIRE_TIMEOUT`, in every mode: sqlx's pool
 //! bounds taking a connection from it (opening one included, and its first statement, in
 //! [`crate::connect_postgres`], where a session-mode PgBouncer makes a new client wait for a
@@ -22,6 +26,8 @@
 //! an error naming the setting, which the stores report as retryable (`UNAVAILABLE`).
 
 use std::{fmt, io, time::Duration};
+
+use ecoscan_common::store_health::{FaultKind, StoreHealth};
 
 use futures::{StreamExt as _, TryStreamExt as _, future::BoxFuture, stream::BoxStream};
 use sqlx::{
@@ -73,6 +79,8 @@ pub struct Db<DB: Database> {
     pool: Pool<DB>,
     pooler: Pooler,
     acquire_timeout: Duration,
+    /// Told the outcome of every statement; `None` for a database in this process (SQLite).
+    health: Option<StoreHealth>,
 }
 
 impl<DB: Database> Clone for Db<DB> {
@@ -81,6 +89,7 @@ impl<DB: Database> Clone for Db<DB> {
             pool: self.pool.clone(),
             pooler: self.pooler,
             acquire_timeout: self.acquire_timeout,
+            health: self.health.clone(),
         }
     }
 }
@@ -102,6 +111,7 @@ impl<DB: Database> From<Pool<DB>> for Db<DB> {
             pool,
             pooler: Pooler::None,
             acquire_timeout,
+            health: None,
         }
     }
 }
@@ -129,6 +139,39 @@ impl<DB: Database> Db<DB> {
         }
     }
 
+    /// This database with `health` told the outcome of every statement.
+    #[must_use]
+    pub fn with_health(mut self, health: StoreHealth) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// Whether the database answers (PostgreSQL; `None` for SQLite).
+    pub fn health(&self) -> Option<&StoreHealth> {
+        self.health.as_ref()
+    }
+
+    /// The pool's connections now: open, and idle among them.
+    pub fn pool_stats(&self) -> ecoscan_common::store_health::PoolStats {
+        ecoscan_common::store_health::PoolStats {
+            open: self.pool.size(),
+            idle: u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Tells the health the outcome of a statement (or a `BEGIN`).
+    fn report(&self, result: Result<(), &Error>) {
+        let Some(health) = &self.health else { return };
+        match result {
+            Ok(()) => health.ok(),
+            Err(e) => {
+                let fault = crate::fault_kind(e);
+                health.report(fault);
+                mark_span_failed(e, fault);
+            }
+        }
+    }
+
     /// The pool itself: statements run on it directly bypass what the pooler asks for.
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool
@@ -153,6 +196,15 @@ impl<DB: Database> Db<DB> {
 
     /// Starts a transaction on a connection of the pool.
     pub async fn begin(&self) -> Result<Tx<DB>, Error>
+    where
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    {
+        let began = self.begin_unreported().await;
+        self.report(began.as_ref().map(drop));
+        began
+    }
+
+    async fn begin_unreported(&self) -> Result<Tx<DB>, Error>
     where
         for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     {
@@ -185,6 +237,17 @@ impl<DB: Database> Db<DB> {
                 })
             }
         }
+    }
+}
+
+/// Marks the store operation's span (`#[db_span]`, named `db`) the statement ran in as failed
+/// with the error (`error.type`: the fault's kind, or `database_error` for an error the
+/// database answered): the span's record of it, without a log line per failed statement.
+fn mark_span_failed(e: &Error, fault: Option<FaultKind>) {
+    let span = tracing::Span::current();
+    if span.metadata().is_some_and(|m| m.name() == "db") {
+        let kind = fault.map_or("database_error", FaultKind::as_str);
+        ecoscan_common::telemetry::record_error(&span, kind, &e.to_string());
     }
 }
 
@@ -347,7 +410,8 @@ where
         &self,
         query: E,
     ) -> Result<Vec<Step<DB>>, Error> {
-        let mut tx = self.begin().await?;
+        // Unreported: the statement's outcome, reported by the caller, is this call's.
+        let mut tx = self.begin_unreported().await?;
         let steps = (&mut tx).fetch_many(query).try_collect::<Vec<_>>().await;
         match steps {
             Ok(steps) => {
@@ -375,7 +439,7 @@ where
         'p: 'e,
         E: 'q + Execute<'q, DB>,
     {
-        match self.pooler {
+        let steps = match self.pooler {
             Pooler::None | Pooler::Session => self
                 .pool
                 .fetch_many(query)
@@ -385,7 +449,15 @@ where
                 .map_ok(|steps| futures::stream::iter(steps.into_iter().map(Ok)))
                 .try_flatten()
                 .boxed(),
-        }
+        };
+        // A statement's result (not each row) or its error is its outcome.
+        steps
+            .inspect(|step| match step {
+                Ok(Either::Left(_)) => self.report(Ok(())),
+                Ok(Either::Right(_)) => {}
+                Err(e) => self.report(Err(e)),
+            })
+            .boxed()
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -396,24 +468,23 @@ where
         'p: 'e,
         E: 'q + Execute<'q, DB>,
     {
-        match self.pooler {
-            Pooler::None | Pooler::Session => Box::pin(async move {
-                self.pool
+        Box::pin(async move {
+            let row = match self.pooler {
+                Pooler::None | Pooler::Session => self
+                    .pool
                     .fetch_optional(query)
                     .await
-                    .map_err(|e| self.named(e))
-            }),
-            Pooler::Transaction => Box::pin(async move {
-                Ok(self
-                    .in_transaction(query)
-                    .await?
-                    .into_iter()
-                    .find_map(|step| match step {
+                    .map_err(|e| self.named(e)),
+                Pooler::Transaction => self.in_transaction(query).await.map(|steps| {
+                    steps.into_iter().find_map(|step| match step {
                         Either::Right(row) => Some(row),
                         Either::Left(_) => None,
-                    }))
-            }),
-        }
+                    })
+                }),
+            };
+            self.report(row.as_ref().map(drop));
+            row
+        })
     }
 
     fn prepare_with<'e>(

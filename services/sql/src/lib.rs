@@ -26,6 +26,7 @@ use std::{
     time::Duration,
 };
 
+use ecoscan_common::store_health::{FaultKind, StoreHealth};
 use sqlx::{
     Postgres, Sqlite,
     migrate::Migrator,
@@ -161,6 +162,26 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
     )
 }
 
+/// Whether `e` means the database did not answer (and how), or `None` when it answered, with
+/// an error or not: a constraint violation, a row that does not decode, a closed pool (this
+/// process is shutting down). PostgreSQL's connection exceptions (`08…`) and its shutting down
+/// or starting up (`57P01`–`57P03`) count as faults: the server is going or not there yet.
+pub fn fault_kind(e: &sqlx::Error) -> Option<FaultKind> {
+    match e {
+        sqlx::Error::Io(io) => Some(FaultKind::of_io(io)),
+        sqlx::Error::PoolTimedOut => Some(FaultKind::TimedOut),
+        sqlx::Error::Tls(_) | sqlx::Error::WorkerCrashed => Some(FaultKind::Other),
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("57P03") => Some(FaultKind::Refused),
+            Some(code) if code.starts_with("08") || code == "57P01" || code == "57P02" => {
+                Some(FaultKind::Reset)
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Opens (creating when needed) the SQLite database at `url` and applies `schema` (idempotent
 /// `CREATE … IF NOT EXISTS` statements). A file database gets its parent directory, WAL
 /// journaling and a busy timeout so concurrent writers wait instead of failing.
@@ -251,8 +272,15 @@ pub fn embedded(table: &'static str, files: &'static [(&'static str, &'static st
 /// out (see [`postgres_pool_options`]).
 pub const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
-/// The options of every PostgreSQL pool: `max_connections`, and a liveness ping before a
-/// connection is handed out only when it has been idle for `idle_before_ping` or longer.
+/// How long a PostgreSQL connection may sit idle in its pool before it is closed: after a
+/// burst, or an outage during which every caller opened one (each waiting for a path that was
+/// dead), the pool shrinks back to what the load uses within this, instead of keeping them all
+/// for sqlx's default ten minutes.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The options of every PostgreSQL pool: `max_connections`, idle connections closed after
+/// [`POOL_IDLE_TIMEOUT`], and a liveness ping before a connection is handed out only when it
+/// has been idle for `idle_before_ping` or longer.
 ///
 /// sqlx pings every connection it hands out by default, and again as it takes each back: three
 /// round trips for every statement. The ping before was 0.6 ms of a scan's 7.1 ms of CPU
@@ -267,6 +295,7 @@ pub const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 pub fn postgres_pool_options(max_connections: u32, idle_before_ping: Duration) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(max_connections)
+        .idle_timeout(POOL_IDLE_TIMEOUT)
         .test_before_acquire(false)
         .before_acquire(move |conn, meta| {
             Box::pin(async move {
@@ -533,7 +562,7 @@ pub async fn connect_postgres_with(
     if direct.is_none() {
         migrator.run(&pool).await?;
     }
-    Ok(Db::new(pool, settings.pooler))
+    Ok(Db::new(pool, settings.pooler).with_health(StoreHealth::new("postgres", url)))
 }
 
 #[cfg(test)]

@@ -380,3 +380,68 @@ async fn a_transaction_mode_store_without_a_direct_url_names_the_setting() {
     .to_string();
     assert!(err.contains("REWARD_DATABASE_DIRECT_URL"), "{err}");
 }
+
+#[test]
+fn postgres_pools_close_idle_connections_within_half_a_minute() {
+    let options = postgres_pool_options(16, IDLE_BEFORE_PING);
+    assert_eq!(options.get_idle_timeout(), Some(POOL_IDLE_TIMEOUT));
+    assert!(POOL_IDLE_TIMEOUT <= Duration::from_secs(30));
+}
+
+#[tokio::test]
+async fn a_database_that_answers_errors_is_up_and_one_that_refuses_trips_its_health() {
+    use ecoscan_common::store_health::{FaultKind, StoreHealth};
+
+    // Up: statements that succeed, and one the database refuses (a constraint), are answers.
+    let schema = testing::PgSchema::create().await;
+    let pool = postgres_pool_options(4, IDLE_BEFORE_PING)
+        .connect(&schema.url)
+        .await
+        .unwrap();
+    let health = StoreHealth::new("postgres", &schema.url);
+    let db = Db::from(pool).with_health(health.clone());
+    sqlx::raw_sql("CREATE TABLE t (id INTEGER PRIMARY KEY)")
+        .execute(&db)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let dup = sqlx::query("INSERT INTO t (id) VALUES (1) ON CONFLICT DO NOTHING")
+            .execute(&db)
+            .await;
+        dup.unwrap();
+        let violation = sqlx::query("INSERT INTO t (id) VALUES (NULL)")
+            .execute(&db)
+            .await
+            .unwrap_err();
+        assert_eq!(fault_kind(&violation), None, "{violation}");
+    }
+    assert!(health.is_up());
+    assert!(FaultKind::ALL.iter().all(|k| health.faults(*k) == 0));
+    // Several statements at once open connections; the pool counts them.
+    let burst: Vec<_> = (0..4)
+        .map(|_| sqlx::query("SELECT pg_sleep(0.2)").execute(&db))
+        .collect();
+    futures::future::try_join_all(burst).await.unwrap();
+    let stats = db.pool_stats();
+    assert!(stats.open >= 2 && stats.idle <= stats.open, "{stats:?}");
+
+    // Down: nothing listens at the address.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("postgres://postgres:secret@127.0.0.1:{port}/test");
+    let pool = postgres_pool_options(1, IDLE_BEFORE_PING)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(&url)
+        .unwrap();
+    let health = StoreHealth::new("postgres", &url);
+    let db = Db::from(pool).with_health(health.clone());
+    for _ in 0..3 {
+        let e = sqlx::query("SELECT 1").execute(&db).await.unwrap_err();
+        assert!(fault_kind(&e).is_some(), "a transport fault: {e:?}");
+    }
+    assert!(health.is_open(), "three faults in a row trip it");
+    assert!(!health.address().contains("secret"));
+    let down = health.check().unwrap_err();
+    assert_eq!(down.store, "postgres");
+}

@@ -398,6 +398,56 @@ fn metric_names_are_read_from_promql() {
     );
 }
 
+/// The series an ingest on Redis (`TEST_REDIS_URL`, a key prefix of its own) and PostgreSQL
+/// (`TEST_DATABASE_URL`, a schema of its own) exports: the suite's services run on embedded
+/// stores, which have no `store_up` or pool.
+async fn ingest_on_production_stores(suite: &TestSuite) -> Vec<String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis_url = std::env::var("TEST_REDIS_URL")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
+    let prefix = format!(
+        "t:metrics:{}:",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let schema = ecoscan_sql::testing::PgSchema::create().await;
+    let config = ecoscan_ingest::Config {
+        database_url: schema.url.clone(),
+        object_dir: dir.path().join("objects"),
+        redis: Some(ecoscan_redis::Settings::single(redis_url.clone())),
+        redis_prefix: prefix.clone(),
+        ..Default::default()
+    };
+    let stores = ecoscan_ingest::Stores::from_config(&config)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "ingest on redis at {redis_url} and postgresql ({e:#}); start them with \
+                 infra/services.sh"
+            )
+        });
+    let ingest = ecoscan_common::testing::spawn(move |l, sd| {
+        ecoscan_ingest::serve_with(config, stores, l, sd)
+    })
+    .await;
+    let names = scrape(suite, "ingest", ingest.addr)
+        .await
+        .samples
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    let client = redis::Client::open(redis_url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    ecoscan_redis::unlink_prefixed(&mut conn, &prefix)
+        .await
+        .unwrap();
+    names
+}
+
 #[tokio::test]
 async fn every_metric_a_dashboard_or_alert_names_is_one_the_services_export() {
     let suite = TestSuite::start().await;
@@ -451,6 +501,9 @@ async fn every_metric_a_dashboard_or_alert_names_is_one_the_services_export() {
     })
     .await;
     exported.extend(analytics.samples.into_iter().map(|s| s.name));
+    // The series only a store reached over the network has (`store_up`, its pool, …): ingest
+    // on Redis and PostgreSQL.
+    exported.extend(ingest_on_production_stores(&suite).await);
 
     let queries = monitoring_queries();
     assert!(

@@ -87,4 +87,13 @@ pub trait CallStore: Send + Sync + 'static {
 
     /// Closes every connection.
     async fn close(&self);
+    /// Whether the database answers, for one reached over the network (PostgreSQL).
+    fn health(&self) -> Option<ecoscan_common::store_health::StoreHealth> {
+        None
+    }
+
+    /// The connections of the database's pool, for one reached over the network (PostgreSQL).
+    fn pool_stats(&self) -> Option<ecoscan_common::store_health::PoolStats> {
+        None
+    }
 }

@@ -148,7 +148,10 @@ async fn durations_carry_their_trace_as_an_exemplar_in_openmetrics_only() {
         trace,
     );
     // Outside a trace: counted, with no exemplar.
-    observe_traced(&family.get_or_create(&[("stage", "vision".to_owned())]), 7.0);
+    observe_traced(
+        &family.get_or_create(&[("stage", "vision".to_owned())]),
+        7.0,
+    );
 
     let open = metrics.render_openmetrics().await;
     let bucket = open
@@ -182,6 +185,8 @@ fn a_scrape_asking_for_openmetrics_gets_it() {
          q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
     );
     assert!(wants_openmetrics(Some(&prometheus)));
-    assert!(!wants_openmetrics(Some(&http::HeaderValue::from_static("*/*"))));
+    assert!(!wants_openmetrics(Some(&http::HeaderValue::from_static(
+        "*/*"
+    ))));
     assert!(!wants_openmetrics(None));
 }

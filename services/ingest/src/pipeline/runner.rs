@@ -81,8 +81,21 @@ impl Ctx {
             }
             // The job is left claimed: when the lease runs out it is tried again (and after
             // `max_attempts` runs it is dead-lettered).
+            // Every running job fails so during a store outage: one line per interval, the others
+            // counted (the store's health says once that it stopped answering).
             Some(Err(e)) => {
-                tracing::error!(job.id = %job_id, error = %e, "storage failed while running job; it will be retried")
+                if let Some(suppressed) =
+                    ecoscan_common::log_limit::admit("ingest job store failure")
+                {
+                    tracing::error!(
+                        job.id = %job_id,
+                        error = %e,
+                        suppressed,
+                        "storage failed while running job; it will be retried (at most one such \
+                         line per {} s; `suppressed` counts the others)",
+                        ecoscan_common::log_limit::INTERVAL.as_secs()
+                    );
+                }
             }
             // Whoever holds the job now resumes it from its last checkpoint.
             None => {

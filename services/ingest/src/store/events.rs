@@ -9,6 +9,7 @@ use std::{
 };
 
 use async_trait::async_trait;
+use ecoscan_common::store_health::StoreHealth;
 use ecoscan_proto::v1::ScanEvent;
 use tokio::sync::broadcast;
 
@@ -111,6 +112,10 @@ pub trait EventLog: Send + Sync + 'static {
     /// Starts reading every event appended from now on, of every job (the process's hub
     /// holds one).
     async fn feed(&self) -> Result<Box<dyn Feed>, StoreError>;
+    /// Whether the store answers, for a log reached over the network (Redis).
+    fn health(&self) -> Option<StoreHealth> {
+        None
+    }
 }
 
 /// In-memory log for the embedded suite: a bounded ring per job, dropped some time after the job

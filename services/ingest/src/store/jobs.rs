@@ -4,6 +4,7 @@
 use std::{collections::HashMap, time::SystemTime};
 
 use async_trait::async_trait;
+use ecoscan_common::store_health::{PoolStats, StoreHealth};
 use ecoscan_proto::v1::{
     Answer, Classification, DisposalRules, ErrorInfo, JobStatus, RewardDecision, Stage,
 };
@@ -144,4 +145,13 @@ pub trait JobStore: Send + Sync + 'static {
         created_before: SystemTime,
         limit: u32,
     ) -> Result<Vec<Job>, StoreError>;
+    /// Whether the store answers, for a store reached over the network (PostgreSQL): what
+    /// intake checks before it waits on the store ([`crate::store::Stores::check`]).
+    fn health(&self) -> Option<StoreHealth> {
+        None
+    }
+    /// The connections of the store's pool, for a store that has one (PostgreSQL).
+    fn pool_stats(&self) -> Option<PoolStats> {
+        None
+    }
 }

@@ -24,6 +24,7 @@ pub use sqlite::SqliteJobStore;
 use std::sync::Arc;
 
 use anyhow::Context;
+use ecoscan_common::store_health::{Down, StoreHealth};
 
 use crate::Config;
 
@@ -40,6 +41,31 @@ pub struct Stores {
 }
 
 impl Stores {
+    /// The health of each store reached over the network (PostgreSQL, Redis), each once.
+    pub fn healths(&self) -> Vec<StoreHealth> {
+        let mut healths: Vec<StoreHealth> = Vec::new();
+        let all = [
+            self.jobs.health(),
+            self.events.health(),
+            self.queue.health(),
+        ];
+        for health in all.into_iter().flatten() {
+            if !healths.iter().any(|h| h.same(&health)) {
+                healths.push(health);
+            }
+        }
+        healths
+    }
+
+    /// Whether a new request that needs the stores (a submit, a new watch) may go ahead:
+    /// refused at once with the store that is down while its circuit is open (see
+    /// [`ecoscan_common::store_health`]), instead of waiting out its timeout. Work already
+    /// accepted (workers, leases, the sweeper) never asks and waits for the store as before.
+    pub fn check(&self) -> Result<(), Down> {
+        // Each store once: a second look would take the probe the first one let through.
+        self.healths().iter().try_for_each(StoreHealth::check)
+    }
+
     /// The embedded stores: SQLite rows, a local object directory, in-memory log and queue.
     pub async fn embedded(config: &Config) -> anyhow::Result<Self> {
         Ok(Self {

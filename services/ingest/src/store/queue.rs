@@ -87,6 +87,10 @@ pub trait Queue: Send + Sync + 'static {
     }
     /// Entries waiting plus entries claimed and not yet acknowledged.
     async fn backlog(&self) -> Result<u64, StoreError>;
+    /// Whether the store answers, for a queue reached over the network (Redis).
+    fn health(&self) -> Option<ecoscan_common::store_health::StoreHealth> {
+        None
+    }
     /// Which of `job_ids` have an entry in the queue, waiting or claimed (for the sweeper).
     async fn queued(&self, job_ids: &[String]) -> Result<HashSet<String>, StoreError>;
     /// Hands the leases' entries back at once, as if their leases had run out: the next claim

@@ -374,6 +374,15 @@ where
     }
 
     #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_jobs")]
+    fn health(&self) -> Option<ecoscan_common::store_health::StoreHealth> {
+        self.pool.health().cloned()
+    }
+
+    fn pool_stats(&self) -> Option<ecoscan_common::store_health::PoolStats> {
+        // Only a pool the network stands between (PostgreSQL's; it has a health).
+        self.pool.health().map(|_| self.pool.pool_stats())
+    }
+
     async fn unfinished(
         &self,
         created_before: SystemTime,

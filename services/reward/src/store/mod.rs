@@ -78,4 +78,13 @@ pub trait RewardStore: Send + Sync + 'static {
     /// Closes every connection (so a SQLite file can be reopened at once, e.g. by a restarted
     /// server).
     async fn close(&self);
+    /// Whether the database answers, for one reached over the network (PostgreSQL).
+    fn health(&self) -> Option<ecoscan_common::store_health::StoreHealth> {
+        None
+    }
+
+    /// The connections of the database's pool, for one reached over the network (PostgreSQL).
+    fn pool_stats(&self) -> Option<ecoscan_common::store_health::PoolStats> {
+        None
+    }
 }

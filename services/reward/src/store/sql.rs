@@ -202,6 +202,15 @@ where
         Ok(owned)
     }
 
+    fn health(&self) -> Option<ecoscan_common::store_health::StoreHealth> {
+        self.pool.health().cloned()
+    }
+
+    fn pool_stats(&self) -> Option<ecoscan_common::store_health::PoolStats> {
+        // Only a pool the network stands between (PostgreSQL's; it has a health).
+        self.pool.health().map(|_| self.pool.pool_stats())
+    }
+
     async fn close(&self) {
         SqlRewardStore::close(self).await;
     }

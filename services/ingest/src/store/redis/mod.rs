@@ -312,6 +312,10 @@ fn parse_id(id: &str) -> Result<EventId, StoreError> {
 
 #[async_trait]
 impl EventLog for RedisEventLog {
+    fn health(&self) -> Option<ecoscan_common::store_health::StoreHealth> {
+        Some(self.redis.health().clone())
+    }
+
     #[db_span(
         system = "redis",
         op = "EVALSHA",

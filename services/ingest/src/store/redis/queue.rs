@@ -52,6 +52,8 @@ pub struct RedisQueue {
     /// Wakes [`Queue::lost`]'s waiter (the sweeper) when Redis is found to have lost the
     /// queue: its consumer group is gone, and with it every entry waiting or claimed.
     lost: tokio::sync::Notify,
+    /// Whether Redis answers (the handle's, shared by every connection of it).
+    health: ecoscan_common::store_health::StoreHealth,
 }
 
 /// The idle time a released entry is given (30 days): longer than any lease.
@@ -103,6 +105,7 @@ impl RedisQueue {
             consumer: consumer.to_owned(),
             response_timeout: redis.response_timeout(),
             lost: tokio::sync::Notify::new(),
+            health: redis.health().clone(),
         };
         if queue.ensure_group().await? {
             // A new deployment, or a Redis that lost the queue while no ingest ran: rows of
@@ -420,6 +423,10 @@ impl Queue for RedisQueue {
 
     async fn lost(&self) {
         self.lost.notified().await;
+    }
+
+    fn health(&self) -> Option<ecoscan_common::store_health::StoreHealth> {
+        Some(self.health.clone())
     }
 
     async fn backlog(&self) -> Result<u64, StoreError> {

@@ -1,7 +1,12 @@
 //! For tests: `redis-server` processes of the test's own, on free loopback ports, without
 //! persistence — a single server a test may kill, pause or count the clients of, and a
 //! three-master Redis Cluster. They panic, saying what to install, when `redis-server` or
-//! `redis-cli` is missing: a skipped test would pass without testing anything.
+//! `redis-cli` is missing: a skipped test would pass without testing anything. And a loopback
+//! forwarder in front of one that a test switches to a blackhole ([`Blackhole`]).
+
+mod blackhole;
+
+pub use blackhole::Blackhole;
 
 use std::{
     net::TcpListener,

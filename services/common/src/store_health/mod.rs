@@ -1,0 +1,329 @@
+//! Whether a store (Redis, PostgreSQL) answers, per store instance: the calls made on it report
+//! into one [`StoreHealth`] (`ok()`, or `fault(kind)` for a transport fault), which
+//!
+//! - trips a circuit when the store has stopped answering: [`Settings::trip_after`] faults in
+//!   a row, or a fault after [`Settings::silence`] without a single answer. While it is open,
+//!   [`StoreHealth::check`] refuses at once (the entry points — a submit, a new watch — answer
+//!   `UNAVAILABLE` with a retry delay instead of waiting out the store's timeout), except for
+//!   one probe call once [`Settings::probe_interval`] has passed without a fault (half-open);
+//!   any call that gets an answer closes it again. Callers that must wait for the store (workers, leases, the sweeper) never
+//!   ask it and go on as before;
+//! - logs the transitions, once each: a `warn` line when the store stops answering (the store,
+//!   its address without credentials, the fault, what waits on it) and an `info` line when it
+//!   is back (how long it was out). Single faults are `debug` lines;
+//! - is a metric: `store_up{store,address}` (1/0) and `store_faults_total{store,kind}`
+//!   ([`register`]), with the open connections of a pool beside them when one is given.
+//!
+//! Only transport faults count ([`FaultKind`]: timed out, refused, reset, name not resolved):
+//! an answer that is an error (a fenced write, a constraint violation, `OOM`) is an answer, and
+//! reported as `ok()`. Each store crate classifies its own errors (`ecoscan_redis::fault_kind`,
+//! `ecoscan_sql::fault_kind`); [`FaultKind::of_io`] is what they share.
+
+use std::{
+    fmt,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+/// When the circuit trips and how often it probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Faults in a row, with no answer between them, that trip the circuit (a refused
+    /// connection fails at once: a few in a row say the store is down).
+    pub trip_after: u32,
+    /// A fault this long after the last answer trips the circuit at once: a call that timed
+    /// out while nothing else got an answer either (a stalled store fails its calls one
+    /// response timeout apart, never several in a row).
+    pub silence: Duration,
+    /// While open, a call is let through as a probe once this long has passed since the last
+    /// probe and the last fault; the retry delay the refused ones are given (rounded up to whole
+    /// seconds).
+    pub probe_interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            trip_after: 3,
+            silence: Duration::from_secs(5),
+            probe_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A refusal of [`StoreHealth::check`]: the store is known to be down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Down {
+    /// `redis`, `postgres`.
+    pub store: &'static str,
+    /// The fault that opened the circuit.
+    pub fault: FaultKind,
+    /// When to try again: the probe interval, in whole seconds (at least one).
+    pub retry_after: Duration,
+}
+
+impl fmt::Display for Down {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is not answering ({}); try again in {} s",
+            self.store,
+            self.fault,
+            self.retry_after.as_secs()
+        )
+    }
+}
+
+impl std::error::Error for Down {}
+
+/// The health of one store instance, shared by every handle of it: clones report into the
+/// same circuit.
+#[derive(Clone)]
+pub struct StoreHealth(Arc<Inner>);
+
+struct Inner {
+    store: &'static str,
+    /// Where the store is, credentials and query removed ([`redact_url`]).
+    address: String,
+    settings: Settings,
+    /// What waits on the store in this process, for the line that says it stopped answering.
+    waiting: Mutex<&'static str>,
+    state: Mutex<State>,
+    /// `!open`, readable without the lock (the metric).
+    up: AtomicBool,
+    faults: [AtomicU64; 5],
+}
+
+struct State {
+    /// Faults since the last answer.
+    in_a_row: u32,
+    last_ok: Instant,
+    open: Option<Open>,
+}
+
+struct Open {
+    /// The last answer before the circuit opened: when the store stopped answering, as far
+    /// as anyone can tell.
+    last_answer: Instant,
+    fault: FaultKind,
+    next_probe: Instant,
+}
+
+impl fmt::Debug for StoreHealth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreHealth")
+            .field("store", &self.0.store)
+            .field("address", &self.0.address)
+            .field("up", &self.is_up())
+            .finish()
+    }
+}
+
+impl StoreHealth {
+    /// The health of `store` (`redis`, `postgres`) at `address` (a URL: credentials are
+    /// removed), with the default [`Settings`].
+    pub fn new(store: &'static str, address: &str) -> Self {
+        Self::with_settings(store, address, Settings::default())
+    }
+
+    /// [`Self::new`] with `settings`.
+    pub fn with_settings(store: &'static str, address: &str, settings: Settings) -> Self {
+        Self(Arc::new(Inner {
+            store,
+            address: redact_url(address),
+            settings,
+            waiting: Mutex::new("the calls that need it fail or wait"),
+            state: Mutex::new(State {
+                in_a_row: 0,
+                last_ok: Instant::now(),
+                open: None,
+            }),
+            up: AtomicBool::new(true),
+            faults: Default::default(),
+        }))
+    }
+
+    /// Says what waits on the store in this process, for the line logged when it stops
+    /// answering (`"new scans and watches are refused; running scans wait"`).
+    pub fn set_waiting(&self, what: &'static str) {
+        *self.0.waiting.lock().unwrap_or_else(|e| e.into_inner()) = what;
+    }
+
+    /// `redis`, `postgres`.
+    pub fn store(&self) -> &'static str {
+        self.0.store
+    }
+
+    /// The store's address without credentials.
+    pub fn address(&self) -> &str {
+        &self.0.address
+    }
+
+    /// Whether the circuit is closed (the store answers, as far as anyone knows).
+    pub fn is_up(&self) -> bool {
+        self.0.up.load(Ordering::Relaxed)
+    }
+
+    /// Whether the circuit is open: the store has stopped answering.
+    pub fn is_open(&self) -> bool {
+        !self.is_up()
+    }
+
+    /// Faults of `kind` reported so far.
+    pub fn faults(&self, kind: FaultKind) -> u64 {
+        self.0.faults[kind.index()].load(Ordering::Relaxed)
+    }
+
+    /// Whether both are handles of the same store.
+    pub fn same(&self, other: &StoreHealth) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A call got an answer (an error the store answered with included): the circuit closes.
+    pub fn ok(&self) {
+        let now = Instant::now();
+        let reopened = {
+            let mut state = self.state();
+            state.in_a_row = 0;
+            state.last_ok = now;
+            let open = state.open.take();
+            if open.is_some() {
+                self.0.up.store(true, Ordering::Relaxed);
+            }
+            open
+        };
+        if let Some(open) = reopened {
+            let out = now.saturating_duration_since(open.last_answer);
+            tracing::info!(
+                store = self.0.store,
+                address = %self.0.address,
+                out_for_s = out.as_secs_f64(),
+                "{} at {} answers again, {:.1} s after its last answer",
+                self.0.store,
+                self.0.address,
+                out.as_secs_f64()
+            );
+        }
+    }
+
+    /// A call failed without an answer: `kind` says how. May open the circuit.
+    pub fn fault(&self, kind: FaultKind) {
+        self.0.faults[kind.index()].fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let settings = self.0.settings;
+        let tripped = {
+            let mut state = self.state();
+            state.in_a_row = state.in_a_row.saturating_add(1);
+            if let Some(open) = state.open.as_mut() {
+                // A failed call (a probe that waited out its timeout, say) restarts the
+                // interval: the caller right after it is refused, not made the next probe.
+                open.next_probe = open.next_probe.max(now + settings.probe_interval);
+                false
+            } else if state.in_a_row >= settings.trip_after
+                || now.saturating_duration_since(state.last_ok) >= settings.silence
+            {
+                state.open = Some(Open {
+                    last_answer: state.last_ok,
+                    fault: kind,
+                    next_probe: now + settings.probe_interval,
+                });
+                self.0.up.store(false, Ordering::Relaxed);
+                true
+            } else {
+                false
+            }
+        };
+        if tripped {
+            let waiting = *self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            tracing::warn!(
+                store = self.0.store,
+                address = %self.0.address,
+                fault = kind.as_str(),
+                waiting,
+                "{} at {} stopped answering ({kind})",
+                self.0.store,
+                self.0.address,
+            );
+        } else {
+            tracing::debug!(
+                store = self.0.store,
+                fault = kind.as_str(),
+                "store call failed"
+            );
+        }
+    }
+
+    /// Reports the outcome of a call: `None` is an answer (success or an error the store
+    /// answered with), `Some(kind)` a transport fault.
+    pub fn report(&self, fault: Option<FaultKind>) {
+        match fault {
+            None => self.ok(),
+            Some(kind) => self.fault(kind),
+        }
+    }
+
+    /// Whether a new request that needs the store may go ahead: at once while the circuit is
+    /// closed; while it is open, one call per probe interval without a fault (the probe), the
+    /// others refused with [`Down`].
+    pub fn check(&self) -> Result<(), Down> {
+        if self.is_up() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let mut state = self.state();
+        let probe_interval = self.0.settings.probe_interval;
+        match state.open.as_mut() {
+            None => Ok(()),
+            Some(open) if now >= open.next_probe => {
+                open.next_probe = now + probe_interval;
+                Ok(())
+            }
+            Some(open) => Err(Down {
+                store: self.0.store,
+                fault: open.fault,
+                retry_after: Duration::from_secs(
+                    probe_interval.as_secs_f64().ceil().max(1.0) as u64
+                ),
+            }),
+        }
+    }
+}
+
+/// `url` without what an operator must not see in a log: the user and password, and the query
+/// (PostgreSQL URLs may carry `?password=`). Several comma-separated URLs (a Cluster's seeds)
+/// are each redacted.
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|one| {
+            let one = one.trim();
+            let one = one.split(['?', '#']).next().unwrap_or_default();
+            let (scheme, rest) = match one.find("://") {
+                Some(i) => one.split_at(i + 3),
+                None => ("", one),
+            };
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            let host = authority.rsplit('@').next().unwrap_or_default();
+            format!("{scheme}{host}{path}")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+mod fault;
+mod metrics;
+
+pub use fault::FaultKind;
+pub use metrics::{PoolReader, PoolStats, STORE_POSTGRES, register, register_sql};
+
+#[cfg(test)]
+mod tests;
