@@ -4,6 +4,9 @@ grpc-status-details-bin), against `ecoscan up` on loopback.
 
 Checked, each with its code, its ErrorInfo (reason, domain `ecoscan`, metadata) and detail types:
   - a scan submitted and watched to its end (the happy path, generated stubs only);
+  - every error: a RequestInfo whose request_id is the call's trace id;
+  - a field the service refuses: INVALID_ARGUMENT, INVALID_FIELD and a BadRequest naming it;
+  - an unknown job: NOT_FOUND, the code as the reason;
   - a call with no identity: UNAUTHENTICATED, IDENTITY_MISSING;
   - a forged assertion, and one for another service: UNAUTHENTICATED, IDENTITY_REFUSED with the
     service called in metadata;
@@ -74,7 +77,7 @@ def refused(call, what):
     raise SystemExit(1)
 
 
-def check_error(err, what, code, reason, metadata_keys=(), retry=False):
+def check_error(err, what, code, reason, metadata_keys=(), retry=False, field=None):
     check(err.code() == code, f"{what}: {code.name} (got {err.code().name}: {err.details()!r})")
     status, found = details(err)
     check(status is not None, f"{what}: google.rpc.Status in grpc-status-details-bin")
@@ -89,6 +92,14 @@ def check_error(err, what, code, reason, metadata_keys=(), retry=False):
     for key in metadata_keys:
         check(info is not None and info.metadata.get(key),
               f"{what}: ErrorInfo metadata has {key} ({dict(info.metadata) if info else {}})")
+    request = found.get("RequestInfo")
+    check(request is not None and len(request.request_id) == 32 and int(request.request_id, 16),
+          f"{what}: RequestInfo with the call's trace id ({request.request_id if request else None!r})")
+    if field:
+        bad = found.get("BadRequest")
+        fields = [v.field for v in bad.field_violations] if bad else []
+        check(fields == [field] and bad.field_violations[0].description == err.details(),
+              f"{what}: BadRequest names {field} ({fields})")
     if retry:
         delay = found.get("RetryInfo")
         check(delay is not None and delay.retry_delay.ToTimedelta().total_seconds() >= 1,
@@ -142,6 +153,15 @@ def main():
     request = ingest_pb2.SubmitRequest(image=PNG, hint="plastic bottle")
     err = refused(lambda: scans.Submit(request, timeout=10), "no identity")
     check_error(err, "no identity", grpc.StatusCode.UNAUTHENTICATED, "IDENTITY_MISSING")
+
+    french = ingest_pb2.SubmitRequest(image=PNG, hint="plastic bottle", locale="fr")
+    err = refused(lambda: scans.Submit(french, metadata=me, timeout=10), "unsupported locale")
+    check_error(err, "unsupported locale", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD",
+                ["field"], field="locale")
+
+    unknown = ingest_pb2.GetResultRequest(job_id="6f1c1e0e-4f4a-4b7e-9a4e-2d1f0c9b8a7d")
+    err = refused(lambda: scans.GetResult(unknown, metadata=me, timeout=10), "unknown job")
+    check_error(err, "unknown job", grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
 
     forged = [("x-ecoscan-identity", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl")]
     err = refused(lambda: scans.Submit(request, metadata=forged, timeout=10), "forged identity")

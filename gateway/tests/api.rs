@@ -321,6 +321,26 @@ async fn the_image_error_messages_say_what_to_do() {
 }
 
 #[tokio::test]
+async fn a_field_ingest_refuses_is_named_in_the_problem() {
+    let env = start().await;
+    let image = png(16);
+    let res = post_multipart(
+        &env,
+        "/api/v1/scan",
+        &[("image", Some("a"), &image), ("hint", None, b"bad-field")],
+    )
+    .await;
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["reason"], "INVALID_FIELD", "{body}");
+    assert_eq!(
+        body["errors"],
+        json!([{"field": "locale", "detail": "locale \"fr\" is not supported; use \"ko\" or \"en\""}]),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn a_full_backlog_is_503_with_the_upstream_retry_after() {
     let env = start().await;
     let image = png(16);

@@ -131,6 +131,19 @@ pub(crate) struct ErrorBody {
     pub message: String,
     /// True when the same request may succeed later (`Retry-After` says when, where sent).
     pub retryable: bool,
+    /// The fields of the request that are invalid (reason `INVALID_FIELD`): each field's name,
+    /// as the API names it, and what is wrong with it. Absent when none is known.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+}
+
+/// One invalid field of a request.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct FieldError {
+    /// The field, as the request names it (`locale`, `image`, …).
+    pub field: String,
+    /// What is wrong with it and what to send instead.
+    pub detail: String,
 }
 
 /// An error as SSE `error` events and failed scan results carry it (the shape of `ErrorInfo`).
@@ -311,6 +324,26 @@ impl ApiError {
         self.code().to_owned()
     }
 
+    /// The invalid fields a backend named in its `BadRequest`.
+    fn field_errors(&self) -> Vec<FieldError> {
+        use tonic_types::StatusExt;
+        let Self::Upstream { status, .. } = self else {
+            return Vec::new();
+        };
+        status
+            .get_details_bad_request()
+            .map(|bad| {
+                bad.field_violations
+                    .into_iter()
+                    .map(|v| FieldError {
+                        field: v.field,
+                        detail: v.description,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The reason in full, for traces and logs: the cause an internal failure hides.
     fn reason(&self) -> String {
         match self {
@@ -381,6 +414,7 @@ impl IntoResponse for ApiError {
             message: detail.clone(),
             detail,
             retryable: self.retryable(),
+            errors: self.field_errors(),
         };
         let mut res = (
             status,

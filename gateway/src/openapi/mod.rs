@@ -28,7 +28,7 @@ use utoipa::{
 use crate::{
     auth,
     config::TrustHeader,
-    error::{ErrorBody, ErrorJson},
+    error::{ErrorBody, ErrorJson, FieldError},
     routes,
     schema::{
         self, BadRequest, Forbidden, GatewayTimeout, Internal, NotFound, PayloadTooLarge,
@@ -71,7 +71,7 @@ use crate::{
         serve,
     ),
     components(
-        schemas(ErrorBody, ErrorJson, EventData, StreamErrorData, ResyncData),
+        schemas(ErrorBody, ErrorJson, FieldError, EventData, StreamErrorData, ResyncData),
         responses(
             BadRequest,
             Unauthorized,

@@ -244,6 +244,11 @@ fn overloaded(hint: &str) -> Option<Status> {
             Some(s)
         }
         "overload-no-delay" => Some(Status::resource_exhausted("backlog is full")),
+        // As ingest refuses a field: INVALID_FIELD and a BadRequest naming it.
+        "bad-field" => Some(ecoscan_common::reasons::invalid_field(
+            "locale",
+            "locale \"fr\" is not supported; use \"ko\" or \"en\"",
+        )),
         "store-down" => Some(store_down()),
         _ => None,
     }

@@ -1,12 +1,16 @@
-//! Plain words for the statuses tonic writes itself. A request larger than a server's
-//! [`crate::server::MAX_MESSAGE_BYTES`] is refused by tonic's decoder before any service code
-//! runs, as `OUT_OF_RANGE` "Error, decoded message length too large: found … bytes, the limit
-//! is: … bytes"; [`PlainStatusLayer`] (one of every server's layers) keeps the code and says
-//! what happened and what to do instead.
+//! Plain words for the statuses tonic writes itself, and the details every error carries. A
+//! request larger than a server's [`crate::server::MAX_MESSAGE_BYTES`] is refused by tonic's
+//! decoder before any service code runs, as `OUT_OF_RANGE` "Error, decoded message length too
+//! large: found … bytes, the limit is: … bytes"; [`PlainStatusLayer`] (one of every server's
+//! layers) keeps the code and says what happened and what to do instead. It also gives every
+//! error answered before a stream's first message (unary errors, refusals) the details of
+//! [`crate::reasons::with_common_details`]: an `ErrorInfo`, a `RequestInfo` with the call's
+//! trace id, a `RetryInfo` on `UNAVAILABLE`. An error that ends a stream after messages were
+//! sent keeps the details its code gave it.
 
 use std::task::{Context, Poll};
 
-use futures::{FutureExt, future::Map};
+use futures::FutureExt;
 use tonic::{Code, Status};
 
 /// What tonic's decoder says of a message over the limit (its message starts so).
@@ -66,30 +70,42 @@ pub struct PlainStatus<S> {
     inner: S,
 }
 
-type Rewrite<R, E> = fn(Result<http::Response<R>, E>) -> Result<http::Response<R>, E>;
-
 impl<S, B, R> tower::Service<http::Request<B>> for PlainStatus<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+    R: Send + 'static,
+    S::Error: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Map<S::Future, Rewrite<R, S::Error>>;
+    type Future = futures::future::BoxFuture<'static, Result<http::Response<R>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        self.inner.call(req).map(rewrite as Rewrite<R, S::Error>)
+        // The call's span is current here (the trace layer wraps this one).
+        let trace_id = crate::telemetry::current_trace_id();
+        self.inner
+            .call(req)
+            .map(move |res| rewrite(res, &trace_id))
+            .boxed()
     }
 }
 
-fn rewrite<R, E>(res: Result<http::Response<R>, E>) -> Result<http::Response<R>, E> {
+fn rewrite<R, E>(
+    res: Result<http::Response<R>, E>,
+    trace_id: &str,
+) -> Result<http::Response<R>, E> {
     res.map(|mut res| {
-        if let Some(better) = Status::from_header_map(res.headers()).and_then(|s| plain(&s)) {
-            // Replaces `grpc-status` and `grpc-message`.
-            let _ = better.add_header(res.headers_mut());
+        // A trailers-only answer: the status is in the headers.
+        if let Some(status) = Status::from_header_map(res.headers()) {
+            let status = plain(&status).unwrap_or(status);
+            let status = crate::reasons::with_common_details(status, trace_id);
+            // Replaces `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
+            let _ = status.add_header(res.headers_mut());
         }
         res
     })
@@ -125,7 +141,7 @@ mod tests {
         )
         .add_header(res.headers_mut())
         .unwrap();
-        let res = rewrite::<(), ()>(Ok(res)).unwrap();
+        let res = rewrite::<(), ()>(Ok(res), "4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
         let status = Status::from_header_map(res.headers()).unwrap();
         assert_eq!(status.code(), Code::OutOfRange);
         assert!(

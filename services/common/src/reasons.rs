@@ -79,6 +79,70 @@ pub fn status(
     Status::with_error_details(code, message, details)
 }
 
+/// A status of `INVALID_ARGUMENT` saying `message`, with an `ErrorInfo` of reason
+/// `INVALID_FIELD` (`metadata.field`) and a `BadRequest` naming `field` (the request message's
+/// field, as the proto names it) and what is wrong with it.
+pub fn invalid_field(field: &str, message: impl Into<String>) -> Status {
+    let message = message.into();
+    let mut details = ErrorDetails::new();
+    details.set_error_info(
+        INVALID_FIELD,
+        DOMAIN,
+        HashMap::from([("field".to_owned(), field.to_owned())]),
+    );
+    details.add_bad_request_violation(field, message.clone());
+    Status::with_error_details(Code::InvalidArgument, message, details)
+}
+
+/// The `ErrorInfo` reason of [`invalid_field`]: a field of the request is invalid, the
+/// `BadRequest` says which and why.
+pub const INVALID_FIELD: &str = "INVALID_FIELD";
+
+/// How long a caller should wait before trying an `UNAVAILABLE` call again when nothing more
+/// precise is known.
+const DEFAULT_RETRY: Duration = Duration::from_secs(1);
+
+/// `status` with the details every ecoscan error carries (AIP-193), whatever built it: an
+/// `ErrorInfo` (one it has, else the code's name as the reason), a `RequestInfo` whose
+/// `request_id` is `trace_id` (the trace to look the call up in) when there is one, and on
+/// `UNAVAILABLE` a `RetryInfo` (from the `retry-after` metadata, else 1 s) when it has none.
+/// `OK` comes back as it is.
+pub fn with_common_details(status: Status, trace_id: &str) -> Status {
+    if status.code() == Code::Ok {
+        return status;
+    }
+    let mut details = status.get_error_details();
+    let mut changed = false;
+    if details.error_info().is_none() {
+        details.set_error_info(
+            crate::codes::code_name(status.code()),
+            DOMAIN,
+            HashMap::new(),
+        );
+        changed = true;
+    }
+    if details.request_info().is_none() && !trace_id.is_empty() {
+        details.set_request_info(trace_id, "");
+        changed = true;
+    }
+    if details.retry_info().is_none() && status.code() == Code::Unavailable {
+        let delay = status
+            .metadata()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(DEFAULT_RETRY, Duration::from_secs);
+        details.set_retry_info(Some(delay));
+        changed = true;
+    }
+    if !changed {
+        return status;
+    }
+    let mut enriched = Status::with_error_details(status.code(), status.message(), details);
+    *enriched.metadata_mut() = status.metadata().clone();
+    enriched
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +172,68 @@ mod tests {
                 reason.as_str()
             );
         }
+    }
+
+    #[test]
+    fn every_error_gets_an_error_info_a_request_info_and_a_retry_when_unavailable() {
+        let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let plain = with_common_details(Status::not_found("no job abc"), trace);
+        let details = plain.get_error_details();
+        assert_eq!(plain.code(), Code::NotFound);
+        assert_eq!(plain.message(), "no job abc");
+        let info = details.error_info().expect("an ErrorInfo");
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            ("NOT_FOUND", DOMAIN)
+        );
+        assert_eq!(details.request_info().unwrap().request_id, trace);
+        assert!(details.retry_info().is_none(), "NOT_FOUND is not retried");
+
+        // A specific reason stays; the trace and a retry are added.
+        let mut down = status(
+            Code::Unavailable,
+            "redis is not answering",
+            Reason::BacklogFull,
+            &[],
+            None,
+        );
+        down.metadata_mut()
+            .insert("retry-after", tonic::metadata::MetadataValue::from(3u64));
+        let down = with_common_details(down, trace);
+        let details = down.get_error_details();
+        assert_eq!(details.error_info().unwrap().reason, "BACKLOG_FULL");
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            down.metadata().get("retry-after").unwrap(),
+            "3",
+            "metadata kept"
+        );
+
+        // Outside a trace: no RequestInfo; OK untouched.
+        let untraced = with_common_details(Status::internal("x"), "");
+        assert!(untraced.get_error_details().request_info().is_none());
+        assert!(
+            with_common_details(Status::ok(""), trace)
+                .get_error_details()
+                .error_info()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn an_invalid_field_names_the_field_in_a_bad_request() {
+        let s = invalid_field("job_id", "job id \"x\" is not a UUID");
+        assert_eq!(s.code(), Code::InvalidArgument);
+        let details = s.get_error_details();
+        assert_eq!(details.error_info().unwrap().reason, INVALID_FIELD);
+        assert_eq!(details.error_info().unwrap().metadata["field"], "job_id");
+        let violations = &details.bad_request().unwrap().field_violations;
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].field, "job_id");
+        assert_eq!(violations[0].description, s.message());
     }
 
     #[test]

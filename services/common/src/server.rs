@@ -187,6 +187,10 @@ pub async fn serve_with_tls(
         )
         // Inside the span layer: RED metrics per RPC, recorded at the end of each stream.
         .layer(RpcMetricsLayer(rpc_metrics))
+        // Plain words for the statuses tonic writes itself (a request over the size limit), and
+        // the details every error carries (ErrorInfo, RequestInfo with the trace id, RetryInfo)
+        // on every refusal the layers below make, identity and deadlines included.
+        .layer(crate::plain::PlainStatusLayer)
         // A deadline that runs out is `DEADLINE_EXCEEDED` to the span, the metrics and the
         // caller; a caller that left while its request was read is `CANCELLED`.
         .layer(crate::deadline::CallEndLayer)
@@ -195,9 +199,7 @@ pub async fn serve_with_tls(
             required: require_client_cert,
         })
         // The acting user comes from a verified assertion or nowhere (and the span records it).
-        .layer(crate::assertion::IdentityLayer)
-        // Plain words for the statuses tonic writes itself (a request over the size limit).
-        .layer(crate::plain::PlainStatusLayer);
+        .layer(crate::assertion::IdentityLayer);
     let routes = routes
         .add_service(health)
         .add_service(reflection_v1)

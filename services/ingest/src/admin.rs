@@ -83,7 +83,7 @@ impl ScanAdminService for AdminApi {
         let job_id = request.into_inner().job_id;
         if uuid::Uuid::parse_str(&job_id).is_err() {
             return Err(
-                Error::InvalidArgument(format!("job_id {job_id:?} is not a job id")).into(),
+                Error::invalid("job_id", format!("job_id {job_id:?} is not a job id")).into(),
             );
         }
         let Some(job) = self

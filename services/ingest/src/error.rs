@@ -14,8 +14,13 @@ pub const IMAGE_FETCH_FAILED: &str =
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{0}")]
-    InvalidArgument(String),
+    /// A field of the request is invalid: `field` as the proto names it, `message` why and
+    /// what to send instead (a `BadRequest` carries both).
+    #[error("{message}")]
+    InvalidArgument {
+        field: &'static str,
+        message: String,
+    },
     /// The call carries no usable identity.
     #[error(transparent)]
     Identity(#[from] ecoscan_common::identity::IdentityError),
@@ -98,10 +103,22 @@ impl From<ecoscan_objects::ObjectError> for Error {
     }
 }
 
+impl Error {
+    /// [`Error::InvalidArgument`] of `field`.
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field,
+            message: message.into(),
+        }
+    }
+}
+
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::InvalidArgument(m) => Status::invalid_argument(m),
+            Error::InvalidArgument { field, message } => {
+                ecoscan_common::reasons::invalid_field(field, message)
+            }
             Error::Identity(e) => Status::from(e),
             Error::JobNotFound(_) => Status::not_found(e.to_string()),
             Error::Overloaded { retry_after, .. } | Error::FetchBusy { retry_after } => {
@@ -176,7 +193,7 @@ mod tests {
     #[test]
     fn errors_map_to_the_expected_codes() {
         assert_eq!(
-            Status::from(Error::InvalidArgument("x".into())).code(),
+            Status::from(Error::invalid("hint", "x")).code(),
             Code::InvalidArgument
         );
         assert_eq!(

@@ -9,24 +9,28 @@ pub use ecoscan_common::image::sniff;
 /// Checks the bytes and returns their real content type.
 pub fn validate(bytes: &[u8], declared: &str, max_bytes: usize) -> Result<&'static str, Error> {
     if bytes.is_empty() {
-        return Err(Error::InvalidArgument(
-            "image is empty; send the photo's bytes in `image` or a URL in `image_url`".into(),
+        return Err(Error::invalid(
+            "image",
+            "image is empty; send the photo's bytes in `image` or a URL in `image_url`",
         ));
     }
     if bytes.len() > max_bytes {
-        return Err(Error::InvalidArgument(format!(
-            "image is {} bytes; the limit is {max_bytes} bytes",
-            bytes.len()
-        )));
+        return Err(Error::invalid(
+            "image",
+            format!(
+                "image is {} bytes; the limit is {max_bytes} bytes",
+                bytes.len()
+            ),
+        ));
     }
     if !declared.is_empty() && !declared.starts_with("image/") {
-        return Err(Error::InvalidArgument(format!(
-            "content type {declared:?} is not an image; send JPEG, PNG, WebP or GIF"
-        )));
+        return Err(Error::invalid(
+            "content_type",
+            format!("content type {declared:?} is not an image; send JPEG, PNG, WebP or GIF"),
+        ));
     }
-    sniff(bytes).ok_or_else(|| {
-        Error::InvalidArgument("the bytes are not a JPEG, PNG, WebP or GIF image".into())
-    })
+    sniff(bytes)
+        .ok_or_else(|| Error::invalid("image", "the bytes are not a JPEG, PNG, WebP or GIF image"))
 }
 
 #[cfg(test)]

@@ -73,7 +73,7 @@ fn user_of<T>(req: &Request<T>) -> Result<String, Error> {
 fn parse_job_id(id: &str) -> Result<String, Error> {
     uuid::Uuid::parse_str(id)
         .map(|u| u.to_string())
-        .map_err(|_| Error::InvalidArgument(format!("job id {id:?} is not a UUID")))
+        .map_err(|_| Error::invalid("job_id", format!("job id {id:?} is not a UUID")))
 }
 
 impl Inner {
@@ -86,7 +86,7 @@ impl Inner {
             Err(Error::Overloaded { .. } | Error::FetchBusy { .. }) => {
                 self.metrics.rejected("overloaded");
             }
-            Err(Error::InvalidArgument(_) | Error::ImageFetch) => {
+            Err(Error::InvalidArgument { .. } | Error::ImageFetch) => {
                 self.metrics.rejected("invalid");
             }
             Err(_) => {}
@@ -102,19 +102,19 @@ impl Inner {
             "" | "ko" => "ko",
             "en" => "en",
             other => {
-                return Err(Error::InvalidArgument(format!(
-                    "locale {other:?} is not supported; use \"ko\" or \"en\""
-                )));
+                return Err(Error::invalid(
+                    "locale",
+                    format!("locale {other:?} is not supported; use \"ko\" or \"en\""),
+                ));
             }
         };
         if req.hint.chars().count() > 500 {
-            return Err(Error::InvalidArgument(
-                "hint is longer than 500 characters".into(),
-            ));
+            return Err(Error::invalid("hint", "hint is longer than 500 characters"));
         }
         if req.idempotency_key.len() > 128 {
-            return Err(Error::InvalidArgument(
-                "idempotency_key is longer than 128 bytes".into(),
+            return Err(Error::invalid(
+                "idempotency_key",
+                "idempotency_key is longer than 128 bytes",
             ));
         }
         // A store known to be down refuses the scan now, not after its timeout.
@@ -143,14 +143,15 @@ impl Inner {
         let max = self.config.max_image_bytes;
         let bytes: Bytes = match (req.image.is_empty(), req.image_url.is_empty()) {
             (false, false) => {
-                return Err(Error::InvalidArgument(
-                    "send either `image` or `image_url`, not both".into(),
+                return Err(Error::invalid(
+                    "image_url",
+                    "send either `image` or `image_url`, not both",
                 ));
             }
             (true, true) => {
-                return Err(Error::InvalidArgument(
-                    "image is empty; send the photo's bytes in `image` or a URL in `image_url`"
-                        .into(),
+                return Err(Error::invalid(
+                    "image",
+                    "image is empty; send the photo's bytes in `image` or a URL in `image_url`",
                 ));
             }
             (false, true) => req.image.into(),
@@ -270,11 +271,14 @@ fn check_position(job_id: &str, after: EventId) -> Result<(), Error> {
     if after.ms == own.ms {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!(
-            "event id {after} is not an event of job {job_id}: its ids start with \"{}-\"; \
-             resume with an id this job's stream sent, or without one",
-            own.ms
-        )))
+        Err(Error::invalid(
+            "after_event_id",
+            format!(
+                "event id {after} is not an event of job {job_id}: its ids start with \"{}-\"; \
+                 resume with an id this job's stream sent, or without one",
+                own.ms
+            ),
+        ))
     }
 }
 
@@ -365,7 +369,7 @@ impl ScanService for ScanApi {
             Some(
                 req.after_event_id
                     .parse::<EventId>()
-                    .map_err(Error::InvalidArgument)?,
+                    .map_err(|e| Error::invalid("after_event_id", e))?,
             )
         };
         // A store known to be down refuses a new watch now, not after its timeout (a watch
