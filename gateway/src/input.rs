@@ -127,6 +127,8 @@ impl ScanInput {
     async fn from_multipart(mut multipart: Multipart, max: usize) -> Result<Self, ApiError> {
         let mut input = Self::default();
         let mut saw_image = false;
+        // The image part's own `Content-Type`, held to the bytes (the rule ingest applies too).
+        let mut declared: Option<String> = None;
         while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
             match field.name().unwrap_or_default() {
                 "image" => {
@@ -136,6 +138,7 @@ impl ScanInput {
                         ));
                     }
                     saw_image = true;
+                    declared = field.content_type().map(str::to_owned);
                     // Read chunk by chunk so an oversized image is refused without buffering it.
                     let mut buf = Vec::new();
                     while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
@@ -157,7 +160,12 @@ impl ScanInput {
                 "missing the `image` field; send the photo as a file in `image`".into(),
             ));
         }
-        input.content_type = check_image(&input.image, max)?.to_owned();
+        let found = check_image(&input.image, max)?;
+        if let Some(declared) = &declared {
+            ecoscan_common::image::check_declared(declared, found)
+                .map_err(ApiError::UnsupportedMediaType)?;
+        }
+        input.content_type = found.to_owned();
         Ok(input)
     }
 

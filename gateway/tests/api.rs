@@ -320,6 +320,48 @@ async fn the_image_error_messages_say_what_to_do() {
     assert_eq!(body["code"], "UNSUPPORTED_MEDIA_TYPE");
 }
 
+/// A multipart scan whose image part declares `declared` (written by hand: the part's own
+/// `Content-Type` line is the point).
+async fn post_declared(env: &Env, image: Vec<u8>, declared: &str) -> reqwest::Response {
+    let boundary = "ecoscan-declared-4b1e";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"photo\"\r\n\
+         Content-Type: {declared}\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(&image);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    env.http
+        .post(env.url("/api/v1/scan"))
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_image_part_must_declare_what_its_bytes_are_or_nothing() {
+    let env = start().await;
+    // The bytes are a PNG: so declared, or undeclared as curl sends an unknown file, it goes.
+    for agrees in ["image/png", "application/octet-stream"] {
+        let res = post_declared(&env, png(16), agrees).await;
+        assert_eq!(res.status(), StatusCode::ACCEPTED, "{agrees}");
+    }
+    // Declared JPEG: the declaration contradicts the bytes, refused with what they are.
+    let res = post_declared(&env, png(16), "image/jpeg").await;
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("\"image/jpeg\"") && detail.contains("bytes are image/png"),
+        "{detail}"
+    );
+}
+
 #[tokio::test]
 async fn a_field_ingest_refuses_is_named_in_the_problem() {
     let env = start().await;

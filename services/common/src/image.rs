@@ -16,9 +16,59 @@ pub fn sniff(bytes: &[u8]) -> Option<&'static str> {
     }
 }
 
+/// The one rule for a type the sender declared beside the bytes (a multipart part's
+/// `Content-Type`, `SubmitRequest.content_type`), the same at the gateway and at ingest: no
+/// declaration (empty, or `application/octet-stream`, which curl and many clients send for a file
+/// of unknown type) defers to the bytes; any other must name the type the bytes are (`bytes_are`,
+/// from [`sniff`]), parameters and case aside, `image/jpg` and `image/pjpeg` meaning JPEG.
+/// A contradiction is refused, saying what the bytes are.
+pub fn check_declared(declared: &str, bytes_are: &str) -> Result<(), String> {
+    let essence = declared
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let essence = match essence.as_str() {
+        "" | "application/octet-stream" => return Ok(()),
+        "image/jpg" | "image/pjpeg" => "image/jpeg".to_owned(),
+        _ => essence,
+    };
+    if essence == bytes_are {
+        Ok(())
+    } else {
+        Err(format!(
+            "the image is declared {declared:?} but its bytes are {bytes_are}; declare \
+             {bytes_are}, or no type"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_declared_type_must_name_what_the_bytes_are() {
+        for agrees in [
+            "",
+            "application/octet-stream",
+            "image/jpeg",
+            "IMAGE/JPEG",
+            "image/jpeg; charset=binary",
+            "image/jpg",
+            "image/pjpeg",
+        ] {
+            assert_eq!(check_declared(agrees, "image/jpeg"), Ok(()), "{agrees}");
+        }
+        let refused = check_declared("image/png", "image/jpeg").unwrap_err();
+        assert!(
+            refused.contains("\"image/png\"") && refused.contains("bytes are image/jpeg"),
+            "{refused}"
+        );
+        assert!(check_declared("text/plain", "image/gif").is_err());
+        assert!(check_declared("image/webp", "image/png").is_err());
+    }
 
     #[test]
     fn sniffs_the_four_image_types_and_nothing_else() {

@@ -23,14 +23,13 @@ pub fn validate(bytes: &[u8], declared: &str, max_bytes: usize) -> Result<&'stat
             ),
         ));
     }
-    if !declared.is_empty() && !declared.starts_with("image/") {
-        return Err(Error::invalid(
-            "content_type",
-            format!("content type {declared:?} is not an image; send JPEG, PNG, WebP or GIF"),
-        ));
-    }
-    sniff(bytes)
-        .ok_or_else(|| Error::invalid("image", "the bytes are not a JPEG, PNG, WebP or GIF image"))
+    let found = sniff(bytes).ok_or_else(|| {
+        Error::invalid("image", "the bytes are not a JPEG, PNG, WebP or GIF image")
+    })?;
+    // The rule the gateway applies too: a declaration must name what the bytes are.
+    ecoscan_common::image::check_declared(declared, found)
+        .map_err(|why| Error::invalid("content_type", why))?;
+    Ok(found)
 }
 
 #[cfg(test)]
@@ -57,5 +56,17 @@ mod tests {
             validate(&[0xFF, 0xD8, 0xFF, 0], "", 100).unwrap(),
             "image/jpeg"
         );
+        assert_eq!(
+            validate(&[0xFF, 0xD8, 0xFF, 0], "image/jpeg", 100).unwrap(),
+            "image/jpeg"
+        );
+        // A declaration that contradicts the bytes is refused, saying what they are.
+        let Err(Error::InvalidArgument { field, message }) =
+            validate(&[0xFF, 0xD8, 0xFF, 0], "image/png", 100)
+        else {
+            panic!("a PNG declaration of JPEG bytes is refused");
+        };
+        assert_eq!(field, "content_type");
+        assert!(message.contains("bytes are image/jpeg"), "{message}");
     }
 }
