@@ -156,7 +156,7 @@ impl Spec {
         format!(
             "#[::tracing::instrument(name = \"db\", skip_all, fields(otel.name = {otel_name}, \
              otel.kind = \"client\", db.system = {system}, db.system.name = {system}, db.operation.name = {op}\
-             {collection}, otel.status_code = ::tracing::field::Empty, \
+             , db.query.summary = {otel_name}{collection}, otel.status_code = ::tracing::field::Empty, \
              otel.status_description = ::tracing::field::Empty, \
              error.type = ::tracing::field::Empty{fields}))]"
         )

@@ -298,6 +298,23 @@ fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usi
         "the pipeline descends from the Scan request that submitted the job:\n{tree}"
     );
 
+    // The queue's consumer side, by the messaging conventions: the job is the message.
+    assert_eq!(
+        pipeline.attr("messaging.operation.type"),
+        "process",
+        "{tree}"
+    );
+    assert_eq!(
+        pipeline.attr("messaging.destination.name"),
+        "scan-jobs",
+        "{tree}"
+    );
+    assert_eq!(
+        pipeline.attr("messaging.message.id"),
+        pipeline.attr("job.id"),
+        "{tree}"
+    );
+
     // Stage spans, in order, with job id, stage and attempt, each calling its service.
     let mut stages: Vec<&&Span> = trace
         .iter()
@@ -350,6 +367,17 @@ fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usi
         sql.contains(&"INSERT") && sql.contains(&"UPDATE"),
         "job store spans with db.system and db.operation.name: {sql:?}\n{tree}"
     );
+    // Named `{operation} {collection}`, the name its db.query.summary.
+    for s in trace
+        .iter()
+        .filter(|s| s.attributes.contains_key("db.system.name"))
+    {
+        assert_eq!(
+            s.attr("db.query.summary"),
+            s.name,
+            "a store span's summary is its name\n{tree}"
+        );
+    }
 
     // Model calls with the GenAI conventions, in vision and answer.
     let calls: Vec<&&Span> = trace

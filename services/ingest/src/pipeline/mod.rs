@@ -118,6 +118,9 @@ impl Drop for Workers {
     }
 }
 
+/// The dispatch queue's name in traces (`messaging.destination.name`).
+pub(crate) const QUEUE_NAME: &str = "scan-jobs";
+
 /// Jobs claimed per round trip at most.
 const CLAIM_BATCH: usize = 64;
 /// How often the dispatcher forgets claimers of processes that are gone (at most; every five

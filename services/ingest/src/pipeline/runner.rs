@@ -40,11 +40,19 @@ impl Ctx {
                 .unwrap_or_default();
             self.metrics.dispatch_lag(lag);
         }
+        // The consumer's side of the dispatch queue, by the messaging conventions: the job is
+        // the message, processed here.
         let span = tracing::info_span!(
             "pipeline",
             otel.name = "pipeline",
+            otel.kind = "consumer",
             job.id = %job_id,
             job.deliveries = i64::from(lease.entry.deliveries),
+            messaging.system = if self.config.redis.is_some() { "redis" } else { "in_memory" },
+            messaging.operation.type = "process",
+            messaging.operation.name = "process",
+            messaging.destination.name = super::QUEUE_NAME,
+            messaging.message.id = %job_id,
         );
         // The pipeline joins the trace of the request that submitted the job.
         let _ = span.set_parent(ecoscan_common::telemetry::context_from_carrier(
