@@ -65,6 +65,9 @@ pub enum Refused {
 struct Pending {
     call: NewCall,
     ack: oneshot::Sender<Ack>,
+    /// The request that handed the call over (`Record`, `RecordStream`): the batch that writes
+    /// it links to it.
+    from: Option<ecoscan_common::telemetry::SpanContext>,
 }
 
 /// How batches are formed and written.
@@ -127,7 +130,11 @@ impl Writer {
     pub async fn submit(&self, call: NewCall) -> Result<oneshot::Receiver<Ack>, WriterClosed> {
         let (ack, rx) = oneshot::channel();
         self.tx
-            .send(Pending { call, ack })
+            .send(Pending {
+                call,
+                ack,
+                from: ecoscan_common::telemetry::current_span_context(),
+            })
             .await
             .map_err(|_| WriterClosed)?;
         Ok(rx)
@@ -259,7 +266,7 @@ fn prepare(batch: &mut Vec<Pending>) -> (Batch, Vec<oneshot::Sender<Ack>>) {
     let mut object = Vec::new();
     let mut rows = Vec::with_capacity(batch.len());
     let mut acks = Vec::with_capacity(batch.len());
-    for Pending { call, ack } in batch.drain(..) {
+    for Pending { call, ack, .. } in batch.drain(..) {
         let NewCall {
             mut row,
             request_body,
@@ -320,6 +327,9 @@ async fn write_batch(target: &Target, mut batch: Vec<Pending>) {
         analytics.duplicates = tracing::field::Empty,
         analytics.spooled = tracing::field::Empty,
     );
+    // Batch links (the messaging conventions): to every request whose calls this batch writes,
+    // each of which links to the model calls it reported.
+    ecoscan_common::telemetry::link_to_each(&span, batch.iter().filter_map(|p| p.from.clone()));
     async {
         let (batch, acks) = prepare(&mut batch);
         let spool = &target.spool;

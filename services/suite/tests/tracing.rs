@@ -122,6 +122,23 @@ fn complete(spans: &[Span], trace_id: &str) -> bool {
             .iter()
             .any(|s| s.service == "ecoscan-analytics" && s.kind == 2)
         && trace.iter().any(|s| !s.links.is_empty())
+        && batch_linking(spans, &trace).is_some()
+}
+
+/// The analytics batch (a trace of its own) that links to a `Record` request of `trace`.
+fn batch_linking<'a>(spans: &'a [Span], trace: &[&Span]) -> Option<&'a Span> {
+    // The Record / RecordStream handlers' spans.
+    let records: HashSet<&str> = trace
+        .iter()
+        .filter(|s| s.service == "ecoscan-analytics")
+        .map(|s| s.span_id.as_str())
+        .collect();
+    spans.iter().find(|s| {
+        s.name == "analytics.write_batch"
+            && s.links
+                .iter()
+                .any(|(_, span)| records.contains(span.as_str()))
+    })
 }
 
 fn describe(trace: &[&Span]) -> String {
@@ -429,6 +446,10 @@ fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usi
             .any(|(_, span)| call_ids.contains(span.as_str()))),
         "a report span links the model call it reports:\n{tree}"
     );
+    // The batch that wrote them, a trace of its own, links to the request that handed them over.
+    let batch = batch_linking(spans, &trace)
+        .unwrap_or_else(|| panic!("no analytics batch links to the scan's Record calls:\n{tree}"));
+    assert_ne!(batch.trace_id, trace_id, "the batch is a trace of its own");
 }
 
 #[tokio::test]

@@ -43,6 +43,34 @@ pub fn link_to_carrier(span: &tracing::Span, carrier: &HashMap<String, String>) 
     }
 }
 
+/// The current span's own context, to link to later (a batch that carries what this request
+/// handed over); `None` outside a trace.
+pub fn current_span_context() -> Option<opentelemetry::trace::SpanContext> {
+    let cx = tracing::Span::current().context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then_some(sc)
+}
+
+/// Links `span` to each of `contexts` (distinct ones once, at most [`MAX_LINKS`]): a batch's
+/// span to the requests whose work it carries, by the messaging conventions' batch links.
+pub fn link_to_each(
+    span: &tracing::Span,
+    contexts: impl IntoIterator<Item = opentelemetry::trace::SpanContext>,
+) {
+    let mut seen = std::collections::HashSet::new();
+    for sc in contexts {
+        if seen.len() == MAX_LINKS {
+            break;
+        }
+        if sc.is_valid() && seen.insert((sc.trace_id(), sc.span_id())) {
+            span.add_link(sc);
+        }
+    }
+}
+
+/// The most links [`link_to_each`] adds to one span: the OpenTelemetry SDK's default limit.
+pub const MAX_LINKS: usize = 128;
+
 /// A context from HTTP headers (`traceparent`, `baggage`).
 pub fn context_from_headers(headers: &http::HeaderMap) -> Context {
     opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)))
