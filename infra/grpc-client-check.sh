@@ -33,14 +33,11 @@ if [[ ! -f "$venv/.installed" ]]; then
     touch "$venv/.installed"
 fi
 
-say "building the suite binary"
-# The test command's own build: nothing to recompile after it.
-cargo build --locked --quiet --workspace --bins
-ecoscan="${CARGO_TARGET_DIR:-$PWD/target}/debug/ecoscan"
-[[ -x "$ecoscan" ]] || die "no suite binary at $ecoscan after cargo build"
-
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# The binary and a scratch directory removed on exit ($ecoscan, $work); the Python side starts
+# `ecoscan up` itself (infra/lib/suiteproc.py).
+# shellcheck source=lib/suite.sh
+source infra/lib/suite.sh
+suite_build
 stubs="$work/stubs"
 mkdir -p "$stubs"
 say "generating the Python client from proto/ (grpc_tools.protoc)"

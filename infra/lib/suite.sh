@@ -1,4 +1,5 @@
-# Shared by the checks that drive a running suite (api-check.sh, demo-check.sh): build the
+# Shared by the checks that drive a running suite (api-check.sh, demo-check.sh; the build and
+# the directory also grpc-client-check.sh): build the
 # `ecoscan` binary, start `ecoscan up` on loopback with every port 0 in a temporary directory,
 # wait until its gateway is ready, and stop it (and remove the directory) on exit.
 # The caller defines `say` and `die` and sources this file from the repository's root.

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use ecoscan_common::client::request_as;
-use ecoscan_proto::v1::{Stage, SubmitRequest, WatchRequest};
+use ecoscan_proto::v1::{Stage, WatchRequest};
 use ecoscan_redis::{
     Settings,
     testing::{Blackhole, PrivateRedis},
@@ -24,18 +24,7 @@ use tonic_types::StatusExt as _;
 const FAST: Duration = Duration::from_secs(3);
 
 async fn submit(env: &Env) -> Result<String, tonic::Status> {
-    env.ingest
-        .clone()
-        .submit(request_as(
-            SubmitRequest {
-                image: PNG.to_vec(),
-                ..Default::default()
-            },
-            Duration::from_secs(30),
-            "u1",
-        ))
-        .await
-        .map(|r| r.into_inner().job_id)
+    support::try_submit_png(env, Duration::from_secs(30)).await
 }
 
 async fn metrics(env: &Env) -> String {

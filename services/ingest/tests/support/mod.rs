@@ -357,6 +357,14 @@ pub async fn insert_with_image(env: &Env, image_key: &str) -> Job {
 
 /// Submits the test PNG as `u1` and returns the job id.
 pub async fn submit_png(env: &Env) -> String {
+    try_submit_png(env, Duration::from_secs(10))
+        .await
+        .expect("submit accepts the test image")
+}
+
+/// Submits the test PNG as `u1` with a call deadline of `deadline`: the job id, or the status
+/// ingest refused it with.
+pub async fn try_submit_png(env: &Env, deadline: Duration) -> Result<String, tonic::Status> {
     env.ingest
         .clone()
         .submit(request_as(
@@ -364,13 +372,11 @@ pub async fn submit_png(env: &Env) -> String {
                 image: PNG.to_vec(),
                 ..Default::default()
             },
-            Duration::from_secs(10),
+            deadline,
             "u1",
         ))
         .await
-        .expect("submit accepts the test image")
-        .into_inner()
-        .job_id
+        .map(|r| r.into_inner().job_id)
 }
 
 /// The job's result as `u1` reads it over `GetResult`.
