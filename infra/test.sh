@@ -78,6 +78,9 @@ infra/api-check.sh
 echo "==> gRPC from a generated Python client (grpcio, grpcio-status against ecoscan up)"
 infra/grpc-client-check.sh
 
+echo "==> traces read by an OTLP receiver built from the official protos (grpcio, opentelemetry-proto)"
+infra/otlp-check.sh
+
 echo "==> hostile edge (nginx, PyJWT + cryptography and raw sockets against ecoscan up)"
 infra/edge-check.sh
 
