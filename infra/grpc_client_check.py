@@ -30,7 +30,7 @@ from google.rpc import error_details_pb2  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
 from prometheus_client.openmetrics.parser import text_string_to_metric_families  # noqa: E402
 
-from ecoscan.v1 import ingest_pb2, ingest_pb2_grpc  # noqa: E402
+from ecoscan.v1 import ingest_pb2, ingest_pb2_grpc, rule_pb2, rule_pb2_grpc  # noqa: E402
 import suiteproc as sp  # noqa: E402
 from suiteproc import check, say  # noqa: E402
 
@@ -158,6 +158,13 @@ def main():
     err = refused(lambda: scans.Submit(french, metadata=me, timeout=10), "unsupported locale")
     check_error(err, "unsupported locale", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD",
                 ["field"], field="locale")
+
+    # Another service's refusal of a field: rule, a lookup with no classification.
+    rules = rule_pb2_grpc.RuleServiceStub(grpc.insecure_channel(addrs["rule"]))
+    err = refused(lambda: rules.Lookup(rule_pb2.LookupRequest(), timeout=10).next(),
+                  "rule lookup without a classification")
+    check_error(err, "rule lookup without a classification", grpc.StatusCode.INVALID_ARGUMENT,
+                "INVALID_FIELD", ["field"], field="classification")
 
     unknown = ingest_pb2.GetResultRequest(job_id="6f1c1e0e-4f4a-4b7e-9a4e-2d1f0c9b8a7d")
     err = refused(lambda: scans.GetResult(unknown, metadata=me, timeout=10), "unknown job")

@@ -71,9 +71,27 @@ pub enum Error {
     Internal(#[source] anyhow::Error),
 }
 
+/// The request field an invalid-argument error is about, as the proto names it (a recorded
+/// call's fields under `call`).
+fn invalid_field_of(e: &Error) -> String {
+    match e {
+        Error::MissingCall => "call".to_owned(),
+        Error::EmptyCallId | Error::InvalidCallId(_) => "call.call_id".to_owned(),
+        Error::EmptyService => "call.service".to_owned(),
+        Error::EmptyModel => "call.model".to_owned(),
+        Error::InvalidDuration { field } | Error::NulInField { field } => format!("call.{field}"),
+        Error::InvalidStatus(_) => "call.status".to_owned(),
+        Error::InvalidWindow => "since".to_owned(),
+        Error::InvalidStreamItem { source, .. } => invalid_field_of(source),
+        _ => String::new(),
+    }
+}
+
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
+            // Each names its field (INVALID_FIELD with a BadRequest); a stream item's, the
+            // field of the call it is about.
             Error::MissingCall
             | Error::EmptyCallId
             | Error::InvalidCallId(_)
@@ -83,7 +101,9 @@ impl From<Error> for Status {
             | Error::InvalidStatus(_)
             | Error::NulInField { .. }
             | Error::InvalidWindow
-            | Error::InvalidStreamItem { .. } => Status::invalid_argument(e.to_string()),
+            | Error::InvalidStreamItem { .. } => {
+                ecoscan_common::reasons::invalid_field(&invalid_field_of(&e), e.to_string())
+            }
             Error::NotFound(_) => Status::not_found(e.to_string()),
             Error::Identity(e) => Status::from(e),
             Error::NotAdmin => Status::permission_denied(e.to_string()),

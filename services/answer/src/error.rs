@@ -23,10 +23,18 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::MissingClassification
-            | Error::MissingRules
-            | Error::NoCategory
-            | Error::UnsupportedLocale(_) => Status::invalid_argument(e.to_string()),
+            // Each names its field (INVALID_FIELD with a BadRequest).
+            Error::MissingClassification => {
+                ecoscan_common::reasons::invalid_field("classification", e.to_string())
+            }
+            Error::MissingRules => ecoscan_common::reasons::invalid_field("rules", e.to_string()),
+            Error::NoCategory => ecoscan_common::reasons::invalid_field(
+                "classification.major_category",
+                e.to_string(),
+            ),
+            Error::UnsupportedLocale(_) => {
+                ecoscan_common::reasons::invalid_field("locale", e.to_string())
+            }
             Error::Truncated => {
                 tracing::error!(error = %e, "answer failed");
                 Status::internal(e.to_string())

@@ -35,8 +35,11 @@ impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
             Error::Identity(e) => Status::from(e),
-            Error::EmptyTitle | Error::EmptyId | Error::MissingDueAt | Error::DueTooFar => {
-                Status::invalid_argument(e.to_string())
+            // Each names its field (INVALID_FIELD with a BadRequest).
+            Error::EmptyTitle => ecoscan_common::reasons::invalid_field("title", e.to_string()),
+            Error::EmptyId => ecoscan_common::reasons::invalid_field("id", e.to_string()),
+            Error::MissingDueAt | Error::DueTooFar => {
+                ecoscan_common::reasons::invalid_field("due_at", e.to_string())
             }
             Error::NotFound(_) => Status::not_found(e.to_string()),
             Error::AlreadyDelivered(_) => Status::failed_precondition(e.to_string()),

@@ -29,8 +29,10 @@ impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
             Error::Identity(e) => Status::from(e),
-            Error::EmptyJobId | Error::MissingClassification => {
-                Status::invalid_argument(e.to_string())
+            // Each names its field (INVALID_FIELD with a BadRequest).
+            Error::EmptyJobId => ecoscan_common::reasons::invalid_field("job_id", e.to_string()),
+            Error::MissingClassification => {
+                ecoscan_common::reasons::invalid_field("classification", e.to_string())
             }
             Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
             Error::NotIngest => Status::permission_denied(e.to_string()),

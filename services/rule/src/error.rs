@@ -39,10 +39,21 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
         match err {
-            Error::MissingClassification
-            | Error::EmptyMajor { .. }
-            | Error::UnsupportedLocale(_)
-            | Error::MissingMiddle { .. } => Status::invalid_argument(err.to_string()),
+            // Each names its field (INVALID_FIELD with a BadRequest).
+            Error::MissingClassification => {
+                ecoscan_common::reasons::invalid_field("classification", err.to_string())
+            }
+            Error::EmptyMajor { .. } => ecoscan_common::reasons::invalid_field(
+                "classification.major_category",
+                err.to_string(),
+            ),
+            Error::UnsupportedLocale(_) => {
+                ecoscan_common::reasons::invalid_field("locale", err.to_string())
+            }
+            Error::MissingMiddle { .. } => ecoscan_common::reasons::invalid_field(
+                "classification.middle_category",
+                err.to_string(),
+            ),
             Error::UnknownMajor { .. } | Error::UnknownMiddle { .. } => {
                 Status::not_found(err.to_string())
             }

@@ -27,8 +27,12 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
-            Error::EmptyImage | Error::UnsupportedContentType(_) | Error::NotAnImage => {
-                Status::invalid_argument(e.to_string())
+            // Each names its field (INVALID_FIELD with a BadRequest).
+            Error::EmptyImage | Error::NotAnImage => {
+                ecoscan_common::reasons::invalid_field("image", e.to_string())
+            }
+            Error::UnsupportedContentType(_) => {
+                ecoscan_common::reasons::invalid_field("content_type", e.to_string())
             }
             Error::RuleUnavailable { .. } => Status::unavailable(e.to_string()),
             Error::EmptyTaxonomy(_) => Status::failed_precondition(e.to_string()),
