@@ -4,7 +4,8 @@ grpc-status-details-bin), against `ecoscan up` on loopback.
 
 Checked, each with its code, its ErrorInfo (reason, domain `ecoscan`, metadata) and detail types:
   - a scan submitted and watched to its end (the happy path, generated stubs only);
-  - every error: a RequestInfo whose request_id is the call's trace id;
+  - every error: a RequestInfo whose request_id is the call's trace id; a LocalizedMessage in
+    Korean or English when the call asks with accept-language;
   - a field the service refuses: INVALID_ARGUMENT, INVALID_FIELD and a BadRequest naming it;
   - an unknown job: NOT_FOUND, the code as the reason;
   - a call with no identity: UNAUTHENTICATED, IDENTITY_MISSING;
@@ -155,9 +156,20 @@ def main():
     check_error(err, "no identity", grpc.StatusCode.UNAUTHENTICATED, "IDENTITY_MISSING")
 
     french = ingest_pb2.SubmitRequest(image=PNG, hint="plastic bottle", locale="fr")
-    err = refused(lambda: scans.Submit(french, metadata=me, timeout=10), "unsupported locale")
+    err = refused(lambda: scans.Submit(french, metadata=me + [("accept-language", "ko-KR")],
+                                       timeout=10), "unsupported locale")
     check_error(err, "unsupported locale", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD",
                 ["field"], field="locale")
+    localized = details(err)[1].get("LocalizedMessage")
+    check(localized is not None and localized.locale == "ko-KR" and "`locale`" in localized.message
+          and any("\uac00" <= c <= "\ud7a3" for c in localized.message),
+          f"accept-language ko: a Korean LocalizedMessage ({localized.message if localized else None!r})")
+    err = refused(lambda: scans.Submit(french, metadata=me + [("accept-language", "en")],
+                                       timeout=10), "unsupported locale, in English")
+    localized = details(err)[1].get("LocalizedMessage")
+    check(localized is not None and localized.locale == "en-US"
+          and localized.message == err.details(),
+          f"accept-language en: the message as an English LocalizedMessage ({localized})")
 
     # Another service's refusal of a field: rule, a lookup with no classification.
     rules = rule_pb2_grpc.RuleServiceStub(grpc.insecure_channel(addrs["rule"]))

@@ -88,9 +88,15 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         // The call's span is current here (the trace layer wraps this one).
         let trace_id = crate::telemetry::current_trace_id();
+        // The language the caller reads (`LocalizedMessage`).
+        let language = req
+            .headers()
+            .get("accept-language")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         self.inner
             .call(req)
-            .map(move |res| rewrite(res, &trace_id))
+            .map(move |res| rewrite(res, &trace_id, language.as_deref()))
             .boxed()
     }
 }
@@ -98,12 +104,13 @@ where
 fn rewrite<R, E>(
     res: Result<http::Response<R>, E>,
     trace_id: &str,
+    language: Option<&str>,
 ) -> Result<http::Response<R>, E> {
     res.map(|mut res| {
         // A trailers-only answer: the status is in the headers.
         if let Some(status) = Status::from_header_map(res.headers()) {
             let status = plain(&status).unwrap_or(status);
-            let status = crate::reasons::with_common_details(status, trace_id);
+            let status = crate::reasons::with_details_for(status, trace_id, language);
             // Replaces `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
             let _ = status.add_header(res.headers_mut());
         }
@@ -141,7 +148,7 @@ mod tests {
         )
         .add_header(res.headers_mut())
         .unwrap();
-        let res = rewrite::<(), ()>(Ok(res), "4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        let res = rewrite::<(), ()>(Ok(res), "4bf92f3577b34da6a3ce929d0e0e4736", None).unwrap();
         let status = Status::from_header_map(res.headers()).unwrap();
         assert_eq!(status.code(), Code::OutOfRange);
         assert!(

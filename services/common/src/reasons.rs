@@ -108,6 +108,13 @@ const DEFAULT_RETRY: Duration = Duration::from_secs(1);
 /// `UNAVAILABLE` a `RetryInfo` (from the `retry-after` metadata, else 1 s) when it has none.
 /// `OK` comes back as it is.
 pub fn with_common_details(status: Status, trace_id: &str) -> Status {
+    with_details_for(status, trace_id, None)
+}
+
+/// [`with_common_details`], and for a caller that asked for a language (`accept-language`
+/// metadata: Korean or English) a `LocalizedMessage` in it: the message itself in English, in
+/// Korean a sentence per reason (or per code) that says what happened and what to do.
+pub fn with_details_for(status: Status, trace_id: &str, accept_language: Option<&str>) -> Status {
     if status.code() == Code::Ok {
         return status;
     }
@@ -135,12 +142,98 @@ pub fn with_common_details(status: Status, trace_id: &str) -> Status {
         details.set_retry_info(Some(delay));
         changed = true;
     }
+    if details.localized_message().is_none()
+        && let Some(locale) = accept_language.and_then(locale_of)
+    {
+        let reason = details
+            .error_info()
+            .map(|i| i.reason.clone())
+            .unwrap_or_default();
+        let message = match locale {
+            "ko-KR" => korean(&reason, status.code(), &details),
+            _ => status.message().to_owned(),
+        };
+        details.set_localized_message(locale, message);
+        changed = true;
+    }
     if !changed {
         return status;
     }
     let mut enriched = Status::with_error_details(status.code(), status.message(), details);
     *enriched.metadata_mut() = status.metadata().clone();
     enriched
+}
+
+/// The locale of a `LocalizedMessage` for an `accept-language` value: its first language if
+/// it is Korean or English.
+fn locale_of(accept_language: &str) -> Option<&'static str> {
+    let first = accept_language
+        .split(',')
+        .next()?
+        .split(';')
+        .next()?
+        .trim()
+        .to_ascii_lowercase();
+    match first.split('-').next()? {
+        "ko" => Some("ko-KR"),
+        "en" => Some("en-US"),
+        _ => None,
+    }
+}
+
+/// What went wrong, in Korean, for `reason` (else the code).
+fn korean(reason: &str, code: Code, details: &ErrorDetails) -> String {
+    let field = details
+        .error_info()
+        .and_then(|i| i.metadata.get("field").cloned())
+        .unwrap_or_default();
+    match reason {
+        "IDENTITY_MISSING" => "이 호출에는 사용자 신원이 필요합니다. 서명된 `x-ecoscan-identity` \
+                               값을 함께 보내세요(`ecoscan token --grpc <서비스> --user <id>`로 \
+                               발급합니다)."
+            .to_owned(),
+        "IDENTITY_INVALID" => {
+            "신원에 담긴 사용자 ID를 쓸 수 없습니다. 올바른 사용자 ID로 다시 발급받으세요."
+                .to_owned()
+        }
+        "IDENTITY_REFUSED" => "신원 값(`x-ecoscan-identity`)이 거부되었습니다. 호출하는 \
+                               서비스용으로 새로 발급받아 다시 보내세요."
+            .to_owned(),
+        "MESSAGE_TOO_LARGE" => {
+            "요청이 허용된 크기보다 큽니다. 더 작은 이미지(최대 10 MiB)를 보내세요.".to_owned()
+        }
+        "BACKLOG_FULL" => {
+            "처리를 기다리는 스캔이 너무 많습니다. 잠시 후 다시 시도하세요.".to_owned()
+        }
+        "FETCH_BUSY" => {
+            "이미지를 가져오는 작업이 모두 사용 중입니다. 잠시 후 다시 시도하세요.".to_owned()
+        }
+        "STORE_UNAVAILABLE" => {
+            "서비스의 저장소가 응답하지 않습니다. 잠시 후 다시 시도하세요.".to_owned()
+        }
+        INVALID_FIELD => {
+            format!("요청의 `{field}` 값이 올바르지 않습니다. 값을 고쳐 다시 보내세요.")
+        }
+        _ => match code {
+            Code::InvalidArgument => "요청이 올바르지 않습니다. 값을 고쳐 다시 보내세요.",
+            Code::NotFound => "요청한 대상을 찾을 수 없습니다.",
+            Code::AlreadyExists => "이미 있는 대상입니다.",
+            Code::PermissionDenied => "이 작업을 할 권한이 없습니다.",
+            Code::Unauthenticated => "인증되지 않은 호출입니다. 신원을 함께 보내세요.",
+            Code::FailedPrecondition => "지금 상태에서는 할 수 없는 요청입니다.",
+            Code::OutOfRange => "허용 범위를 벗어난 요청입니다.",
+            Code::ResourceExhausted => "요청이 너무 많습니다. 잠시 후 다시 시도하세요.",
+            Code::Unavailable => "서비스를 잠시 쓸 수 없습니다. 잠시 후 다시 시도하세요.",
+            Code::DeadlineExceeded => "정해진 시간 안에 끝나지 않았습니다. 다시 시도하세요.",
+            Code::Cancelled => "호출이 취소되었습니다.",
+            Code::Aborted => "다른 작업과 충돌했습니다. 다시 시도하세요.",
+            Code::Unimplemented => "이 서비스가 지원하지 않는 호출입니다.",
+            Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => {
+                "서버 내부 오류입니다. 계속되면 운영자에게 알려 주세요."
+            }
+        }
+        .to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -221,6 +314,48 @@ mod tests {
                 .error_info()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_caller_that_asks_for_korean_or_english_gets_a_localized_message() {
+        let refused = || {
+            status(
+                Code::ResourceExhausted,
+                "too many scans waiting (3); try again in 5 s",
+                Reason::BacklogFull,
+                &[],
+                None,
+            )
+        };
+        let ko =
+            with_details_for(refused(), "", Some("ko-KR,ko;q=0.9,en;q=0.8")).get_error_details();
+        let ko = ko.localized_message().expect("a Korean message");
+        assert_eq!(ko.locale, "ko-KR");
+        assert!(ko.message.contains("잠시 후 다시 시도"), "{}", ko.message);
+        let en = with_details_for(refused(), "", Some("en")).get_error_details();
+        assert_eq!(
+            en.localized_message()
+                .map(|m| (m.locale.as_str(), m.message.as_str())),
+            Some(("en-US", "too many scans waiting (3); try again in 5 s"))
+        );
+        // A field names itself; another language, or none asked: no LocalizedMessage.
+        let field = with_details_for(invalid_field("locale", "locale \"fr\""), "", Some("ko"))
+            .get_error_details();
+        assert!(
+            field
+                .localized_message()
+                .unwrap()
+                .message
+                .contains("`locale`")
+        );
+        for asked in [Some("fr-FR"), None] {
+            assert!(
+                with_details_for(refused(), "", asked)
+                    .get_error_details()
+                    .localized_message()
+                    .is_none()
+            );
+        }
     }
 
     #[test]
