@@ -3,7 +3,9 @@ proto/ with grpcio-tools, errors decoded with grpcio-status (google.rpc.Status f
 grpc-status-details-bin), against `ecoscan up` on loopback.
 
 Checked, each with its code, its ErrorInfo (reason, domain `ecoscan`, metadata) and detail types:
-  - a scan submitted and watched to its end (the happy path, generated stubs only);
+  - a scan submitted and watched to its end (the happy path, generated stubs only), resumed
+    after each cut at the watch's lifetime; that cut (DEADLINE_EXCEEDED in the trailers, after
+    events) carries the same details as any refusal;
   - every error: a RequestInfo whose request_id is the call's trace id; a LocalizedMessage in
     Korean or English when the call asks with accept-language;
   - a field the service refuses: INVALID_ARGUMENT, INVALID_FIELD and a BadRequest naming it;
@@ -133,6 +135,8 @@ def main():
         # Slow scans and a small backlog, so the backlog fills within the check.
         "LLM_MOCK_LATENCY": "3s",
         "INGEST_MAX_BACKLOG": "3",
+        # Watches end at 2 s: a stream whose status comes after its messages.
+        "INGEST_WATCH_MAX_LIFETIME": "2s",
     })
     say(f"ecoscan up: ingest {addrs['ingest']}")
     channel = grpc.insecure_channel(addrs["ingest"])
@@ -143,11 +147,31 @@ def main():
     job = scans.Submit(ingest_pb2.SubmitRequest(image=PNG, hint="plastic bottle", locale="en"),
                        metadata=me, timeout=30)
     check(len(job.job_id) == 36, f"Submit: a job id ({job.job_id})")
-    stages = [m.event.stage for m in scans.Watch(ingest_pb2.WatchRequest(job_id=job.job_id),
-                                                  metadata=me, timeout=120)
-              if m.HasField("event")]
+    # Watched as a client does: a stream cut at its lifetime (2 s here) is resumed after the
+    # last event it delivered, until the job's end.
+    stages, last, cut, seen_at_cut = [], "", None, 0
+    for _ in range(20):
+        try:
+            for m in scans.Watch(ingest_pb2.WatchRequest(job_id=job.job_id, after_event_id=last),
+                                 metadata=me, timeout=120):
+                if m.HasField("event"):
+                    stages.append(m.event.stage)
+                    last = m.event.event_id
+            break
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            if cut is None:
+                cut, seen_at_cut = e, len(stages)
     check(stages and ingest_pb2.Stage.Name(stages[-1]) == "STAGE_DONE",
-          f"Watch: the stream ends done ({[ingest_pb2.Stage.Name(s) for s in stages[-3:]]})")
+          f"Watch: resumed after each cut, the stream ends done "
+          f"({[ingest_pb2.Stage.Name(s) for s in stages[-3:]]})")
+    check(cut is not None and seen_at_cut > 0,
+          f"a Watch ends at its lifetime after sending events ({seen_at_cut} events)")
+    if cut is not None:
+        # The status came in the trailers, after messages: the same details all the same.
+        check_error(cut, "a Watch at its lifetime", grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "DEADLINE_EXCEEDED")
 
     exemplars(addrs["ingest"])
 

@@ -3,10 +3,10 @@
 //! decoder before any service code runs, as `OUT_OF_RANGE` "Error, decoded message length too
 //! large: found … bytes, the limit is: … bytes"; [`PlainStatusLayer`] (one of every server's
 //! layers) keeps the code and says what happened and what to do instead. It also gives every
-//! error answered before a stream's first message (unary errors, refusals) the details of
-//! [`crate::reasons::with_common_details`]: an `ErrorInfo`, a `RequestInfo` with the call's
-//! trace id, a `RetryInfo` on `UNAVAILABLE`. An error that ends a stream after messages were
-//! sent keeps the details its code gave it.
+//! error — a trailers-only answer (unary errors, refusals) or a stream's trailers after its
+//! messages ([`DetailsBody`]) — the details of [`crate::reasons::with_details_for`]: an
+//! `ErrorInfo`, a `RequestInfo` with the call's trace id, a `RetryInfo` on `UNAVAILABLE`, a
+//! `LocalizedMessage` when the caller sent `accept-language`.
 
 use std::task::{Context, Poll};
 
@@ -77,9 +77,9 @@ where
     R: Send + 'static,
     S::Error: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = http::Response<DetailsBody<R>>;
     type Error = S::Error;
-    type Future = futures::future::BoxFuture<'static, Result<http::Response<R>, S::Error>>;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -96,8 +96,68 @@ where
             .map(str::to_owned);
         self.inner
             .call(req)
-            .map(move |res| rewrite(res, &trace_id, language.as_deref()))
+            .map(move |res| {
+                rewrite(res, &trace_id, language.as_deref()).map(|res| {
+                    // A stream's status comes in its trailers: the same details there.
+                    res.map(|body| DetailsBody {
+                        inner: Box::pin(body),
+                        trace_id,
+                        language,
+                    })
+                })
+            })
             .boxed()
+    }
+}
+
+/// A response body whose trailers (a stream's status, after its messages) get the details
+/// [`rewrite`] gives a trailers-only answer.
+pub struct DetailsBody<B> {
+    inner: std::pin::Pin<Box<B>>,
+    trace_id: String,
+    language: Option<String>,
+}
+
+impl<B: http_body::Body> http_body::Body for DetailsBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let frame = match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        enrich(&mut trailers, &this.trace_id, this.language.as_deref());
+                        http_body::Frame::trailers(trailers)
+                    }
+                    Err(frame) => frame,
+                };
+                Poll::Ready(Some(Ok(frame)))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Plain words and the common details for the status `headers` carry, if any.
+fn enrich(headers: &mut http::HeaderMap, trace_id: &str, language: Option<&str>) {
+    if let Some(status) = Status::from_header_map(headers) {
+        let status = plain(&status).unwrap_or(status);
+        let status = crate::reasons::with_details_for(status, trace_id, language);
+        // Replaces `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
+        let _ = status.add_header(headers);
     }
 }
 
@@ -108,12 +168,7 @@ fn rewrite<R, E>(
 ) -> Result<http::Response<R>, E> {
     res.map(|mut res| {
         // A trailers-only answer: the status is in the headers.
-        if let Some(status) = Status::from_header_map(res.headers()) {
-            let status = plain(&status).unwrap_or(status);
-            let status = crate::reasons::with_details_for(status, trace_id, language);
-            // Replaces `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
-            let _ = status.add_header(res.headers_mut());
-        }
+        enrich(res.headers_mut(), trace_id, language);
         res
     })
 }
