@@ -46,6 +46,12 @@ const SUBSCRIBER_LAG: usize = 512;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Reconnects without a single event in between before the feed gives up with the last error.
 const MAX_FRUITLESS_RECONNECTS: u32 = 8;
+/// How long a feed that has streamed nothing tries again while ingest refuses it for a store
+/// it cannot reach, and how often: a store blip (a restart, a pause) costs its new watchers a
+/// few hundred milliseconds once ingest's circuit lets a call through again, not a reconnect
+/// of their own; an outage ends their streams with the resume hint within about this long.
+const NEW_FEED_STORE_GRACE: Duration = Duration::from_secs(2);
+const NEW_FEED_STORE_RETRY: Duration = Duration::from_millis(250);
 
 /// What subscribers receive.
 #[derive(Clone, Debug)]
@@ -324,6 +330,7 @@ async fn pump(
 ) {
     let mut backoff = Duration::from_millis(100);
     let mut fruitless = 0;
+    let began = tokio::time::Instant::now();
     loop {
         let request = WatchRequest {
             job_id: job_id.clone(),
@@ -378,10 +385,10 @@ async fn pump(
             Err(status) => status,
         };
         fruitless += 1;
-        // Ingest refusing a new watch because a store of its own does not answer is its answer
-        // for the next second (`retry-after`): a feed that has streamed nothing yet passes it on
-        // at once instead of retrying for seconds; one that was streaming waits it out as for
-        // any outage.
+        // Ingest refusing a new watch because a store of its own does not answer: a feed that
+        // has streamed nothing yet tries again often for a short while (the store may be back
+        // by its next probe), then passes it on instead of retrying for seconds; one that was
+        // streaming waits it out as for any outage.
         let refused_new = crate::error::store_down(&ended).is_some()
             && shared
                 .ring
@@ -389,7 +396,8 @@ async fn pump(
                 .expect("ring lock poisoned")
                 .events
                 .is_empty();
-        if !retryable(&ended) || fruitless > MAX_FRUITLESS_RECONNECTS || refused_new {
+        let give_up_new = refused_new && began.elapsed() >= NEW_FEED_STORE_GRACE;
+        if !retryable(&ended) || fruitless > MAX_FRUITLESS_RECONNECTS || give_up_new {
             tracing::info!(code = ?ended.code(), error = %ended.message(), "job feed failed");
             let mut ring = shared.ring.lock().expect("ring lock poisoned");
             if ring.events.is_empty() {
@@ -401,6 +409,12 @@ async fn pump(
             return;
         }
         tracing::debug!(code = ?ended.code(), error = %ended.message(), "job feed reconnecting");
+        if refused_new {
+            tokio::time::sleep(NEW_FEED_STORE_RETRY).await;
+            // Not counted against the reconnects a broken stream gets.
+            fruitless -= 1;
+            continue;
+        }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }

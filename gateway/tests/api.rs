@@ -1095,8 +1095,10 @@ async fn a_watch_while_ingest_cannot_reach_its_store_ends_at_once_naming_it_with
     // to come back, as when ingest goes away.
     assert_eq!(res.status(), StatusCode::OK);
     let body = res.text().await.unwrap();
+    // Tried again every 250 ms for 2 s (a store blip costs no reconnect), then passed on:
+    // far sooner than the ~16 s a broken stream's reconnects take.
     assert!(
-        started.elapsed() < std::time::Duration::from_secs(3),
+        started.elapsed() < std::time::Duration::from_secs(8),
         "{:?} {body}",
         started.elapsed()
     );

@@ -51,7 +51,9 @@ impl Default for Settings {
         Self {
             trip_after: 3,
             silence: Duration::from_secs(5),
-            probe_interval: Duration::from_secs(1),
+            // Short: once the store is back, the first call after it (a resuming watcher's,
+            // say) gets through within a quarter second; one probe at a time while it is not.
+            probe_interval: Duration::from_millis(250),
         }
     }
 }
