@@ -104,16 +104,11 @@ const DEFAULT_RETRY: Duration = Duration::from_secs(1);
 
 /// `status` with the details every ecoscan error carries (AIP-193), whatever built it: an
 /// `ErrorInfo` (one it has, else the code's name as the reason), a `RequestInfo` whose
-/// `request_id` is `trace_id` (the trace to look the call up in) when there is one, and on
-/// `UNAVAILABLE` a `RetryInfo` (from the `retry-after` metadata, else 1 s) when it has none.
-/// `OK` comes back as it is.
-pub fn with_common_details(status: Status, trace_id: &str) -> Status {
-    with_details_for(status, trace_id, None)
-}
-
-/// [`with_common_details`], and for a caller that asked for a language (`accept-language`
-/// metadata: Korean or English) a `LocalizedMessage` in it: the message itself in English, in
-/// Korean a sentence per reason (or per code) that says what happened and what to do.
+/// `request_id` is `trace_id` (the trace to look the call up in) when there is one, on
+/// `UNAVAILABLE` a `RetryInfo` (from the `retry-after` metadata, else 1 s) when it has none, and
+/// for a caller that asked for a language (`accept-language` metadata: Korean or English) a
+/// `LocalizedMessage` in it: the message itself in English, in Korean a sentence per reason (or
+/// per code) that says what happened and what to do. `OK` comes back as it is.
 pub fn with_details_for(status: Status, trace_id: &str, accept_language: Option<&str>) -> Status {
     if status.code() == Code::Ok {
         return status;
@@ -270,7 +265,7 @@ mod tests {
     #[test]
     fn every_error_gets_an_error_info_a_request_info_and_a_retry_when_unavailable() {
         let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
-        let plain = with_common_details(Status::not_found("no job abc"), trace);
+        let plain = with_details_for(Status::not_found("no job abc"), trace, None);
         let details = plain.get_error_details();
         assert_eq!(plain.code(), Code::NotFound);
         assert_eq!(plain.message(), "no job abc");
@@ -292,7 +287,7 @@ mod tests {
         );
         down.metadata_mut()
             .insert("retry-after", tonic::metadata::MetadataValue::from(3u64));
-        let down = with_common_details(down, trace);
+        let down = with_details_for(down, trace, None);
         let details = down.get_error_details();
         assert_eq!(details.error_info().unwrap().reason, "BACKLOG_FULL");
         assert_eq!(
@@ -306,10 +301,10 @@ mod tests {
         );
 
         // Outside a trace: no RequestInfo; OK untouched.
-        let untraced = with_common_details(Status::internal("x"), "");
+        let untraced = with_details_for(Status::internal("x"), "", None);
         assert!(untraced.get_error_details().request_info().is_none());
         assert!(
-            with_common_details(Status::ok(""), trace)
+            with_details_for(Status::ok(""), trace, None)
                 .get_error_details()
                 .error_info()
                 .is_none()
