@@ -20,23 +20,13 @@ PROMETHEUS_CLIENT_VERSION=0.26.0
 say() { echo "grpc-client-check: $*"; }
 die() { echo "grpc-client-check: $*" >&2; exit 1; }
 
-venv="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}/grpcio-$GRPCIO_TOOLS_VERSION-$GRPCIO_STATUS_VERSION-$PROMETHEUS_CLIENT_VERSION"
-if [[ ! -f "$venv/.installed" ]]; then
-    say "installing grpcio-tools==$GRPCIO_TOOLS_VERSION grpcio-status==$GRPCIO_STATUS_VERSION prometheus-client==$PROMETHEUS_CLIENT_VERSION into $venv"
-    rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        "grpcio-tools==$GRPCIO_TOOLS_VERSION" "grpcio-status==$GRPCIO_STATUS_VERSION" \
-        "prometheus-client==$PROMETHEUS_CLIENT_VERSION" ||
-        die "could not install grpcio-tools, grpcio-status and prometheus-client"
-    touch "$venv/.installed"
-fi
-
 # The binary and a scratch directory removed on exit ($ecoscan, $work); the Python side starts
 # `ecoscan up` itself (infra/lib/suiteproc.py).
 # shellcheck source=lib/suite.sh
 source infra/lib/suite.sh
+tools_venv "grpcio-$GRPCIO_TOOLS_VERSION-$GRPCIO_STATUS_VERSION-$PROMETHEUS_CLIENT_VERSION" \
+    "grpcio-tools==$GRPCIO_TOOLS_VERSION" "grpcio-status==$GRPCIO_STATUS_VERSION" \
+    "prometheus-client==$PROMETHEUS_CLIENT_VERSION"
 suite_build
 stubs="$work/stubs"
 mkdir -p "$stubs"

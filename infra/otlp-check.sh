@@ -20,21 +20,11 @@ OPENTELEMETRY_PROTO_VERSION=1.45.2
 say() { echo "otlp-check: $*"; }
 die() { echo "otlp-check: $*" >&2; exit 1; }
 
-venv="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}/otlp-$GRPCIO_VERSION-$OPENTELEMETRY_PROTO_VERSION"
-if [[ ! -f "$venv/.installed" ]]; then
-    say "installing grpcio==$GRPCIO_VERSION opentelemetry-proto==$OPENTELEMETRY_PROTO_VERSION into $venv"
-    rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        "grpcio==$GRPCIO_VERSION" "opentelemetry-proto==$OPENTELEMETRY_PROTO_VERSION" ||
-        die "could not install grpcio and opentelemetry-proto"
-    touch "$venv/.installed"
-fi
-
-# The binary and a scratch directory removed on exit ($ecoscan, $work).
+# The binary and a scratch directory removed on exit ($ecoscan, $work), and the tools' venv.
 # shellcheck source=lib/suite.sh
 source infra/lib/suite.sh
+tools_venv "otlp-$GRPCIO_VERSION-$OPENTELEMETRY_PROTO_VERSION" \
+    "grpcio==$GRPCIO_VERSION" "opentelemetry-proto==$OPENTELEMETRY_PROTO_VERSION"
 suite_build
 status=0
 CHECK_NAME=otlp-check CHECK_ECOSCAN="$ecoscan" CHECK_WORK="$work" \

@@ -1,5 +1,5 @@
 # Shared by the checks that drive a running suite (api-check.sh, demo-check.sh; the build and
-# the directory also grpc-client-check.sh): build the
+# the directory, and `tools_venv`, also grpc-client-check.sh and otlp-check.sh): build the
 # `ecoscan` binary, start `ecoscan up` on loopback with every port 0 in a temporary directory,
 # wait until its gateway is ready, and stop it (and remove the directory) on exit.
 # The caller defines `say` and `die` and sources this file from the repository's root.
@@ -78,4 +78,21 @@ suite_start() {
         sleep 0.2
     done
     say "gateway ready at http://$gateway"
+}
+
+# tools_venv NAME PACKAGE==VERSION…: a virtualenv of its own for these pinned PyPI packages under
+# ${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}/NAME, installed once; sets $venv to it.
+tools_venv() {
+    local name=$1
+    shift
+    venv="${ECOSCAN_TOOLS_DIR:-$HOME/.cache/ecoscan-tools}/$name"
+    [[ -f "$venv/.installed" ]] && return 0
+    say "installing $* into $venv"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv" ||
+        die "python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" ||
+        { rm -rf "$venv"; die "could not install $*"; }
+    touch "$venv/.installed"
 }
