@@ -12,14 +12,13 @@ use serde::Deserialize;
 
 use crate::{AppState, error::ApiError};
 
-/// Longest hint or other free-text field accepted in a scan.
-const MAX_TEXT_CHARS: usize = 1_000;
+use ecoscan_common::limits::{MAX_HINT_CHARS, MAX_IDEMPOTENCY_KEY_BYTES};
 
 /// A job id must be a UUID; anything else is a client mistake, not an unknown job.
 pub fn job_id(raw: &str) -> Result<String, ApiError> {
     uuid::Uuid::parse_str(raw)
         .map(|u| u.hyphenated().to_string())
-        .map_err(|_| ApiError::InvalidArgument(format!("job id {raw:?} is not a uuid")))
+        .map_err(|_| ApiError::invalid_field("job_id", format!("job id {raw:?} is not a uuid")))
 }
 
 /// An event id as the event log writes it: `<milliseconds>-<sequence>` (a Redis stream id).
@@ -27,17 +26,23 @@ pub fn valid_event_id(s: &str) -> bool {
     EventId::is_well_formed(s)
 }
 
-/// The `Idempotency-Key` header, if any: 1–200 visible ASCII characters.
+/// The `Idempotency-Key` header, if any: 1–128 visible ASCII characters (ingest's limit).
 pub fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(String::new());
     };
     match v.to_str() {
-        Ok(k) if (1..=200).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
+        Ok(k)
+            if (1..=MAX_IDEMPOTENCY_KEY_BYTES).contains(&k.len())
+                && k.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
             Ok(k.to_owned())
         }
-        _ => Err(ApiError::InvalidArgument(
-            "Idempotency-Key must be 1-200 visible ASCII characters".into(),
+        _ => Err(ApiError::invalid_field(
+            "Idempotency-Key",
+            format!(
+                "Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_BYTES} visible ASCII characters"
+            ),
         )),
     }
 }
@@ -48,8 +53,9 @@ pub use ecoscan_common::image::sniff as sniff_image;
 /// Checks an image and returns its sniffed MIME type.
 pub fn check_image(bytes: &[u8], max: usize) -> Result<&'static str, ApiError> {
     if bytes.is_empty() {
-        return Err(ApiError::InvalidArgument(
-            "image is empty; send the photo bytes in `image`".into(),
+        return Err(ApiError::invalid_field(
+            "image",
+            "image is empty; send the photo bytes in `image`",
         ));
     }
     if bytes.len() > max {
@@ -133,8 +139,9 @@ impl ScanInput {
             match field.name().unwrap_or_default() {
                 "image" => {
                     if saw_image {
-                        return Err(ApiError::InvalidArgument(
-                            "send exactly one `image` field".into(),
+                        return Err(ApiError::invalid_field(
+                            "image",
+                            "send exactly one `image` field",
                         ));
                     }
                     saw_image = true;
@@ -149,15 +156,16 @@ impl ScanInput {
                     }
                     input.image = Bytes::from(buf);
                 }
-                "hint" => input.hint = text_field(field).await?,
-                "locale" => input.locale = text_field(field).await?,
+                "hint" => input.hint = text_field("hint", field).await?,
+                "locale" => input.locale = text_field("locale", field).await?,
                 // Unknown form fields are ignored, as HTML forms often add their own.
                 _ => {}
             }
         }
         if !saw_image {
-            return Err(ApiError::InvalidArgument(
-                "missing the `image` field; send the photo as a file in `image`".into(),
+            return Err(ApiError::invalid_field(
+                "image",
+                "missing the `image` field; send the photo as a file in `image`",
             ));
         }
         let found = check_image(&input.image, max)?;
@@ -186,14 +194,18 @@ impl ScanInput {
                     return Err(too_large(max));
                 }
                 let image = BASE64.decode(b64).map_err(|e| {
-                    ApiError::InvalidArgument(format!("image_base64 is not valid base64: {e}"))
+                    ApiError::invalid_field(
+                        "image_base64",
+                        format!("image_base64 is not valid base64: {e}"),
+                    )
                 })?;
                 input.content_type = check_image(&image, max)?.to_owned();
                 input.image = Bytes::from(image);
             }
             _ => {
-                return Err(ApiError::InvalidArgument(
-                    "send exactly one of `image_url` and `image_base64`".into(),
+                return Err(ApiError::invalid_fields(
+                    &["image_url", "image_base64"],
+                    "send exactly one of `image_url` and `image_base64`",
                 ));
             }
         }
@@ -201,14 +213,16 @@ impl ScanInput {
     }
 
     fn validate_text(&self) -> Result<(), ApiError> {
-        if self.hint.chars().count() > MAX_TEXT_CHARS {
-            return Err(ApiError::InvalidArgument(format!(
-                "hint is longer than {MAX_TEXT_CHARS} characters"
-            )));
+        if self.hint.chars().count() > MAX_HINT_CHARS {
+            return Err(ApiError::invalid_field(
+                "hint",
+                format!("hint is longer than {MAX_HINT_CHARS} characters"),
+            ));
         }
         if !matches!(self.locale.as_str(), "" | "ko" | "en") {
-            return Err(ApiError::InvalidArgument(
-                "locale must be \"ko\" or \"en\"".into(),
+            return Err(ApiError::invalid_field(
+                "locale",
+                "locale must be \"ko\" or \"en\"",
             ));
         }
         Ok(())
@@ -239,19 +253,25 @@ fn check_image_url(url: String) -> Result<String, ApiError> {
     if ok {
         Ok(url)
     } else {
-        Err(ApiError::InvalidArgument(
-            "image_url must be an absolute http(s) URL of at most 2048 characters".into(),
+        Err(ApiError::invalid_field(
+            "image_url",
+            "image_url must be an absolute http(s) URL of at most 2048 characters",
         ))
     }
 }
 
-async fn text_field(field: axum::extract::multipart::Field<'_>) -> Result<String, ApiError> {
-    let name = field.name().unwrap_or_default().to_owned();
+async fn text_field(
+    name: &'static str,
+    field: axum::extract::multipart::Field<'_>,
+) -> Result<String, ApiError> {
     let text = field.text().await.map_err(multipart_error)?;
-    if text.chars().count() > MAX_TEXT_CHARS {
-        return Err(ApiError::InvalidArgument(format!(
-            "{name} is longer than {MAX_TEXT_CHARS} characters"
-        )));
+    // Bounded as it is read (a form field could be megabytes); every text field's limit is
+    // the hint's or less.
+    if text.chars().count() > MAX_HINT_CHARS {
+        return Err(ApiError::invalid_field(
+            name,
+            format!("{name} is longer than {MAX_HINT_CHARS} characters"),
+        ));
     }
     Ok(text)
 }

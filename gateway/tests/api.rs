@@ -190,38 +190,45 @@ async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
     })
     .await;
     let big = png(2048);
-    let cases: Vec<(&str, reqwest::Response, StatusCode)> =
+    // Each case: what, the answer, its status, and the fields the problem names in `errors`.
+    let cases: Vec<(&str, reqwest::Response, StatusCode, &[&str])> =
         vec![
         (
             "empty image",
             post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), b"")]).await,
             StatusCode::BAD_REQUEST,
+            &["image"],
         ),
         (
             "missing image field",
             post_multipart(&env, "/api/v1/scan", &[("hint", None, b"x")]).await,
             StatusCode::BAD_REQUEST,
+            &["image"],
         ),
         (
             "not an image",
             post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), b"%PDF-1.7 ...")])
                 .await,
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &[],
         ),
         (
             "image over the image limit",
             post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), &big)]).await,
             StatusCode::PAYLOAD_TOO_LARGE,
+            &[],
         ),
         (
             "body over the body limit",
             post_multipart(&env, "/api/v1/scan", &[("image", Some("a.png"), &png(8192))]).await,
             StatusCode::PAYLOAD_TOO_LARGE,
+            &[],
         ),
         (
             "base64 image over the image limit",
             post_json(&env, "/api/v1/scan", json!({"image_base64": B64.encode(&big)})).await,
             StatusCode::PAYLOAD_TOO_LARGE,
+            &[],
         ),
         (
             "malformed json",
@@ -233,11 +240,13 @@ async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
                 .await
                 .unwrap(),
             StatusCode::BAD_REQUEST,
+            &[],
         ),
         (
             "bad base64",
             post_json(&env, "/api/v1/scan", json!({"image_base64": "***"})).await,
             StatusCode::BAD_REQUEST,
+            &["image_base64"],
         ),
         (
             "both image sources",
@@ -248,6 +257,7 @@ async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
             )
             .await,
             StatusCode::BAD_REQUEST,
+            &["image_url", "image_base64"],
         ),
         (
             "unknown locale",
@@ -258,6 +268,7 @@ async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
             )
             .await,
             StatusCode::BAD_REQUEST,
+            &["locale"],
         ),
         (
             "wrong request content type",
@@ -269,6 +280,7 @@ async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
                 .await
                 .unwrap(),
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &[],
         ),
         (
             "bad user id",
@@ -280,6 +292,7 @@ async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
                 .await
                 .unwrap(),
             StatusCode::BAD_REQUEST,
+            &["X-User-Id"],
         ),
         (
             "bad idempotency key",
@@ -291,16 +304,38 @@ async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
                 .await
                 .unwrap(),
             StatusCode::BAD_REQUEST,
+            &["Idempotency-Key"],
         ),
         (
             "empty image on the streaming route",
             post_multipart(&env, "/api/v1/scan/completion", &[("image", Some("a"), b"")]).await,
             StatusCode::BAD_REQUEST,
+            &["image"],
         ),
     ];
-    for (what, res, expected) in cases {
+    for (what, res, expected, fields) in cases {
         let (status, body) = error_body(res).await;
         assert_eq!(status, expected, "{what}: {body}");
+        let named: Vec<&str> = body["errors"]
+            .as_array()
+            .map(|errors| {
+                errors
+                    .iter()
+                    .map(|e| {
+                        assert!(!e["detail"].as_str().unwrap().is_empty(), "{what}: {body}");
+                        e["field"].as_str().unwrap()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(named, fields, "{what}: {body}");
+        if !fields.is_empty() {
+            assert_eq!(body["reason"], "INVALID_FIELD", "{what}: {body}");
+            assert_eq!(
+                body["type"], "urn:ecoscan:problem:INVALID_FIELD",
+                "{what}: {body}"
+            );
+        }
     }
     assert_eq!(env.calls.submits(), 0, "bad input reached ingest");
 }

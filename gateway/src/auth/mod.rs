@@ -85,7 +85,7 @@ impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> Self {
         match e {
             AuthError::Forbidden => Self::Forbidden(e.to_string()),
-            AuthError::BadUserHeader => Self::InvalidArgument(e.to_string()),
+            AuthError::BadUserHeader => Self::invalid_field("X-User-Id", e.to_string()),
             AuthError::Invalid(_) => Self::Unauthenticated {
                 message: e.to_string(),
                 invalid_token: true,

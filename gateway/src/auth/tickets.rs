@@ -247,10 +247,10 @@ pub(crate) async fn sse_ticket(
     if let Some(s) = &stream
         && !is_stream_path(s)
     {
-        return Err(crate::error::ApiError::InvalidArgument(
+        return Err(crate::error::ApiError::invalid_field(
+            "stream",
             "stream must be an event stream's path: /api/v1/scan/{id}/events or \
-             /api/v1/notifications/stream"
-                .into(),
+             /api/v1/notifications/stream",
         ));
     }
     let ticket = state.auth.issue_ticket(&caller, stream.as_deref())?;

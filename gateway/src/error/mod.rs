@@ -24,9 +24,22 @@ pub(crate) const DEFAULT_RETRY_AFTER_SECS: u64 = 5;
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// The request itself is wrong (400).
+    /// The request as a whole is wrong (400): a body that does not parse, a query string that
+    /// does not decode. Use [`ApiError::InvalidField`] when one field is the problem.
     #[error("{0}")]
     InvalidArgument(String),
+    /// One field of the request is wrong (400, reason `INVALID_FIELD`, the reason a backend's
+    /// `BadRequest` carries): the problem names it in `errors`, as the gRPC services name
+    /// theirs in a `BadRequest` field violation.
+    #[error("{message}")]
+    InvalidField {
+        /// The fields as the API names them: a body or form member (`locale`), a path or query
+        /// parameter (`job_id`, `limit`), or a header (`Idempotency-Key`); more than one when
+        /// the problem is between them (send exactly one of two).
+        fields: Vec<&'static str>,
+        /// What is wrong with it and what to send instead.
+        message: String,
+    },
     /// The body or image is larger than allowed (413).
     #[error("{0}")]
     PayloadTooLarge(String),
@@ -161,6 +174,19 @@ pub(crate) struct ErrorJson {
 }
 
 impl ApiError {
+    /// One field of the request is wrong: `message` says what and what to send instead.
+    pub fn invalid_field(field: &'static str, message: impl Into<String>) -> Self {
+        Self::invalid_fields(&[field], message)
+    }
+
+    /// Fields of the request that are wrong together (send exactly one of them, …).
+    pub fn invalid_fields(fields: &[&'static str], message: impl Into<String>) -> Self {
+        Self::InvalidField {
+            fields: fields.to_vec(),
+            message: message.into(),
+        }
+    }
+
     /// An upstream gRPC failure of `service`.
     pub fn upstream(service: &'static str, status: tonic::Status) -> Self {
         // The gateway never cancels a call it still answers: a CANCELLED (or a transport error)
@@ -183,7 +209,7 @@ impl ApiError {
     /// The HTTP status for this error.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            Self::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            Self::InvalidArgument(_) | Self::InvalidField { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
@@ -210,7 +236,7 @@ impl ApiError {
     /// The machine-readable code: a gRPC code name, or an HTTP-only condition's name.
     pub fn code(&self) -> &'static str {
         match self {
-            Self::InvalidArgument(_) => "INVALID_ARGUMENT",
+            Self::InvalidArgument(_) | Self::InvalidField { .. } => "INVALID_ARGUMENT",
             Self::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
             Self::UnsupportedMediaType(_) => "UNSUPPORTED_MEDIA_TYPE",
             Self::NotFound(_) => "NOT_FOUND",
@@ -315,6 +341,9 @@ impl ApiError {
     /// (`BACKLOG_FULL`, …), else the code.
     pub(crate) fn error_reason(&self) -> String {
         use tonic_types::StatusExt;
+        if let Self::InvalidField { .. } = self {
+            return ecoscan_common::reasons::INVALID_FIELD.to_owned();
+        }
         if let Self::Upstream { status, .. } = self
             && let Some(info) = status.get_details_error_info()
             && !info.reason.is_empty()
@@ -324,9 +353,18 @@ impl ApiError {
         self.code().to_owned()
     }
 
-    /// The invalid fields a backend named in its `BadRequest`.
+    /// The invalid fields: the gateway's own, or those a backend named in its `BadRequest`.
     fn field_errors(&self) -> Vec<FieldError> {
         use tonic_types::StatusExt;
+        if let Self::InvalidField { fields, message } = self {
+            return fields
+                .iter()
+                .map(|field| FieldError {
+                    field: (*field).to_owned(),
+                    detail: message.clone(),
+                })
+                .collect();
+        }
         let Self::Upstream { status, .. } = self else {
             return Vec::new();
         };
@@ -336,7 +374,7 @@ impl ApiError {
                 bad.field_violations
                     .into_iter()
                     .map(|v| FieldError {
-                        field: v.field,
+                        field: http_field_name(&v.field).unwrap_or(&v.field).to_owned(),
                         detail: v.description,
                     })
                     .collect()
@@ -390,6 +428,21 @@ impl ApiError {
             tracing::debug!(error = %self, http.status = status.as_u16(), "request rejected");
         }
     }
+}
+
+/// The HTTP API's name for a field of a gRPC request the gateway makes, where the two differ:
+/// a caller fixes what it sent, not the message the gateway built from it. The rest (`image`,
+/// `hint`, `locale`, `job_id`, …) are named alike.
+fn http_field_name(grpc: &str) -> Option<&'static str> {
+    Some(match grpc {
+        // Submit's key is the `Idempotency-Key` header; Watch's resume position is the
+        // `Last-Event-ID` header (or the `last_event_id` query, which it stands in for).
+        "idempotency_key" => "Idempotency-Key",
+        "after_event_id" => "Last-Event-ID",
+        // The declared type of an image is the multipart part's own `Content-Type`.
+        "content_type" => "image",
+        _ => return None,
+    })
 }
 
 /// On a response: the backend that refused the identity the gateway signed for the request

@@ -175,3 +175,46 @@ fn a_backend_refusing_the_gateway_s_identity_is_a_500_never_a_401() {
     assert_eq!(res.status().as_u16(), 500);
     assert!(res.headers().get(header::WWW_AUTHENTICATE).is_none());
 }
+
+#[test]
+fn a_field_the_gateway_refuses_is_named_with_reason_invalid_field() {
+    let err = ApiError::invalid_fields(&["due_at", "delay_seconds"], "send exactly one");
+    assert_eq!(err.http_status().as_u16(), 400);
+    assert_eq!(err.code(), "INVALID_ARGUMENT");
+    assert_eq!(err.error_reason(), "INVALID_FIELD");
+    assert_eq!(err.public_message(), "send exactly one");
+    let named: Vec<_> = err
+        .field_errors()
+        .into_iter()
+        .map(|e| (e.field, e.detail))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("due_at".to_owned(), "send exactly one".to_owned()),
+            ("delay_seconds".to_owned(), "send exactly one".to_owned())
+        ]
+    );
+    // A request that is wrong as a whole names no field, and its reason is the code.
+    let whole = ApiError::InvalidArgument("invalid JSON body".into());
+    assert!(whole.field_errors().is_empty());
+    assert_eq!(whole.error_reason(), "INVALID_ARGUMENT");
+}
+
+#[test]
+fn a_backend_s_field_is_named_as_the_http_request_names_it() {
+    for (grpc, http) in [
+        ("after_event_id", "Last-Event-ID"),
+        ("idempotency_key", "Idempotency-Key"),
+        ("content_type", "image"),
+        ("hint", "hint"),
+    ] {
+        let err = ApiError::upstream(
+            "ingest",
+            ecoscan_common::reasons::invalid_field(grpc, "wrong"),
+        );
+        assert_eq!(err.error_reason(), "INVALID_FIELD");
+        let fields: Vec<_> = err.field_errors().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, [http], "{grpc}");
+    }
+}

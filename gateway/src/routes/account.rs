@@ -45,11 +45,12 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
 }
 
 /// Parses an RFC 3339 time (`2026-05-01T09:00:00+09:00`) the way proto3 JSON does.
-fn rfc3339(name: &str, value: &str) -> Result<Timestamp, ApiError> {
+fn rfc3339(name: &'static str, value: &str) -> Result<Timestamp, ApiError> {
     serde_json::from_value(serde_json::Value::String(value.to_owned())).map_err(|_| {
-        ApiError::InvalidArgument(format!(
-            "{name} must be an RFC 3339 time such as 2026-05-01T09:00:00Z"
-        ))
+        ApiError::invalid_field(
+            name,
+            format!("{name} must be an RFC 3339 time such as 2026-05-01T09:00:00Z"),
+        )
     })
 }
 
@@ -116,8 +117,9 @@ pub(crate) async fn notifications(
     let q = query(q)?;
     let limit = q.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
-        return Err(ApiError::InvalidArgument(
-            "limit must be between 1 and 500".into(),
+        return Err(ApiError::invalid_field(
+            "limit",
+            "limit must be between 1 and 500",
         ));
     }
     let msg = ListRequest { limit };
@@ -311,13 +313,15 @@ pub(crate) async fn schedule(
         .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
     let title = b.title.trim().to_owned();
     if title.is_empty() || title.chars().count() > 200 {
-        return Err(ApiError::InvalidArgument(
-            "title must be 1-200 characters".into(),
+        return Err(ApiError::invalid_field(
+            "title",
+            "title must be 1-200 characters",
         ));
     }
     if b.body.chars().count() > 2_000 {
-        return Err(ApiError::InvalidArgument(
-            "body must be at most 2000 characters".into(),
+        return Err(ApiError::invalid_field(
+            "body",
+            "body must be at most 2000 characters",
         ));
     }
     let kind = b.kind.unwrap_or_else(|| "reminder".to_owned());
@@ -325,8 +329,9 @@ pub(crate) async fn schedule(
         || kind.len() > 64
         || !kind.bytes().all(|c| c.is_ascii_lowercase() || c == b'_')
     {
-        return Err(ApiError::InvalidArgument(
-            "kind must be 1-64 characters of a-z and _".into(),
+        return Err(ApiError::invalid_field(
+            "kind",
+            "kind must be 1-64 characters of a-z and _",
         ));
     }
     let due_at = match (b.due_at, b.delay_seconds) {
@@ -334,15 +339,17 @@ pub(crate) async fn schedule(
         (None, Some(secs)) => {
             let delay = Duration::from_secs(secs);
             if delay > MAX_DELAY {
-                return Err(ApiError::InvalidArgument(
-                    "delay_seconds must be at most one year".into(),
+                return Err(ApiError::invalid_field(
+                    "delay_seconds",
+                    "delay_seconds must be at most one year",
                 ));
             }
             ecoscan_proto::timestamp(SystemTime::now() + delay)
         }
         _ => {
-            return Err(ApiError::InvalidArgument(
-                "send exactly one of `due_at` and `delay_seconds`".into(),
+            return Err(ApiError::invalid_fields(
+                &["due_at", "delay_seconds"],
+                "send exactly one of `due_at` and `delay_seconds`",
             ));
         }
     };
@@ -414,8 +421,9 @@ pub(crate) async fn usage(
     if let (Some(s), Some(u)) = (&since, &until)
         && (s.seconds, s.nanos) > (u.seconds, u.nanos)
     {
-        return Err(ApiError::InvalidArgument(
-            "since must not be after until".into(),
+        return Err(ApiError::invalid_fields(
+            &["since", "until"],
+            "since must not be after until",
         ));
     }
     let res = state

@@ -163,11 +163,11 @@ pub(crate) async fn submit(
 #[allow(dead_code)]
 pub(crate) struct IdempotencyKey {
     /// Makes a repeated request return the first one's result instead of doing it again: the
-    /// same job for a scan, the same notification for a schedule. 1-200 visible ASCII
+    /// same job for a scan, the same notification for a schedule. 1-128 visible ASCII
     /// characters.
     #[param(
         rename = "Idempotency-Key",
-        pattern = "^[!-~]{1,200}$",
+        pattern = "^[!-~]{1,128}$",
         nullable = false
     )]
     idempotency_key: Option<String>,
@@ -412,8 +412,9 @@ pub(crate) async fn events(
         && !q.is_empty()
         && !valid_event_id(q)
     {
-        return Err(ApiError::InvalidArgument(
-            "last_event_id must be an event id like 1718000000000-0".into(),
+        return Err(ApiError::invalid_field(
+            "last_event_id",
+            "last_event_id must be an event id like 1718000000000-0",
         ));
     }
     let slot = state.sse.take(&caller.user)?;
@@ -425,8 +426,9 @@ pub(crate) async fn events(
     }
     .unwrap_or_default();
     if !after.is_empty() && !valid_event_id(&after) {
-        return Err(ApiError::InvalidArgument(
-            "Last-Event-ID must be an event id like 1718000000000-0".into(),
+        return Err(ApiError::invalid_field(
+            "Last-Event-ID",
+            "Last-Event-ID must be an event id like 1718000000000-0",
         ));
     }
     // Every client of a job shares one upstream watch; a resume from outside its replay

@@ -118,9 +118,9 @@ impl ToSchema for ScanForm {}
 fn hint_schema() -> Schema {
     ObjectBuilder::new()
         .schema_type(Type::String)
-        .max_length(Some(1000))
+        .max_length(Some(ecoscan_common::limits::MAX_HINT_CHARS))
         .description(Some(
-            "What the person thinks it is, e.g. \"plastic bottle\"; at most 1000 characters.",
+            "What the person thinks it is, e.g. \"plastic bottle\"; at most 500 characters.",
         ))
         .build()
         .into()

@@ -12,6 +12,7 @@ mod deadline;
 pub mod identity;
 pub mod image;
 pub mod jwt;
+pub mod limits;
 pub mod local;
 pub mod log_limit;
 pub mod metrics;

@@ -101,6 +101,10 @@ impl ScanAdminService for AdminApi {
                 .into(),
             );
         };
+        // The operator's request is a trace of its own; a link joins it to the scan it
+        // restarts (whose trace the rerun goes on in, from the job's carrier), so a search by
+        // `job.id` finds the requeue beside the scan in Jaeger.
+        ecoscan_common::telemetry::link_to_carrier(&tracing::Span::current(), &job.trace_carrier);
         // The job's log starts again, so that its watchers see the new run only; then a
         // worker picks it up and resumes at its first stage without a checkpoint.
         self.stores

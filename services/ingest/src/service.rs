@@ -4,7 +4,11 @@ use std::{pin::Pin, sync::Arc};
 
 use bytes::Bytes;
 use ecoscan_common::CancellationToken;
-use ecoscan_common::{identity::caller, server::call_timeout};
+use ecoscan_common::{
+    identity::caller,
+    limits::{MAX_HINT_CHARS, MAX_IDEMPOTENCY_KEY_BYTES},
+    server::call_timeout,
+};
 use ecoscan_proto::v1::{
     EventStatus, GetResultRequest, GetResultResponse, JobStatus, ScanRequest, ScanResponse,
     ScanResult, Stage, SubmitRequest, SubmitResponse, WatchRequest, WatchResponse,
@@ -108,13 +112,16 @@ impl Inner {
                 ));
             }
         };
-        if req.hint.chars().count() > 500 {
-            return Err(Error::invalid("hint", "hint is longer than 500 characters"));
+        if req.hint.chars().count() > MAX_HINT_CHARS {
+            return Err(Error::invalid(
+                "hint",
+                format!("hint is longer than {MAX_HINT_CHARS} characters"),
+            ));
         }
-        if req.idempotency_key.len() > 128 {
+        if req.idempotency_key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
             return Err(Error::invalid(
                 "idempotency_key",
-                "idempotency_key is longer than 128 bytes",
+                format!("idempotency_key is longer than {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
             ));
         }
         // A store known to be down refuses the scan now, not after its timeout.

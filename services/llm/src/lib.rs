@@ -70,6 +70,9 @@ struct Inner {
     backend: Backend,
     /// Set once by [`Llm::with_metrics`]; calls before that are not counted.
     metrics: std::sync::OnceLock<LlmMetrics>,
+    /// The model server's host and port, for `server.address` / `server.port` on every call's
+    /// span (the conventions' client attributes); `None` for the mock, which has no server.
+    server: Option<(String, i64)>,
 }
 
 enum Backend {
@@ -92,12 +95,20 @@ impl Llm {
             }
             Provider::OpenAi => Backend::OpenAi(Arc::new(openai::OpenAi::new(&config)?)),
         };
+        let server = match config.provider {
+            Provider::Mock => None,
+            Provider::OpenAi => reqwest::Url::parse(&config.base_url).ok().and_then(|url| {
+                let port = url.port_or_known_default()?;
+                Some((url.host_str()?.to_owned(), i64::from(port)))
+            }),
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 service,
                 reporter,
                 backend,
+                server,
                 metrics: std::sync::OnceLock::new(),
             }),
         })
@@ -210,6 +221,10 @@ impl Llm {
     }
 
     fn call_span(&self, operation: Operation, model: &str, job_id: &str) -> Span {
+        let (address, port) = match &self.inner.server {
+            Some((host, port)) => (Some(host.as_str()), Some(*port)),
+            None => (None, None),
+        };
         tracing::info_span!(
             "llm.call",
             otel.name = %format!("chat {model}"),
@@ -227,6 +242,8 @@ impl Llm {
             llm.operation = operation.as_str(),
             llm.call_id = Empty,
             job.id = %job_id,
+            server.address = address,
+            server.port = port,
         )
     }
 

@@ -14,7 +14,9 @@ CREATE TABLE IF NOT EXISTS notifications (
     -- Microseconds since the Unix epoch.
     due_at_us        INTEGER,
     created_at_us    INTEGER NOT NULL,
-    delivered_at_us  INTEGER
+    delivered_at_us  INTEGER,
+    -- The W3C traceparent of the request that scheduled it (its delivery links to it).
+    trace_parent     TEXT
 );
 
 CREATE UNIQUE INDEX IF NOT EXISTS notifications_dedupe

@@ -72,6 +72,16 @@ async fn deliver_batch(
             return;
         }
     };
+    // The batch carries notifications scheduled by requests traced on their own: a link to
+    // each (the messaging conventions' batch links), so a scheduled reminder's story reads from
+    // the request that asked for it to the batch that delivered it.
+    ecoscan_common::telemetry::link_to_each(
+        &tracing::Span::current(),
+        rows.iter().filter_map(|row| {
+            let carrier = [("traceparent".to_owned(), row.trace_parent.clone()?)];
+            ecoscan_common::telemetry::carrier_span_context(&carrier.into())
+        }),
+    );
     if rows.len() < ids.len() {
         // Cancelled, or delivered by an earlier claim: nothing to do for those.
         tracing::debug!(

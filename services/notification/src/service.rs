@@ -118,6 +118,8 @@ impl Notifications {
             due_at_us: None,
             created_at_us: now,
             delivered_at_us: Some(now),
+            // Delivered inside the request that made it: its trace is this one.
+            trace_parent: None,
         };
         let (row, inserted) = self.store.insert(row).await?;
         let n = to_proto(row);
@@ -162,6 +164,8 @@ impl Notifications {
             due_at_us: Some(due),
             created_at_us: now,
             delivered_at_us: None,
+            // The delivery, due later in a trace of its own, links back to this request.
+            trace_parent: ecoscan_common::telemetry::current_carrier().remove("traceparent"),
         };
         let (row, inserted) = self.store.insert(row).await?;
         if !inserted {

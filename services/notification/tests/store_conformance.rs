@@ -22,6 +22,8 @@ fn row(
         due_at_us: (status == Status::Scheduled).then_some(created + 1_000),
         created_at_us: created,
         delivered_at_us: (status == Status::Delivered).then_some(created),
+        trace_parent: (status == Status::Scheduled)
+            .then(|| format!("00-4bf92f3577b34da6a3ce929d0e0e{created:04x}-00f067aa0ba902b7-01")),
     }
 }
 
@@ -111,6 +113,14 @@ async fn a_batch_delivers_only_the_scheduled_rows_once<S: NotificationStore>(s: 
     );
     assert!(again.is_empty(), "{again:?}");
     assert!(none.is_empty());
+    // Each delivered row carries the trace context it was scheduled in, for the delivery's
+    // span to link to.
+    for (r, created) in delivered.iter().zip([10, 20]) {
+        assert_eq!(
+            r.trace_parent,
+            row(&r.id, "u", None, Status::Scheduled, created).trace_parent
+        );
+    }
     // The rows as stored agree: cancelled stays cancelled, `d` keeps its first delivery time.
     let mut stored = s.list("u", 10).await.unwrap();
     stored.sort_by(|x, y| x.id.cmp(&y.id));

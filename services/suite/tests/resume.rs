@@ -283,6 +283,11 @@ async fn a_resume_with_an_id_of_another_job_or_a_malformed_id_is_a_400_with_a_me
         let body: Value = res.json().await.unwrap();
         assert_eq!(body["code"], "INVALID_ARGUMENT", "{bad}: {body}");
         assert!(!body["message"].as_str().unwrap().is_empty(), "{body}");
+        // Named as the caller sent it, whether the gateway refused it (malformed) or ingest
+        // did (another job's id: ingest's BadRequest names its `after_event_id`).
+        assert_eq!(body["reason"], "INVALID_FIELD", "{bad}: {body}");
+        assert_eq!(body["errors"][0]["field"], "Last-Event-ID", "{bad}: {body}");
+        assert_eq!(body["errors"].as_array().unwrap().len(), 1, "{bad}: {body}");
     }
 }
 

@@ -109,7 +109,7 @@ fn complete(spans: &[Span], trace_id: &str) -> bool {
             .filter(|s| s.name.starts_with("stage "))
             .count()
             >= 4
-        && trace.iter().any(|s| s.name == "pipeline")
+        && trace.iter().any(|s| s.name == "process scan-jobs")
         && trace
             .iter()
             .filter(|s| s.attr("gen_ai.operation.name") == "chat")
@@ -306,7 +306,7 @@ fn assert_well_formed_scan_trace(spans: &[Span], trace_id: &str, sse_events: usi
     // The worker's pipeline span is a child of the request that submitted the job.
     let pipeline = trace
         .iter()
-        .find(|s| s.name == "pipeline")
+        .find(|s| s.name == "process scan-jobs")
         .unwrap_or_else(|| panic!("no pipeline span:\n{tree}"));
     assert!(
         ancestors(pipeline, &by_id)
@@ -728,6 +728,20 @@ async fn a_failed_model_call_marks_its_spans_as_errors_and_the_model_request_car
     );
     assert!(!call.attr("error.type").is_empty(), "{call:#?}");
     assert_eq!(call.attr("gen_ai.system"), "openai");
+    // The model server it called, by the conventions' client attributes.
+    let model_port: i64 = model_url
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches("/v1")
+        .parse()
+        .expect("the fake model's port");
+    assert_eq!(call.attr("server.address"), "127.0.0.1", "{call:#?}");
+    assert_eq!(
+        call.attributes
+            .get("server.port")
+            .and_then(serde_json::Value::as_i64),
+        Some(model_port),
+        "{call:#?}"
+    );
     assert!(
         trace.iter().any(|s| failed_stage(s)),
         "the vision stage span is an error:\n{tree}"
@@ -1078,4 +1092,136 @@ async fn a_watch_of_a_submitted_scan_links_to_the_scans_trace() {
         "the link names a span of the scan (the submitting request): {watch:#?}"
     );
     assert_eq!(watch.attr("job.id"), job_id);
+}
+
+/// A `traceparent` naming a span of a trace this test makes up (`seed` tells them apart).
+fn made_up_parent(seed: u8) -> (String, String, String) {
+    let trace = format!("4bf92f3577b34da6a3ce929d0e0e47{seed:02x}");
+    let span = format!("00f067aa0ba902{seed:02x}");
+    (format!("00-{trace}-{span}-01"), trace, span)
+}
+
+#[tokio::test]
+async fn work_done_later_links_to_what_caused_it_a_requeue_and_a_scheduled_delivery() {
+    support::processes::use_identity_key();
+    let receiver = Receiver::start().await;
+    let cluster = cluster_exporting_to(&receiver).await;
+
+    // A dead letter as the pipeline leaves one (its image gone), of a scan whose trace is
+    // known: written beside the cluster's ingest, in its SQLite database.
+    let (scan_parent, scan_trace, scan_span) = made_up_parent(1);
+    let jobs = ecoscan_ingest::store::SqliteJobStore::open(&format!(
+        "sqlite://{}?mode=rwc",
+        cluster.data_dir().join("ingest.db").display()
+    ))
+    .await
+    .expect("open ingest's database");
+    let (job, _) = ecoscan_ingest::store::JobStore::insert(
+        &jobs,
+        ecoscan_ingest::store::NewJob {
+            id: uuid::Uuid::now_v7().to_string(),
+            user_id: "tracer".into(),
+            image_key: "images/zz/gone".into(),
+            content_type: "image/png".into(),
+            hint: String::new(),
+            locale: "en".into(),
+            idempotency_key: None,
+            trace_carrier: HashMap::from([("traceparent".to_owned(), scan_parent)]),
+        },
+    )
+    .await
+    .expect("insert a job");
+    let error = ecoscan_proto::v1::ErrorInfo {
+        code: "INTERNAL".into(),
+        http_status: 500,
+        message: "set aside for an operator".into(),
+        retryable: false,
+    };
+    ecoscan_ingest::store::JobStore::dead_letter(&jobs, &job.id, job.lease_epoch, error)
+        .await
+        .expect("dead-letter it");
+    let mut admin = ecoscan_proto::v1::scan_admin_service_client::ScanAdminServiceClient::connect(
+        cluster.uri(Service::Ingest),
+    )
+    .await
+    .expect("connect to ingest");
+    let mut request = tonic::Request::new(ecoscan_proto::v1::RequeueDeadLetterRequest {
+        job_id: job.id.clone(),
+    });
+    request
+        .metadata_mut()
+        .insert("x-user-roles", "admin".parse().unwrap());
+    ecoscan_common::assertion::attach(request.metadata_mut(), "ecoscan.v1.ScanAdminService");
+    admin
+        .requeue_dead_letter(request)
+        .await
+        .expect("an operator requeues the dead letter");
+
+    // A notification scheduled a second ahead (one already due is delivered inside the
+    // request, in its trace), in a request of a trace of the caller's.
+    let (notify_parent, notify_trace, _) = made_up_parent(2);
+    let res = reqwest::Client::new()
+        .post(cluster.gateway_url("/api/v1/notifications"))
+        .header("x-user-id", "tracer")
+        .header("traceparent", &notify_parent)
+        .json(&serde_json::json!({"title": "분리배출 하는 날", "delay_seconds": 1}))
+        .send()
+        .await
+        .expect("schedule a notification");
+    assert!(res.status().is_success(), "{}", res.status());
+
+    let is_requeue = |s: &Span| s.service == "ecoscan-ingest" && s.name == "requeue_dead_letter";
+    let is_delivery =
+        |s: &Span| s.service == "ecoscan-notification" && s.name == "deliver due notifications";
+    let links_to = |s: &Span, trace: &str| s.links.iter().any(|(t, _)| t == trace);
+    let spans = receiver
+        .wait_for(SPANS_DEADLINE, |spans| {
+            spans
+                .iter()
+                .any(|s| is_requeue(s) && links_to(s, &scan_trace))
+                && spans
+                    .iter()
+                    .any(|s| is_delivery(s) && links_to(s, &notify_trace))
+        })
+        .await;
+
+    // The operator's request is a trace of its own, linked to the very span the job's
+    // carrier names.
+    let requeue = spans.iter().find(|s| is_requeue(s)).unwrap();
+    assert_ne!(requeue.trace_id, scan_trace, "{requeue:#?}");
+    assert_eq!(
+        requeue.links,
+        [(scan_trace.clone(), scan_span.clone())],
+        "{requeue:#?}"
+    );
+    assert_eq!(requeue.attr("job.id"), job.id);
+
+    // The delivery batch, a root of its own, links to the span that scheduled the
+    // notification: notification's Schedule handler, in the caller's trace.
+    let delivery = spans
+        .iter()
+        .find(|s| is_delivery(s) && links_to(s, &notify_trace))
+        .unwrap_or_else(|| {
+            let notification: Vec<_> = spans
+                .iter()
+                .filter(|s| s.service == "ecoscan-notification")
+                .map(|s| (&s.name, &s.trace_id, &s.links))
+                .collect();
+            panic!("no delivery links to trace {notify_trace}: {notification:#?}")
+        });
+    assert_ne!(delivery.trace_id, notify_trace);
+    let (_, linked_span) = delivery
+        .links
+        .iter()
+        .find(|(t, _)| *t == notify_trace)
+        .unwrap();
+    let scheduling = spans
+        .iter()
+        .find(|s| &s.span_id == linked_span)
+        .unwrap_or_else(|| panic!("the linked span was exported: {delivery:#?}"));
+    assert_eq!(
+        scheduling.service, "ecoscan-notification",
+        "{scheduling:#?}"
+    );
+    assert_eq!(scheduling.trace_id, notify_trace);
 }

@@ -44,8 +44,8 @@ pub use messages::{
 /// A span's context, as [`current_span_context`] returns it and [`link_to_each`] links to.
 pub use opentelemetry::trace::SpanContext;
 pub use propagation::{
-    MAX_LINKS, context_from_carrier, context_from_headers, current_carrier, current_span_context,
-    current_trace_id, inject_headers, link_to_carrier, link_to_each,
+    MAX_LINKS, carrier_span_context, context_from_carrier, context_from_headers, current_carrier,
+    current_span_context, current_trace_id, inject_headers, link_to_carrier, link_to_each,
 };
 pub use routing::{SERVICE_FIELD, ServiceRoutes, current_service};
 pub use status::record_error;

@@ -37,10 +37,18 @@ pub fn context_from_carrier(carrier: &HashMap<String, String>) -> Context {
 /// trace of its own (a watch of the job, say) is joined to the story it belongs to. Nothing
 /// when the carrier holds no valid context.
 pub fn link_to_carrier(span: &tracing::Span, carrier: &HashMap<String, String>) {
-    let linked = context_from_carrier(carrier).span().span_context().clone();
-    if linked.is_valid() {
+    if let Some(linked) = carrier_span_context(carrier) {
         span.add_link(linked);
     }
+}
+
+/// The span context `carrier` holds (written by [`current_carrier`]), to link to; `None` when
+/// it holds no valid one.
+pub fn carrier_span_context(
+    carrier: &HashMap<String, String>,
+) -> Option<opentelemetry::trace::SpanContext> {
+    let sc = context_from_carrier(carrier).span().span_context().clone();
+    sc.is_valid().then_some(sc)
 }
 
 /// The current span's own context, to link to later (a batch that carries what this request

@@ -120,6 +120,9 @@ impl Drop for Workers {
 
 /// The dispatch queue's name in traces (`messaging.destination.name`).
 pub(crate) const QUEUE_NAME: &str = "scan-jobs";
+/// The name of a worker's span for one job taken from the queue: the messaging conventions'
+/// `{operation} {destination}` for the consumer's processing.
+pub(crate) const PROCESS_SPAN: &str = "process scan-jobs";
 
 /// Jobs claimed per round trip at most.
 const CLAIM_BATCH: usize = 64;

@@ -41,10 +41,10 @@ impl Ctx {
             self.metrics.dispatch_lag(lag);
         }
         // The consumer's side of the dispatch queue, by the messaging conventions: the job is
-        // the message, processed here.
+        // the message, processed here, and the span is named `{operation} {destination}`.
         let span = tracing::info_span!(
             "pipeline",
-            otel.name = "pipeline",
+            otel.name = super::PROCESS_SPAN,
             otel.kind = "consumer",
             job.id = %job_id,
             job.deliveries = i64::from(lease.entry.deliveries),

@@ -77,6 +77,9 @@ pub struct NotificationRow {
     pub due_at_us: Option<i64>,
     pub created_at_us: i64,
     pub delivered_at_us: Option<i64>,
+    /// The W3C `traceparent` of the request that scheduled it: its delivery, later and in a
+    /// trace of its own, links to that request's span. `None` when it was not traced.
+    pub trace_parent: Option<String>,
 }
 
 /// What a cancel found.

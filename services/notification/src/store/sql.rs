@@ -58,6 +58,7 @@ where
         due_at_us: r.try_get("due_at_us")?,
         created_at_us: r.try_get("created_at_us")?,
         delivered_at_us: r.try_get("delivered_at_us")?,
+        trace_parent: r.try_get("trace_parent")?,
     })
 }
 
@@ -83,8 +84,8 @@ where
         // nothing.
         let result = sqlx::query(DB::sql(
             "INSERT INTO notifications (id, user_id, kind, title, body, job_id, dedupe_key, \
-             status, due_at_us, created_at_us, delivered_at_us) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+             status, due_at_us, created_at_us, delivered_at_us, trace_parent) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
              ON CONFLICT (user_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING",
         ))
         .bind(n.id.as_str())
@@ -98,6 +99,7 @@ where
         .bind(n.due_at_us)
         .bind(n.created_at_us)
         .bind(n.delivered_at_us)
+        .bind(n.trace_parent.as_deref())
         .execute(&self.pool)
         .await?;
         if DB::rows_affected(&result) == 1 {

@@ -14,6 +14,17 @@ impl SqlNotificationStore<Sqlite> {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let pool =
             ecoscan_sql::open_sqlite(url, include_str!("../../migrations/0001_init.sql")).await?;
+        // A database made by an earlier release lacks the columns added since (`CREATE TABLE IF
+        // NOT EXISTS` leaves it as it is): add them.
+        let columns: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM pragma_table_info('notifications')")
+                .fetch_all(&pool)
+                .await?;
+        if !columns.iter().any(|c| c == "trace_parent") {
+            sqlx::query("ALTER TABLE notifications ADD COLUMN trace_parent TEXT")
+                .execute(&pool)
+                .await?;
+        }
         Ok(Self::new(pool))
     }
 }
