@@ -172,6 +172,7 @@ impl Conn {
     /// After a command on connection `generation`: the store's health learns whether Redis
     /// answered, and a timeout means that connection stalled.
     fn observe<T>(&self, generation: u64, result: &RedisResult<T>) {
+        self.0.health.mark_span();
         match result {
             Ok(_) => self.0.health.ok(),
             Err(e) => {

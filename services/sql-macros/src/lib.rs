@@ -29,7 +29,7 @@ use proc_macro::{Delimiter, TokenStream, TokenTree};
 ///     fields(otel.name = "SELECT scan_jobs", otel.kind = "client", db.system = DB::SYSTEM,
 ///            db.operation.name = "SELECT", db.collection.name = "scan_jobs",
 ///            otel.status_code = Empty, otel.status_description = Empty, error.type = Empty,
-///            job.id = %id)
+///            server.address = Empty, server.port = Empty, job.id = %id)
 /// )]
 /// ```
 ///
@@ -158,7 +158,8 @@ impl Spec {
              otel.kind = \"client\", db.system = {system}, db.system.name = {system}, db.operation.name = {op}\
              , db.query.summary = {otel_name}{collection}, otel.status_code = ::tracing::field::Empty, \
              otel.status_description = ::tracing::field::Empty, \
-             error.type = ::tracing::field::Empty{fields}))]"
+             error.type = ::tracing::field::Empty, server.address = ::tracing::field::Empty, \
+             server.port = ::tracing::field::Empty{fields}))]"
         )
     }
 }

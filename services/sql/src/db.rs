@@ -162,6 +162,7 @@ impl<DB: Database> Db<DB> {
     /// Tells the health the outcome of a statement (or a `BEGIN`).
     fn report(&self, result: Result<(), &Error>) {
         let Some(health) = &self.health else { return };
+        health.mark_span();
         match result {
             Ok(()) => health.ok(),
             Err(e) => {

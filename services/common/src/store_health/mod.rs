@@ -92,6 +92,8 @@ struct Inner {
     store: &'static str,
     /// Where the store is, credentials and query removed ([`redact_url`]).
     address: String,
+    /// Its host and port, for `server.address` / `server.port` on store spans.
+    server: Option<(String, i64)>,
     settings: Settings,
     /// What waits on the store in this process, for the line that says it stopped answering.
     waiting: Mutex<&'static str>,
@@ -138,6 +140,7 @@ impl StoreHealth {
         Self(Arc::new(Inner {
             store,
             address: redact_url(address),
+            server: server_of(address),
             settings,
             waiting: Mutex::new("the calls that need it fail or wait"),
             state: Mutex::new(State {
@@ -164,6 +167,19 @@ impl StoreHealth {
     /// The store's address without credentials.
     pub fn address(&self) -> &str {
         &self.0.address
+    }
+
+    /// Records where the store is (`server.address`, `server.port`, the conventions' client
+    /// attributes) on the store operation's span the caller runs in (`#[db_span]`, named `db`),
+    /// so a slow statement's span says which server it waited on; nothing outside one.
+    pub fn mark_span(&self) {
+        let span = tracing::Span::current();
+        if let Some((host, port)) = &self.0.server
+            && span.metadata().is_some_and(|m| m.name() == "db")
+        {
+            span.record("server.address", host.as_str());
+            span.record("server.port", *port);
+        }
     }
 
     /// Whether the circuit is closed (the store answers, as far as anyone knows).
@@ -319,6 +335,33 @@ pub fn redact_url(url: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// The host and port of the (first) server a store URL names, its scheme's default port when
+/// it names none: `redis://u:p@[::1]/0` → (`::1`, 6379).
+pub fn server_of(url: &str) -> Option<(String, i64)> {
+    let first = url.split(',').next()?.trim();
+    let (scheme, rest) = first.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let (host, port) = if let Some(v6) = host_port.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => match scheme {
+            "postgres" | "postgresql" => 5432,
+            "redis" | "rediss" | "redis+cluster" => 6379,
+            _ => return None,
+        },
+    };
+    (!host.is_empty()).then(|| (host.to_owned(), port))
 }
 
 mod fault;

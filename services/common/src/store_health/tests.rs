@@ -276,3 +276,28 @@ fn it_says_once_that_the_store_stopped_answering_and_once_that_it_is_back() {
     assert!(up.contains("out_for_s="), "{up}");
     assert!(!logs.contains("secret"), "{logs}");
 }
+
+#[test]
+fn a_store_url_names_its_server_and_port() {
+    for (url, want) in [
+        (
+            "postgres://postgres@127.0.0.1:5432/test",
+            Some(("127.0.0.1", 5432)),
+        ),
+        (
+            "postgres://u:p@db.internal/app?sslmode=require",
+            Some(("db.internal", 5432)),
+        ),
+        ("redis://:secret@[::1]/0", Some(("::1", 6379))),
+        ("redis://[::1]:6380", Some(("::1", 6380))),
+        (
+            "redis://10.0.0.5:7000,10.0.0.6:7001",
+            Some(("10.0.0.5", 7000)),
+        ),
+        ("sqlite://data/ingest.db", None),
+        ("not a url", None),
+    ] {
+        let got = server_of(url);
+        assert_eq!(got.as_ref().map(|(h, p)| (h.as_str(), *p)), want, "{url}");
+    }
+}
