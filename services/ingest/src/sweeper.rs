@@ -31,6 +31,10 @@ pub async fn sweep_once(stores: &Stores, grace: Duration) -> Result<usize, Store
 
 /// [`sweep_once`] as sweeper `holder`: the re-enqueue reservations it made at an earlier pass
 /// whose enqueue failed are its own, and it puts those jobs back now.
+// A trace of its own per pass, named for what it does (its statements were context-free
+// `SELECT scan_jobs` traces before); a job it re-enqueues goes on in the trace of the request
+// that submitted it, from the job's carrier.
+#[tracing::instrument(name = "sweep unfinished jobs", parent = None, skip_all)]
 pub async fn sweep_as(stores: &Stores, grace: Duration, holder: &str) -> Result<usize, StoreError> {
     let mut before = SystemTime::now()
         .checked_sub(grace)

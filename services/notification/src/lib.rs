@@ -24,7 +24,6 @@ use anyhow::Context;
 use ecoscan_common::CancellationToken;
 use ecoscan_proto::v1::notification_service_server::NotificationServiceServer;
 use tokio::net::TcpListener;
-use tracing::Instrument;
 
 pub use error::Error;
 use hub::{Fanout, Hub};
@@ -139,33 +138,27 @@ pub async fn serve(
     );
 
     let stop_delivery = CancellationToken::new();
-    let delivery = tokio::spawn(
-        delivery::deliver_due(
-            store.clone(),
-            scheduler.clone(),
-            fanout.clone(),
-            notification_metrics.clone(),
-            config.delivery_lease,
-            stop_delivery.clone(),
-        )
-        .instrument(tracing::info_span!("notification.delivery")),
-    );
+    let delivery = tokio::spawn(delivery::deliver_due(
+        store.clone(),
+        scheduler.clone(),
+        fanout.clone(),
+        notification_metrics.clone(),
+        config.delivery_lease,
+        stop_delivery.clone(),
+    ));
     // In memory nothing can lose an entry while the process runs: no sweeps there.
     let reconciler = on_redis.then(|| {
-        tokio::spawn(
-            reconcile::run(
-                store.clone(),
-                scheduler.clone(),
-                notification_metrics.clone(),
-                reconcile::Settings {
-                    interval: config.reconcile_interval,
-                    limit: config.reconcile_limit,
-                },
-                kick.clone(),
-                stop_delivery.clone(),
-            )
-            .instrument(tracing::info_span!("notification.reconcile")),
-        )
+        tokio::spawn(reconcile::run(
+            store.clone(),
+            scheduler.clone(),
+            notification_metrics.clone(),
+            reconcile::Settings {
+                interval: config.reconcile_interval,
+                limit: config.reconcile_limit,
+            },
+            kick.clone(),
+            stop_delivery.clone(),
+        ))
     });
 
     let svc = NotificationServiceServer::new(

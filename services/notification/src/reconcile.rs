@@ -48,6 +48,10 @@ pub struct Swept {
 /// Walks the scheduled rows earliest due first, at most `limit` of them (all when `None`), and
 /// gives the scheduler back every one it is missing. Each page restored counts in `metrics` as
 /// it goes, so a sweep that fails halfway still counts what it restored.
+// A trace of its own per sweep, named for what it does: the loop that runs it lives as long as
+// the process, and its statements under a span that never ends would reach the trace backend
+// as orphans (or as context-free `SELECT notifications` traces).
+#[tracing::instrument(name = "reconcile scheduled notifications", parent = None, skip_all)]
 pub async fn sweep(
     store: &dyn NotificationStore,
     scheduler: &dyn Scheduler,
