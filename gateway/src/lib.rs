@@ -1,5 +1,5 @@
 //! The ecoscan edge gateway: REST and Server-Sent Events for browsers and apps, over gRPC calls
-//! to ingest, reward, analytics and notification. It speaks gRPC to the services and nothing
+//! to ingest, rule, reward, analytics and notification. It speaks gRPC to the services and nothing
 //! else (no Redis, SQL or object store here).
 //!
 //! Routes:
@@ -10,7 +10,10 @@
 //! | `POST /api/v1/scan/completion` | `ScanService.Scan` → SSE |
 //! | `GET /api/v1/scan/{id}` | `ScanService.GetResult` |
 //! | `GET /api/v1/scan/{id}/events` (`Last-Event-ID`) | `ScanService.Watch` → SSE |
+//! | `GET /api/v1/scan/categories` (public, `ETag`) | `RuleService.ListCategories` |
+//! | `GET /api/v1/characters` | `RewardService.ListCatalogue` |
 //! | `GET /api/v1/characters/me` | `RewardService.ListOwned` |
+//! | `GET /api/v1/characters/{name}` | `RewardService.GetCharacter` |
 //! | `GET /api/v1/notifications?limit=` | `NotificationService.List` |
 //! | `GET /api/v1/notifications/stream` | `NotificationService.Subscribe` → SSE |
 //! | `POST /api/v1/notifications` | `NotificationService.Schedule` → 201 |
@@ -75,7 +78,8 @@ use ecoscan_common::{
 use ecoscan_proto::v1::{
     analytics_service_client::AnalyticsServiceClient,
     notification_service_client::NotificationServiceClient,
-    reward_service_client::RewardServiceClient, scan_service_client::ScanServiceClient,
+    reward_service_client::RewardServiceClient, rule_service_client::RuleServiceClient,
+    scan_service_client::ScanServiceClient,
 };
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, limit::GlobalConcurrencyLimitLayer};
@@ -130,6 +134,7 @@ impl std::ops::Deref for AppState {
 pub(crate) struct Shared {
     config: Arc<Config>,
     scan: ScanServiceClient<TracedChannel>,
+    rule: RuleServiceClient<TracedChannel>,
     reward: RewardServiceClient<TracedChannel>,
     analytics: AnalyticsServiceClient<TracedChannel>,
     notification: NotificationServiceClient<TracedChannel>,
@@ -156,6 +161,7 @@ impl AppState {
             channel(url).with_context(|| format!("invalid {name} url {url:?}"))
         };
         let ingest = ch(&config.ingest_url, "ingest")?;
+        let rule = ch(&config.rule_url, "rule")?;
         let reward = ch(&config.reward_url, "reward")?;
         let analytics = ch(&config.analytics_url, "analytics")?;
         let notification = ch(&config.notification_url, "notification")?;
@@ -164,6 +170,11 @@ impl AppState {
                 name: "ingest",
                 service: "ecoscan.v1.ScanService",
                 channel: ingest.clone(),
+            },
+            Backend {
+                name: "rule",
+                service: "ecoscan.v1.RuleService",
+                channel: rule.clone(),
             },
             Backend {
                 name: "reward",
@@ -190,6 +201,7 @@ impl AppState {
                 sse::FIRST_MESSAGE_WAIT,
             ),
             scan,
+            rule: RuleServiceClient::new(rule),
             reward: RewardServiceClient::new(reward),
             analytics: AnalyticsServiceClient::new(analytics),
             notification: NotificationServiceClient::new(notification),
@@ -240,7 +252,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/scan/completion"),
     ("GET", "/api/v1/scan/{id}"),
     ("GET", "/api/v1/scan/{id}/events"),
+    ("GET", "/api/v1/scan/categories"),
+    ("GET", "/api/v1/characters"),
     ("GET", "/api/v1/characters/me"),
+    ("GET", "/api/v1/characters/{name}"),
     ("GET", "/api/v1/notifications"),
     ("POST", "/api/v1/notifications"),
     ("GET", "/api/v1/notifications/stream"),
@@ -320,8 +335,23 @@ fn router_with(
         ("GET", "/api/v1/scan/{id}/events", get(routes::scan::events)),
         (
             "GET",
+            "/api/v1/scan/categories",
+            get(routes::catalogue::categories),
+        ),
+        (
+            "GET",
+            "/api/v1/characters",
+            get(routes::catalogue::characters),
+        ),
+        (
+            "GET",
             "/api/v1/characters/me",
             get(routes::account::characters),
+        ),
+        (
+            "GET",
+            "/api/v1/characters/{name}",
+            get(routes::catalogue::character),
         ),
         (
             "GET",

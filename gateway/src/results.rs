@@ -90,13 +90,34 @@ pub(crate) fn answer_uncached(finished: &Finished, request: &HeaderMap) -> Respo
     )
 }
 
+/// The answer for what is the same for every caller (the taxonomy): `200`, or `304` when the
+/// caller's `If-None-Match` names it; shared caches may keep it for `cache_control`.
+pub(crate) fn answer_public(
+    finished: &Finished,
+    request: &HeaderMap,
+    cache_control: HeaderValue,
+) -> Response {
+    respond(finished, request, cache_control, None)
+}
+
 fn answer(finished: &Finished, request: &HeaderMap, cache_control: HeaderValue) -> Response {
-    let headers = [
-        (header::ETAG, finished.etag.clone()),
-        (header::CACHE_CONTROL, cache_control),
-        // Per caller: a browser that switches accounts must not reuse another's answer.
-        (header::VARY, HeaderValue::from_static("authorization")),
-    ];
+    // Per caller: a browser that switches accounts must not reuse another's answer.
+    let vary = HeaderValue::from_static("authorization");
+    respond(finished, request, cache_control, Some(vary))
+}
+
+fn respond(
+    finished: &Finished,
+    request: &HeaderMap,
+    cache_control: HeaderValue,
+    vary: Option<HeaderValue>,
+) -> Response {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::ETAG, finished.etag.clone());
+    headers.insert(header::CACHE_CONTROL, cache_control);
+    if let Some(vary) = vary {
+        headers.insert(header::VARY, vary);
+    }
     if matches_etag(request, &finished.etag) {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
     }

@@ -15,7 +15,12 @@ const METHODS: [&str; 8] = [
 ];
 
 /// The routes anyone may call, without credentials.
-const PUBLIC: [&str; 3] = ["/", "/healthz", "/api/v1/openapi.json"];
+const PUBLIC: [&str; 4] = [
+    "/",
+    "/healthz",
+    "/api/v1/openapi.json",
+    "/api/v1/scan/categories",
+];
 
 /// The SSE routes, which also take a ticket in `?ticket=` or the token in a cookie.
 const SSE: [&str; 2] = ["/api/v1/scan/{id}/events", "/api/v1/notifications/stream"];

@@ -295,7 +295,12 @@ fn is_sse_route(parts: &Parts) -> bool {
 /// and anything unmatched (a 404).
 fn is_public(route: Option<&str>) -> bool {
     match route {
-        Some(p) => !p.starts_with("/api/v1/") || p == "/api/v1/openapi.json",
+        // The taxonomy is the same for everyone, and an app shows it before anyone signs in.
+        Some(p) => {
+            !p.starts_with("/api/v1/")
+                || p == "/api/v1/openapi.json"
+                || p == "/api/v1/scan/categories"
+        }
         None => true,
     }
 }

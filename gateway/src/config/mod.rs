@@ -23,6 +23,7 @@ const MIB: usize = 1024 * 1024;
 /// |---|---|---|
 /// | `GATEWAY_ADDR` | `127.0.0.1:8080` | listen address (read by the binary, not stored here) |
 /// | `INGEST_URL` | `http://127.0.0.1:50051` | `ScanService` |
+/// | `RULE_URL` | `http://127.0.0.1:50053` | `RuleService` (the taxonomy, `GET /api/v1/scan/categories`) |
 /// | `REWARD_URL` | `http://127.0.0.1:50055` | `RewardService` |
 /// | `ANALYTICS_URL` | `http://127.0.0.1:50056` | `AnalyticsService` |
 /// | `NOTIFICATION_URL` | `http://127.0.0.1:50057` | `NotificationService` |
@@ -61,6 +62,7 @@ const MIB: usize = 1024 * 1024;
 #[derive(Clone, Debug)]
 pub struct Config {
     pub ingest_url: String,
+    pub rule_url: String,
     pub reward_url: String,
     pub analytics_url: String,
     pub notification_url: String,
@@ -179,6 +181,7 @@ impl Default for Config {
         let max_image_bytes = 10 * MIB;
         Self {
             ingest_url: "http://127.0.0.1:50051".to_owned(),
+            rule_url: "http://127.0.0.1:50053".to_owned(),
             reward_url: "http://127.0.0.1:50055".to_owned(),
             analytics_url: "http://127.0.0.1:50056".to_owned(),
             notification_url: "http://127.0.0.1:50057".to_owned(),
@@ -220,6 +223,7 @@ impl Config {
         let max_image_bytes = env_or("GATEWAY_MAX_IMAGE_BYTES", d.max_image_bytes)?;
         let config = Self {
             ingest_url: env_or("INGEST_URL", d.ingest_url)?,
+            rule_url: env_or("RULE_URL", d.rule_url)?,
             reward_url: env_or("REWARD_URL", d.reward_url)?,
             analytics_url: env_or("ANALYTICS_URL", d.analytics_url)?,
             notification_url: env_or("NOTIFICATION_URL", d.notification_url)?,

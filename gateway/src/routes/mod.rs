@@ -1,6 +1,7 @@
 //! Request handlers, one module per area.
 
 pub(crate) mod account;
+pub(crate) mod catalogue;
 pub(crate) mod health;
 pub(crate) mod scan;
 

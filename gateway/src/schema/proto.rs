@@ -290,6 +290,9 @@ messages!(
     RewardDecision,
     Notification,
     ListOwnedResponse,
+    ListCatalogueResponse,
+    GetCharacterResponse,
+    ListCategoriesResponse,
     ListResponse,
     UsageResponse,
 );

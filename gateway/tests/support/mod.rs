@@ -471,6 +471,21 @@ impl RewardService for FakeReward {
             }],
         }))
     }
+
+    async fn list_catalogue(
+        &self,
+        _req: Request<ecoscan_proto::v1::ListCatalogueRequest>,
+    ) -> Result<Response<ecoscan_proto::v1::ListCatalogueResponse>, Status> {
+        // The real catalogue is tested through the real reward service (services/suite).
+        Err(Status::unimplemented("not used by these tests"))
+    }
+
+    async fn get_character(
+        &self,
+        _req: Request<ecoscan_proto::v1::GetCharacterRequest>,
+    ) -> Result<Response<ecoscan_proto::v1::GetCharacterResponse>, Status> {
+        Err(Status::unimplemented("not used by these tests"))
+    }
 }
 
 #[derive(Clone)]

@@ -21,6 +21,13 @@ pub enum Error {
     NotIngest,
     #[error("job {0} was already evaluated for another user")]
     JobOfAnotherUser(String),
+    #[error("name is empty; send a character's code or its Korean or English name")]
+    EmptyCharacterName,
+    #[error(
+        "the catalogue has no character {0:?}; ListCatalogue (GET /api/v1/characters) lists \
+         each one's code and names"
+    )]
+    NoSuchCharacter(String),
     #[error("internal storage error")]
     Store(#[from] StoreError),
 }
@@ -35,6 +42,10 @@ impl From<Error> for Status {
                 ecoscan_common::reasons::invalid_field("classification", e.to_string())
             }
             Error::JobOfAnotherUser(_) => Status::failed_precondition(e.to_string()),
+            Error::EmptyCharacterName => {
+                ecoscan_common::reasons::invalid_field("name", e.to_string())
+            }
+            Error::NoSuchCharacter(_) => Status::not_found(e.to_string()),
             Error::NotIngest => Status::permission_denied(e.to_string()),
             // The database is down or a connection dropped: the caller (ingest's pipeline)
             // retries, where INTERNAL would fail the scan for good.

@@ -1,4 +1,5 @@
-//! The `RewardService` RPCs: evaluating a scan for a character, listing what a user owns.
+//! The `RewardService` RPCs: evaluating a scan for a character, listing what a user owns, and
+//! the catalogue with the user's ownership.
 
 use std::sync::Arc;
 
@@ -9,8 +10,9 @@ use ecoscan_common::{
 use ecoscan_proto::{
     now_us, timestamp_from_us as from_us,
     v1::{
-        EvaluateRequest, EvaluateResponse, ListOwnedRequest, ListOwnedResponse, OwnedCharacter,
-        RewardDecision, reward_service_server::RewardService,
+        CatalogueEntry, Character, EvaluateRequest, EvaluateResponse, GetCharacterRequest,
+        GetCharacterResponse, ListCatalogueRequest, ListCatalogueResponse, ListOwnedRequest,
+        ListOwnedResponse, OwnedCharacter, RewardDecision, reward_service_server::RewardService,
     },
 };
 use prometheus_client::metrics::{counter::Counter, family::Family};
@@ -72,10 +74,12 @@ impl Reward {
         let eligible = match &req.rules {
             None => Err("no_rules"),
             Some(rules) if !rules.recyclable => Err("not_recyclable"),
-            Some(_) => self
+            // A recyclable item whose middle category has no character of its own earns the
+            // default one.
+            Some(_) => Ok(self
                 .catalogue
                 .for_category(&classification.middle_category)
-                .ok_or("no_character_for_category"),
+                .unwrap_or_else(|| self.catalogue.default_character())),
         };
         let character = match eligible {
             Ok(character) => character,
@@ -119,6 +123,60 @@ impl Reward {
                 })
             })
             .collect())
+    }
+
+    /// The whole catalogue, each character with `user_id`'s ownership of it.
+    pub async fn catalogue(&self, user_id: &str) -> Result<Vec<CatalogueEntry>, Error> {
+        let owned = self.owned_by_code(user_id).await?;
+        Ok(self
+            .catalogue
+            .all()
+            .map(|c| self.entry(c, &owned))
+            .collect())
+    }
+
+    /// The character `name` names (code, Korean or English name) with `user_id`'s ownership.
+    pub async fn character(&self, user_id: &str, name: &str) -> Result<CatalogueEntry, Error> {
+        if name.trim().is_empty() {
+            return Err(Error::EmptyCharacterName);
+        }
+        let character = self
+            .catalogue
+            .find(name)
+            .ok_or_else(|| Error::NoSuchCharacter(name.trim().to_owned()))?;
+        let owned = self.owned_by_code(user_id).await?;
+        Ok(self.entry(character, &owned))
+    }
+
+    async fn owned_by_code(
+        &self,
+        user_id: &str,
+    ) -> Result<std::collections::HashMap<String, crate::store::OwnedRow>, Error> {
+        if !valid_user_id(user_id) {
+            return Err(Error::Identity(IdentityError::Invalid));
+        }
+        Ok(self
+            .store
+            .list_owned(user_id)
+            .await?
+            .into_iter()
+            .map(|row| (row.character_code.clone(), row))
+            .collect())
+    }
+
+    fn entry(
+        &self,
+        character: &Character,
+        owned: &std::collections::HashMap<String, crate::store::OwnedRow>,
+    ) -> CatalogueEntry {
+        let row = owned.get(&character.code);
+        CatalogueEntry {
+            character: Some(character.clone()),
+            is_default: self.catalogue.is_default(&character.code),
+            owned: row.is_some(),
+            acquired_at: row.map(|r| from_us(r.acquired_at_us)),
+            job_id: row.map(|r| r.job_id.clone()).unwrap_or_default(),
+        }
     }
 
     fn stored_to_proto(&self, d: StoredDecision, user_id: &str) -> Result<RewardDecision, Error> {
@@ -190,5 +248,27 @@ impl RewardService for Reward {
         tracing::Span::current().record("user.id", user.as_str());
         let characters = Reward::list_owned(self, &user).await?;
         Ok(Response::new(ListOwnedResponse { characters }))
+    }
+
+    #[tracing::instrument(skip_all, fields(user.id))]
+    async fn list_catalogue(
+        &self,
+        request: Request<ListCatalogueRequest>,
+    ) -> Result<Response<ListCatalogueResponse>, Status> {
+        let user = caller(request.metadata()).map_err(Error::from)?;
+        tracing::Span::current().record("user.id", user.as_str());
+        let characters = Reward::catalogue(self, &user).await?;
+        Ok(Response::new(ListCatalogueResponse { characters }))
+    }
+
+    #[tracing::instrument(skip_all, fields(user.id))]
+    async fn get_character(
+        &self,
+        request: Request<GetCharacterRequest>,
+    ) -> Result<Response<GetCharacterResponse>, Status> {
+        let user = caller(request.metadata()).map_err(Error::from)?;
+        tracing::Span::current().record("user.id", user.as_str());
+        let entry = Reward::character(self, &user, &request.get_ref().name).await?;
+        Ok(Response::new(GetCharacterResponse { entry: Some(entry) }))
     }
 }

@@ -5,8 +5,8 @@ use ecoscan_common::{
     testing::{Spawned, assert_health_and_reflection, spawn},
 };
 use ecoscan_proto::v1::{
-    Classification, DisposalRules, EvaluateRequest, ListOwnedRequest, RewardDecision,
-    reward_service_client::RewardServiceClient,
+    Classification, DisposalRules, EvaluateRequest, GetCharacterRequest, ListCatalogueRequest,
+    ListOwnedRequest, RewardDecision, reward_service_client::RewardServiceClient,
 };
 use ecoscan_reward::{Config, serve};
 use tempfile::TempDir;
@@ -161,18 +161,108 @@ async fn ineligible_scans_get_a_reason_and_store_nothing() {
     let not_recyclable =
         evaluate(&mut h, request("job-1", "carol", "무색페트병", Some(false))).await;
     let no_rules = evaluate(&mut h, request("job-2", "carol", "무색페트병", None)).await;
-    let no_character = evaluate(&mut h, request("job-3", "carol", "음식물", Some(true))).await;
 
-    for (d, reason) in [
-        (&not_recyclable, "not_recyclable"),
-        (&no_rules, "no_rules"),
-        (&no_character, "no_character_for_category"),
-    ] {
+    for (d, reason) in [(&not_recyclable, "not_recyclable"), (&no_rules, "no_rules")] {
         assert!(!d.eligible && !d.newly_granted, "{d:?}");
         assert!(d.character.is_none());
         assert_eq!(d.reason, reason);
     }
     assert!(owned_codes(&mut h, "carol").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_recyclable_item_without_a_character_of_its_own_earns_the_default_one() {
+    let mut h = start().await;
+    let first = evaluate(&mut h, request("job-1", "kim", "폐식용유", Some(true))).await;
+    let again = evaluate(&mut h, request("job-2", "kim", "소형가전", Some(true))).await;
+
+    assert!(first.eligible && first.newly_granted, "{first:?}");
+    assert_eq!(first.reason, "granted");
+    let character = first.character.unwrap();
+    assert_eq!(character.code, "char-eco");
+    assert!(character.middle_category.is_empty());
+    assert_eq!(again.reason, "already_owned");
+    assert_eq!(owned_codes(&mut h, "kim").await, ["char-eco"]);
+}
+
+#[tokio::test]
+async fn the_catalogue_lists_every_character_with_the_caller_s_ownership() {
+    let mut h = start().await;
+    evaluate(&mut h, request("job-g", "lee", "유리병", Some(true))).await;
+
+    let list = |h: &mut Harness, user: &str| {
+        let mut client = h.client.clone();
+        let req = as_user(ListCatalogueRequest {}, user);
+        async move {
+            client
+                .list_catalogue(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .characters
+        }
+    };
+    let lee = list(&mut h, "lee").await;
+    assert_eq!(lee.len(), 13, "12 characters and the default");
+    assert!(lee[0].is_default);
+    assert_eq!(lee[0].character.as_ref().unwrap().code, "char-eco");
+    assert_eq!(lee.iter().filter(|e| e.is_default).count(), 1);
+    let owned: Vec<_> = lee
+        .iter()
+        .filter(|e| e.owned)
+        .map(|e| {
+            (
+                e.character.as_ref().unwrap().code.as_str(),
+                e.job_id.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(owned, [("char-glassy", "job-g")]);
+    assert!(lee.iter().all(|e| e.owned == e.acquired_at.is_some()));
+    // Another user owns nothing of it.
+    assert!(list(&mut h, "park").await.iter().all(|e| !e.owned));
+
+    // One character, by any of its names.
+    for name in ["char-glassy", "글래시", "glassy"] {
+        let entry = h
+            .client
+            .get_character(as_user(GetCharacterRequest { name: name.into() }, "lee"))
+            .await
+            .unwrap()
+            .into_inner()
+            .entry
+            .unwrap();
+        assert_eq!(entry.character.unwrap().code, "char-glassy", "{name}");
+        assert!(entry.owned && entry.job_id == "job-g", "{name}");
+    }
+    let err = h
+        .client
+        .get_character(as_user(
+            GetCharacterRequest {
+                name: "Pikachu".into(),
+            },
+            "lee",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(
+        err.message().contains("\"Pikachu\"") && err.message().contains("ListCatalogue"),
+        "{err:?}"
+    );
+    let err = h
+        .client
+        .get_character(as_user(GetCharacterRequest { name: " ".into() }, "lee"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    // Ownership is the caller's: no identity, no answer.
+    let err = h
+        .client
+        .list_catalogue(Request::new(ListCatalogueRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
 }
 
 #[tokio::test]

@@ -337,6 +337,18 @@ async fn list_categories_includes_all_twelve_recyclable_middles_and_the_tag_voca
             .iter()
             .all(|c| !c.name_en.is_empty() && !c.items.is_empty())
     );
+    // Every name in English too: the major's, and each item's beside it.
+    for c in &res.categories {
+        assert!(!c.major_name_en.is_empty(), "{c:?}");
+        assert_eq!(c.items_en.len(), c.items.len(), "{c:?}");
+        assert!(c.items_en.iter().all(|n| !n.is_empty()), "{c:?}");
+    }
+    let paper = &res.categories[0];
+    assert_eq!(paper.major_name_en, "Recyclables");
+    assert_eq!(
+        (paper.items[0].as_str(), paper.items_en[0].as_str()),
+        ("골판지류", "Corrugated cardboard")
+    );
     assert!(
         res.categories
             .iter()

@@ -392,6 +392,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
 
     let gateway_config = ecoscan_gateway::Config {
         ingest_url: url(addrs.ingest),
+        rule_url: url(addrs.rule),
         reward_url: url(addrs.reward),
         analytics_url: url(addrs.analytics),
         notification_url: url(addrs.notification),

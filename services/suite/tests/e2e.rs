@@ -194,6 +194,47 @@ async fn two_scans_of_the_same_category_grant_the_character_once_and_notify_the_
     let characters = owned["characters"].as_array().expect("characters array");
     assert_eq!(characters.len(), 1, "{owned:#}");
 
+    // The catalogue says the same: that character owned, from the first scan, the rest not.
+    let code = first["reward"]["character"]["code"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let catalogue: Value = suite.get_json_as("/api/v1/characters", "carol").await;
+    let entries = catalogue["characters"]
+        .as_array()
+        .expect("characters array");
+    assert_eq!(entries.len(), 13, "{catalogue:#}");
+    assert_eq!(
+        entries[0]["is_default"], true,
+        "the default first: {catalogue:#}"
+    );
+    let owned: Vec<&Value> = entries.iter().filter(|e| e["owned"] == true).collect();
+    assert_eq!(owned.len(), 1, "{catalogue:#}");
+    assert_eq!(owned[0]["character"]["code"], code.as_str());
+    assert_eq!(owned[0]["job_id"], first["job_id"]);
+    // One character by its English name, as the caller and as someone else.
+    let name = first["reward"]["character"]["name_en"]
+        .as_str()
+        .unwrap()
+        .to_lowercase();
+    let one: Value = suite
+        .get_json_as(&format!("/api/v1/characters/{name}"), "carol")
+        .await;
+    assert_eq!(one["entry"]["character"]["code"], code.as_str(), "{one:#}");
+    assert_eq!(one["entry"]["owned"], true);
+    let theirs: Value = suite
+        .get_json_as(&format!("/api/v1/characters/{code}"), "dave")
+        .await;
+    assert_eq!(theirs["entry"]["owned"], false, "{theirs:#}");
+    let missing = suite
+        .http
+        .get(suite.url("/api/v1/characters/pikachu"))
+        .header("x-user-id", "carol")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+
     // The owner has one scan_completed notification per scan; nobody else has any.
     let inbox: Value = suite.get_json_as("/api/v1/notifications", "carol").await;
     let notes = inbox["notifications"]
@@ -677,4 +718,47 @@ async fn a_host_given_to_the_suite_exposes_the_gateway_alone() {
         .await
         .expect("the gateway answers on its host");
     assert_eq!(res.status(), 200);
+}
+
+#[tokio::test]
+async fn the_taxonomy_is_public_cacheable_and_in_both_languages() {
+    let suite = TestSuite::start().await;
+    // No credentials at all: a client that names no user.
+    let http = reqwest::Client::new();
+    let res = http
+        .get(suite.url("/api/v1/scan/categories"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["cache-control"], "public, max-age=300");
+    assert!(res.headers().get("vary").is_none(), "the same for everyone");
+    let etag = res.headers()["etag"].clone();
+    let body: Value = res.json().await.unwrap();
+    let categories = body["categories"].as_array().expect("categories");
+    assert_eq!(categories.len(), 18, "{body:#}");
+    let paper = &categories[0];
+    assert_eq!(paper["middle_category"], "종이");
+    assert_eq!(paper["name_en"], "Paper");
+    assert_eq!(paper["major_name_en"], "Recyclables");
+    assert_eq!(
+        paper["items"].as_array().unwrap().len(),
+        paper["items_en"].as_array().unwrap().len()
+    );
+    assert!(
+        body["situation_tags"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t == "내용물_있음")),
+        "{body:#}"
+    );
+    // Revalidated with its tag: 304, no body.
+    let again = http
+        .get(suite.url("/api/v1/scan/categories"))
+        .header("if-none-match", etag.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
+    assert_eq!(again.headers()["etag"], etag);
+    assert!(again.bytes().await.unwrap().is_empty());
 }

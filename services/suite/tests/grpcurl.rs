@@ -199,7 +199,12 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
     assert_described(
         a.reward,
         "ecoscan.v1.RewardService",
-        &[("Evaluate", false), ("ListOwned", false)],
+        &[
+            ("Evaluate", false),
+            ("GetCharacter", false),
+            ("ListCatalogue", false),
+            ("ListOwned", false),
+        ],
         "classification",
     )
     .await;

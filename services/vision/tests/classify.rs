@@ -53,6 +53,7 @@ impl RuleService for Rules {
             name_en: en.into(),
             recyclable: !middle.is_empty(),
             items: items.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
         };
         Ok(Response::new(ListCategoriesResponse {
             categories: vec![

@@ -211,6 +211,18 @@ impl reward_service_server::RewardService for Stages {
         acting_user(&req)?;
         Ok(Response::new(ListOwnedResponse::default()))
     }
+    async fn list_catalogue(
+        &self,
+        _req: Request<ecoscan_proto::v1::ListCatalogueRequest>,
+    ) -> Result<Response<ecoscan_proto::v1::ListCatalogueResponse>, Status> {
+        Err(Status::unimplemented("ingest never asks for the catalogue"))
+    }
+    async fn get_character(
+        &self,
+        _req: Request<ecoscan_proto::v1::GetCharacterRequest>,
+    ) -> Result<Response<ecoscan_proto::v1::GetCharacterResponse>, Status> {
+        Err(Status::unimplemented("ingest never asks for a character"))
+    }
 }
 
 #[tonic::async_trait]

@@ -163,6 +163,14 @@ impl Dataset {
                 name_en: c.name_en.clone(),
                 recyclable: c.recyclable,
                 items: c.items.iter().map(|i| i.name.clone()).collect(),
+                major_name_en: self
+                    .raw
+                    .majors
+                    .iter()
+                    .find(|m| m.name == c.major)
+                    .map(|m| m.name_en.clone())
+                    .unwrap_or_default(),
+                items_en: c.items.iter().map(|i| i.name_en.clone()).collect(),
             })
             .collect()
     }
