@@ -35,8 +35,10 @@ What is checked, per rendered set:
    the target's port, and the NetworkPolicies must let exactly the services that set it reach
    the target (and nothing outside the namespace, except the gateway); each store, collector
    and model endpoint a workload is configured with must be reachable through its egress policy.
-5. Autoscaling and overlays: HPAs (autoscaling/v2, CPU) for the stateless services and a KEDA
-   redis-streams ScaledObject for ingest on the stream and consumer group the code uses; in
+5. Autoscaling and overlays: HPAs (autoscaling/v2, CPU) for the stateless services, a KEDA
+   redis-streams ScaledObject for ingest on the stream and consumer group the code uses, and
+   one for the gateway on CPU and on its open event streams (a Prometheus query of a gauge the
+   gateway exports); in
    prod, at least two replicas, a pinned image, spreading over zones and hosts and an Ingress;
    in dev, no KEDA objects (no KEDA on a local cluster); with ServiceMonitors, one per Service
    on the metrics port.
@@ -95,9 +97,13 @@ OTEL_SDK_VARS = {
     "OTEL_SERVICE_NAME",
 }
 
-# Services scaled on CPU by an HPA, and the one KEDA scales on its queue.
-HPA_SERVICES = {"vision", "rule", "answer", "reward", "analytics", "gateway"}
+# Services scaled on CPU by an HPA, the one KEDA scales on its queue, and the one KEDA scales on
+# its open event streams (and CPU).
+HPA_SERVICES = {"vision", "rule", "answer", "reward", "analytics"}
 KEDA_SERVICE = "ingest"
+KEDA_STREAMS_SERVICE = "gateway"
+# The gauge of open SSE streams the gateway exports, which its ScaledObject's query must name.
+SSE_GAUGE = "gateway_sse_connections"
 
 # Ports a store setting needs when its value is not in the render (prod: the Secret the
 # operator creates).
@@ -153,6 +159,8 @@ class CodeFacts:
     dispatch_stream: str
     dispatch_group: str
     has_migrate: bool
+    # Whether the gateway registers the SSE gauge its ScaledObject scales on.
+    exports_sse_gauge: bool = False
     # Services with PostgreSQL migrations (services/<svc>/migrations): each Deployment of one
     # runs `ecoscan migrate <svc>` as an init container.
     db_services: list[str] = field(default_factory=list)
@@ -288,7 +296,8 @@ def read_code(repo: Path = REPO) -> CodeFacts:
         default_host=host.group(1) if host else "127.0.0.1",
         reads=reads, reads_anywhere=anywhere | OTEL_SDK_VARS | set(addr_var.values()),
         where_read=where_read,
-        dispatch_stream=stream.group(1), dispatch_group=group.group(1), has_migrate=has_migrate)
+        dispatch_stream=stream.group(1), dispatch_group=group.group(1), has_migrate=has_migrate,
+        exports_sse_gauge=f'"{SSE_GAUGE}"' in (repo / "gateway/src/metrics.rs").read_text())
     if not has_migrate:
         facts.notes.append("`ecoscan migrate` is not in services/suite/src/command.rs yet; the "
                            "migration init container's command is accepted as announced")
@@ -1224,6 +1233,9 @@ class Checker:
             scaled.setdefault(ref["name"], []).append(obj_id(so))
             if self.r.get(ref.get("kind", "Deployment"), ref["name"], self.r.ns(so)) is None:
                 self.err(so, f"targets {ref['name']}, which is not in the render")
+            if ref["name"] == KEDA_STREAMS_SERVICE:
+                self.check_streams_scaler(so)
+                continue
             for t in so["spec"]["triggers"]:
                 md = t.get("metadata", {})
                 if t["type"] not in ("redis-streams", "redis-cluster-streams"):
@@ -1266,10 +1278,41 @@ class Checker:
                         h["spec"]["scaleTargetRef"]["name"] == deployments[svc]["metadata"]["name"]
                         for h in hpas):
                     self.err(deployments[svc], "no HorizontalPodAutoscaler")
-            if KEDA_SERVICE in deployments and not sos:
-                self.err(deployments[KEDA_SERVICE], "no KEDA ScaledObject")
+            for svc in (KEDA_SERVICE, KEDA_STREAMS_SERVICE):
+                if svc in deployments and not any(
+                        so["spec"]["scaleTargetRef"]["name"] == deployments[svc]["metadata"]["name"]
+                        for so in sos):
+                    self.err(deployments[svc], "no KEDA ScaledObject")
         self.count("autoscalers checked", len(hpas) + len(sos))
         return scaled
+
+    def check_streams_scaler(self, so: dict):
+        """The gateway's ScaledObject: a Prometheus trigger on the SSE gauge the gateway exports
+        (per replica, AverageValue, a positive whole threshold) and a CPU trigger."""
+        kinds = {t["type"]: t for t in so["spec"]["triggers"]}
+        prom, cpu = kinds.get("prometheus"), kinds.get("cpu")
+        if prom is None:
+            self.err(so, "the gateway is not scaled on its event streams (no prometheus trigger)")
+        else:
+            md = prom.get("metadata", {})
+            if SSE_GAUGE not in md.get("query", ""):
+                self.err(so, f"the prometheus query {md.get('query')!r} does not read {SSE_GAUGE}")
+            if not self.code.exports_sse_gauge:
+                self.err(so, f"scales on {SSE_GAUGE}, which gateway/src/metrics.rs no longer "
+                         "registers")
+            if prom.get("metricType", "AverageValue") != "AverageValue":
+                self.err(so, "the stream trigger must be AverageValue: streams per replica")
+            if not str(md.get("threshold", "")).isdigit() or int(md["threshold"]) < 1:
+                self.err(so, f"threshold {md.get('threshold')!r} is not a positive number")
+            if not re.match(r"^https?://[^/\s]+", md.get("serverAddress", "")):
+                self.err(so, f"serverAddress {md.get('serverAddress')!r} is not an http(s) URL")
+        if cpu is None:
+            self.err(so, "the gateway has no CPU trigger beside its streams")
+        elif not str(cpu.get("metadata", {}).get("value", "")).isdigit():
+            self.err(so, "the CPU trigger's value is not a whole percentage")
+        for t in so["spec"]["triggers"]:
+            if t["type"] not in ("prometheus", "cpu"):
+                self.err(so, f"trigger {t['type']} is not prometheus or cpu")
 
     def check_prod(self, ws: list[Workload]):
         hpa_min = {}
@@ -1455,6 +1498,13 @@ MUTATIONS = [
      lambda d: _find(d, "ScaledObject", "ingest")["spec"]["triggers"][0]["metadata"].update(
          consumerGroup="workers"),
      ["ScaledObject/ingest", "consumerGroup"]),
+    ("prod", "the gateway scaled on a metric it does not export",
+     lambda d: _find(d, "ScaledObject", "gateway")["spec"]["triggers"][0]["metadata"].update(
+         query="sum(sse_gateway_connections_active)"),
+     ["ScaledObject/gateway", "does not read gateway_sse_connections"]),
+    ("prod", "the gateway's stream trigger gone",
+     lambda d: _find(d, "ScaledObject", "gateway")["spec"]["triggers"].pop(0),
+     ["ScaledObject/gateway", "not scaled on its event streams"]),
     ("prod", "an unpinned image",
      lambda d: _container(d, "reward").update(image="registry.example.com/ecoscan/ecoscan:latest"),
      ["Deployment/reward", "not pinned"]),
