@@ -24,7 +24,9 @@ CREATE TABLE IF NOT EXISTS scan_jobs (
     finished_at_us  INTEGER,
     lease_epoch     INTEGER NOT NULL DEFAULT 0,  -- fencing token of the latest claim
     dead_at_us      INTEGER,                     -- set aside for an operator (dead letter)
-    end_seq         INTEGER                      -- seq of the final event, once the log took it
+    end_seq         INTEGER,                     -- seq of the final event, once the log took it
+    dead_reason     TEXT,                        -- why it was dead-lettered: attempts, store
+    auto_requeues   INTEGER NOT NULL DEFAULT 0   -- requeued by the schedule since an operator's
 );
 
 CREATE UNIQUE INDEX IF NOT EXISTS scan_jobs_idempotency

@@ -1,23 +1,14 @@
 //! `ScanAdminService`: the operators' view of dead-lettered jobs (list, requeue). Every call
 //! needs the admin role in the request metadata.
 
-use std::time::SystemTime;
-
 use ecoscan_common::identity::is_admin;
 use ecoscan_proto::v1::{
-    DeadLetter, EventStatus, ListDeadLettersRequest, ListDeadLettersResponse,
-    RequeueDeadLetterRequest, RequeueDeadLetterResponse, Stage,
-    scan_admin_service_server::ScanAdminService,
+    DeadLetter, ListDeadLettersRequest, ListDeadLettersResponse, RequeueDeadLetterRequest,
+    RequeueDeadLetterResponse, scan_admin_service_server::ScanAdminService,
 };
 use tonic::{Request, Response, Status};
 
-use crate::{
-    error::Error,
-    event::event,
-    metrics::IngestMetrics,
-    service::result_of,
-    store::{QueueEntry, Stores},
-};
+use crate::{error::Error, metrics::IngestMetrics, service::result_of, store::Stores};
 
 /// Dead letters per page when the caller does not say, and at most.
 const DEFAULT_PAGE: u32 = 50;
@@ -86,13 +77,15 @@ impl ScanAdminService for AdminApi {
                 Error::invalid("job_id", format!("job_id {job_id:?} is not a job id")).into(),
             );
         }
-        let Some(job) = self
-            .stores
-            .jobs
-            .requeue(&job_id)
-            .await
-            .map_err(Error::from)?
-        else {
+        let requeued = crate::dead_letters::requeue(
+            &self.stores,
+            &self.metrics,
+            &job_id,
+            crate::dead_letters::RequeuedBy::Operator,
+        )
+        .await
+        .map_err(Error::from)?;
+        let Some(job) = requeued else {
             return Err(
                 match self.stores.jobs.get(&job_id).await.map_err(Error::from)? {
                     Some(_) => Error::NotDeadLettered(job_id),
@@ -101,36 +94,7 @@ impl ScanAdminService for AdminApi {
                 .into(),
             );
         };
-        // The operator's request is a trace of its own; a link joins it to the scan it
-        // restarts (whose trace the rerun goes on in, from the job's carrier), so a search by
-        // `job.id` finds the requeue beside the scan in Jaeger.
-        ecoscan_common::telemetry::link_to_carrier(&tracing::Span::current(), &job.trace_carrier);
-        // The job's log starts again, so that its watchers see the new run only; then a
-        // worker picks it up and resumes at its first stage without a checkpoint.
-        self.stores
-            .events
-            .restart(event(
-                &job.id,
-                Stage::Queued,
-                EventStatus::Completed,
-                0.0,
-                "requeued by an operator",
-                None,
-            ))
-            .await
-            .map_err(Error::from)?;
-        self.stores
-            .queue
-            .enqueue(QueueEntry {
-                job_id: job.id.clone(),
-                carrier: job.trace_carrier.clone(),
-                deliveries: 0,
-                enqueued_at: SystemTime::now(),
-            })
-            .await
-            .map_err(Error::from)?;
-        self.metrics.requeued();
-        tracing::info!(job.id = %job.id, "dead-lettered job requeued");
+        tracing::info!(job.id = %job.id, by = "operator", "dead-lettered job requeued");
         Ok(Response::new(RequeueDeadLetterResponse {
             job: Some(result_of(job)),
         }))

@@ -135,6 +135,8 @@ impl Default for HubConfig {
 /// | `INGEST_PENDING_CACHE_ENTRIES` | running jobs' rows kept at most [10000] |
 /// | `INGEST_SWEEP_INTERVAL` | how often the sweeper looks for unfinished jobs missing from the queue [30s] |
 /// | `INGEST_SWEEP_GRACE` | age below which a job is never swept (it may be between insert and enqueue) [60s] |
+/// | `INGEST_DEAD_LETTER_RETRY` | which dead letters are requeued on their own: `off`, or `<kind>:<times>x<backoff>,…` with kinds `attempts` (started too often without finishing) and `store` (a record that cannot be read); the backoff doubles each try [`attempts:3x5m`] |
+/// | `INGEST_DEAD_LETTER_INTERVAL` | how often the schedule looks for dead letters due a retry [30s] |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub vision_url: String,
@@ -182,6 +184,9 @@ pub struct Config {
     pub hub: HubConfig,
     pub sweep_interval: Duration,
     pub sweep_grace: Duration,
+    /// Which dead letters the schedule requeues, how often and after how long.
+    pub dead_letter_retry: crate::retry_policy::RetryPolicy,
+    pub dead_letter_interval: Duration,
 }
 
 impl Default for Config {
@@ -218,6 +223,8 @@ impl Default for Config {
             hub: HubConfig::default(),
             sweep_interval: Duration::from_secs(30),
             sweep_grace: Duration::from_secs(60),
+            dead_letter_retry: crate::retry_policy::RetryPolicy::default_schedule(),
+            dead_letter_interval: Duration::from_secs(30),
         }
     }
 }
@@ -316,6 +323,13 @@ impl Config {
             env_or("INGEST_PENDING_CACHE_ENTRIES", self.hub.pending.capacity)?;
         self.sweep_interval = env_duration("INGEST_SWEEP_INTERVAL", self.sweep_interval)?;
         self.sweep_grace = env_duration("INGEST_SWEEP_GRACE", self.sweep_grace)?;
+        if let Some(v) = env_opt("INGEST_DEAD_LETTER_RETRY") {
+            self.dead_letter_retry = v
+                .parse()
+                .map_err(|e| anyhow::anyhow!("INGEST_DEAD_LETTER_RETRY: {e}"))?;
+        }
+        self.dead_letter_interval =
+            env_duration("INGEST_DEAD_LETTER_INTERVAL", self.dead_letter_interval)?;
         Ok(self)
     }
 

@@ -6,6 +6,7 @@
 pub mod admin;
 mod allowlist;
 pub mod config;
+pub mod dead_letters;
 pub mod error;
 pub mod event;
 pub mod fetch;
@@ -14,6 +15,7 @@ pub mod image;
 pub mod metrics;
 pub mod pending;
 pub mod pipeline;
+pub mod retry_policy;
 pub mod service;
 pub mod store;
 pub mod sweeper;
@@ -124,6 +126,13 @@ pub async fn serve_with(
         config.sweep_grace,
         shutdown.clone(),
     );
+    let retries = dead_letters::spawn(
+        stores.clone(),
+        ingest_metrics.clone(),
+        config.dead_letter_retry.clone(),
+        config.dead_letter_interval,
+        shutdown.clone(),
+    );
     let admin = admin::AdminApi::new(stores.clone(), ingest_metrics.clone());
     let api = service::ScanApi::new(config, stores, hub, ingest_metrics, shutdown.clone());
     let server = ScanServiceServer::new(api)
@@ -151,5 +160,8 @@ pub async fn serve_with(
         );
     }
     sweeper.abort();
+    if let Some(retries) = retries {
+        retries.abort();
+    }
     served
 }

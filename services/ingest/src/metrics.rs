@@ -19,7 +19,8 @@ pub struct IngestMetrics {
     lag: Histogram,
     stages: SecondsFamily<Labels2>,
     dead_lettered: Family<Labels1, Counter>,
-    requeued: Counter,
+    requeued: Family<Labels1, Counter>,
+    returned: Counter,
     fenced: Counter,
     result_reads: Family<Labels1, Counter>,
 }
@@ -34,7 +35,8 @@ impl Default for IngestMetrics {
             lag: ecoscan_common::metrics::seconds_histogram(),
             stages: seconds_family(),
             dead_lettered: Family::default(),
-            requeued: Counter::default(),
+            requeued: Family::default(),
+            returned: Counter::default(),
             fenced: Counter::default(),
             result_reads: Family::default(),
         }
@@ -56,7 +58,8 @@ impl IngestMetrics {
             ("ingest_dispatch_lag_seconds", "Time from enqueue to a worker's first claim of the job", this.lag.clone());
             ("ingest_stage_duration_seconds", "Time of a pipeline stage, retries included, by stage and outcome (ok, failed, store_error)", this.stages.clone());
             ("ingest_jobs_dead_lettered", "Jobs failed and set aside for an operator, by reason (attempts: tried too often; store: a record that cannot be read)", this.dead_lettered.clone());
-            ("ingest_jobs_requeued", "Dead-lettered jobs an operator put back on the queue", this.requeued.clone());
+            ("ingest_jobs_requeued", "Dead-lettered jobs put back on the queue, by who: operator (RequeueDeadLetter) or schedule (INGEST_DEAD_LETTER_RETRY)", this.requeued.clone());
+            ("ingest_dead_letters_returned", "Jobs dead-lettered again after the schedule requeued them: retrying does not mend them", this.returned.clone());
             ("ingest_workers_fenced", "Workers stopped because their job was claimed again (a write with a stale lease epoch was refused)", this.fenced.clone());
             ("ingest_result_reads", "GetResult calls by where the row came from: kept (a running job's row the hub keeps until the next event of the job) or store", this.result_reads.clone());
             ("ingest_dispatch_backlog", "Jobs on the dispatch queue: waiting plus claimed and not yet acknowledged", backlog.clone());
@@ -112,8 +115,14 @@ impl IngestMetrics {
             .inc();
     }
 
-    pub(crate) fn requeued(&self) {
-        self.requeued.inc();
+    /// A dead letter put back on the queue `by` an operator or the schedule.
+    pub(crate) fn requeued(&self, by: &'static str) {
+        self.requeued.get_or_create(&[("by", by.to_owned())]).inc();
+    }
+
+    /// A job the schedule requeued was dead-lettered again.
+    pub(crate) fn dead_letter_returned(&self) {
+        self.returned.inc();
     }
 
     pub(crate) fn result_read(&self, source: &'static str) {

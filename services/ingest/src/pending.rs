@@ -220,6 +220,8 @@ mod tests {
             finished_at: None,
             dead_at: None,
             end_seq: None,
+            dead_reason: None,
+            auto_requeues: 0,
         }
     }
 

@@ -207,6 +207,55 @@ async fn a_job_delivered_more_often_than_the_limit_is_dead_lettered() {
 }
 
 #[tokio::test]
+async fn the_schedule_retries_a_job_that_kept_dying_and_never_a_poison_input() {
+    let env = start(None, |c| {
+        c.max_attempts = 2;
+        c.dead_letter_retry = "attempts:1x200ms".parse().unwrap();
+        c.dead_letter_interval = Duration::from_millis(50);
+    })
+    .await;
+    // Two workers claimed it and died: the next delivery sets it aside (`attempts`), and the
+    // schedule puts it back once; with the crash behind it, it runs to the end.
+    let recovers = insert_with_image(&env, "images/ab/recovers").await;
+    for _ in 0..2 {
+        env.stores
+            .jobs
+            .claim(&recovers.id, Stage::Vision)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    enqueue(&env, &recovers.id).await;
+    // An image that is gone (`store`): a poison input, which the schedule never retries.
+    let poison = insert_queued(&env, "images/zz/gone").await;
+
+    let mut row = env.stores.jobs.get(&recovers.id).await.unwrap().unwrap();
+    for _ in 0..600 {
+        if row.status == JobStatus::Succeeded {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        row = env.stores.jobs.get(&recovers.id).await.unwrap().unwrap();
+    }
+    assert_eq!(row.status, JobStatus::Succeeded, "{row:?}");
+    assert_eq!(row.auto_requeues, 1, "requeued once, by the schedule");
+    assert!(row.dead_at.is_none() && row.dead_reason.is_none());
+    assert_eq!(
+        env.stages.count("vision"),
+        1,
+        "it ran once, after the requeue"
+    );
+
+    // Several passes later the poison input is still set aside, never requeued.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let poison = env.stores.jobs.get(&poison).await.unwrap().unwrap();
+    assert_eq!(poison.status, JobStatus::Failed);
+    assert_eq!(poison.dead_reason.as_deref(), Some("store"));
+    assert_eq!(poison.auto_requeues, 0);
+    assert!(poison.dead_at.is_some());
+}
+
+#[tokio::test]
 async fn a_stage_stream_that_stalls_is_cut_by_its_idle_deadline() {
     let stages = Stages {
         answer_stalls: true,

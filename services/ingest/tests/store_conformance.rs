@@ -541,7 +541,8 @@ async fn fencing_conformance(jobs: &dyn JobStore) {
         retryable: false,
     };
     assert!(fenced(
-        jobs.dead_letter(&job.id, first.lease_epoch, err).await
+        jobs.dead_letter(&job.id, first.lease_epoch, err, "attempts")
+            .await
     ));
     let got = jobs.get(&job.id).await.unwrap().unwrap();
     assert_eq!(got.classification, None, "the stale checkpoint was refused");
@@ -605,9 +606,16 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
             .await
             .unwrap();
         }
-        jobs.dead_letter(&job.id, claimed.lease_epoch, err(&format!("poison {i}")))
-            .await
-            .unwrap();
+        // Each with the kind it was set aside for, which the dead-letter schedule reads.
+        let kind = if i == 0 { "attempts" } else { "store" };
+        jobs.dead_letter(
+            &job.id,
+            claimed.lease_epoch,
+            err(&format!("poison {i}")),
+            kind,
+        )
+        .await
+        .unwrap();
         // A later finish changes nothing: the first terminal status stands.
         jobs.finish(&job.id, claimed.lease_epoch, JobStatus::Succeeded, None)
             .await
@@ -616,6 +624,8 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
         assert_eq!(got.status, JobStatus::Failed);
         assert_eq!(got.error, Some(err(&format!("poison {i}"))));
         assert!(got.dead_at.is_some() && got.finished_at.is_some());
+        assert_eq!(got.dead_reason.as_deref(), Some(kind));
+        assert_eq!(got.auto_requeues, 0);
         dead.push(got);
         // Distinct times, so the order is defined (the stores keep milliseconds).
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -650,6 +660,11 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
             .iter()
             .any(|j| j.id == plain.id)
     );
+    assert_eq!(
+        jobs.get(&plain.id).await.unwrap().unwrap().dead_reason,
+        None,
+        "a plain failure is no dead letter"
+    );
     // Paging back in time: before the newest one's time, the two older ones.
     let page: Vec<String> = jobs
         .dead_letters(dead[2].dead_at, 100)
@@ -665,10 +680,12 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
     // Requeue: back to queued, attempts reset, checkpoints kept, no longer listed; the old
     // run's end is no longer the job's.
     jobs.set_end_seq(&dead[0].id, 9).await.unwrap();
-    let back = jobs.requeue(&dead[0].id).await.unwrap().unwrap();
+    let back = jobs.requeue(&dead[0].id, true).await.unwrap().unwrap();
     assert_eq!(back.status, JobStatus::Queued);
     assert_eq!(back.attempts, 0);
     assert_eq!(back.end_seq, None);
+    assert_eq!(back.dead_reason, None);
+    assert_eq!(back.auto_requeues, 1, "the schedule's requeue counts");
     assert!(back.dead_at.is_none() && back.error.is_none() && back.finished_at.is_none());
     assert_eq!(
         back.rules,
@@ -676,10 +693,13 @@ async fn dead_letter_conformance(jobs: &dyn JobStore) {
         "checkpoints are kept"
     );
     assert!(
-        jobs.requeue(&dead[0].id).await.unwrap().is_none(),
+        jobs.requeue(&dead[0].id, false).await.unwrap().is_none(),
         "a job not dead-lettered is not requeued"
     );
-    assert!(jobs.requeue(&plain.id).await.unwrap().is_none());
+    assert!(jobs.requeue(&plain.id, true).await.unwrap().is_none());
+    // An operator's requeue starts the schedule's count over.
+    let by_operator = jobs.requeue(&dead[1].id, false).await.unwrap().unwrap();
+    assert_eq!(by_operator.auto_requeues, 0);
     assert!(
         !jobs
             .dead_letters(None, 100)

@@ -1137,7 +1137,7 @@ async fn work_done_later_links_to_what_caused_it_a_requeue_and_a_scheduled_deliv
         message: "set aside for an operator".into(),
         retryable: false,
     };
-    ecoscan_ingest::store::JobStore::dead_letter(&jobs, &job.id, job.lease_epoch, error)
+    ecoscan_ingest::store::JobStore::dead_letter(&jobs, &job.id, job.lease_epoch, error, "store")
         .await
         .expect("dead-letter it");
     let mut admin = ecoscan_proto::v1::scan_admin_service_client::ScanAdminServiceClient::connect(
@@ -1171,6 +1171,8 @@ async fn work_done_later_links_to_what_caused_it_a_requeue_and_a_scheduled_deliv
     assert!(res.status().is_success(), "{}", res.status());
 
     let is_requeue = |s: &Span| s.service == "ecoscan-ingest" && s.name == "requeue_dead_letter";
+    // (Its kind, `store`, is one the dead-letter schedule never retries: only the operator's
+    // requeue can have restarted it.)
     let is_delivery =
         |s: &Span| s.service == "ecoscan-notification" && s.name == "deliver due notifications";
     let links_to = |s: &Span, trace: &str| s.links.iter().any(|(t, _)| t == trace);

@@ -260,10 +260,14 @@ impl Ctx {
             .await?;
         self.stores
             .jobs
-            .dead_letter(&job.id, job.lease_epoch, error)
+            .dead_letter(&job.id, job.lease_epoch, error, reason)
             .await?;
         self.metrics.finished("failed");
         self.metrics.dead_lettered(reason);
+        if job.auto_requeues > 0 {
+            // The schedule requeued it and it came back: `EcoscanDeadLettersReturn`.
+            self.metrics.dead_letter_returned();
+        }
         self.final_event(&job.id, job.lease_epoch, None).await
     }
 

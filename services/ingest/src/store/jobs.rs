@@ -41,6 +41,11 @@ pub struct Job {
     /// The seq of the job's final event, once its log took it ([`JobStore::set_end_seq`]): a
     /// finished job's end is known from the row alone, whatever the log's store is doing.
     pub end_seq: Option<u64>,
+    /// Why the job was dead-lettered (`attempts`, `store`), while it is.
+    pub dead_reason: Option<String>,
+    /// Times the dead-letter schedule requeued the job since an operator last did (or since it
+    /// was submitted).
+    pub auto_requeues: u32,
 }
 
 impl Job {
@@ -125,8 +130,15 @@ pub trait JobStore: Send + Sync + 'static {
     /// (the last record wins: the log holds one final event).
     async fn set_end_seq(&self, id: &str, seq: u64) -> Result<(), StoreError>;
     /// Fails the job with `error` and sets it aside for an operator (a poison job: it failed
-    /// too often, or on a record that cannot be read). Once, like [`JobStore::finish`].
-    async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError>;
+    /// too often, or on a record that cannot be read), `reason` saying which (`attempts`,
+    /// `store`). Once, like [`JobStore::finish`].
+    async fn dead_letter(
+        &self,
+        id: &str,
+        epoch: u64,
+        error: ErrorInfo,
+        reason: &str,
+    ) -> Result<(), StoreError>;
     /// Dead-lettered jobs, newest first: up to `limit` set aside before `before` (all when
     /// `None`), so callers page back in time.
     async fn dead_letters(
@@ -135,8 +147,10 @@ pub trait JobStore: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<Job>, StoreError>;
     /// Puts a dead-lettered job back to `queued` (its checkpoints kept, its attempts reset);
-    /// `None` when the job is not dead-lettered.
-    async fn requeue(&self, id: &str) -> Result<Option<Job>, StoreError>;
+    /// `None` when the job is not dead-lettered (or no longer: of two concurrent requeues one
+    /// wins). `scheduled`: the dead-letter schedule requeues it (its `auto_requeues` counts
+    /// one more); else an operator does (the count starts over).
+    async fn requeue(&self, id: &str, scheduled: bool) -> Result<Option<Job>, StoreError>;
     /// Up to `limit` jobs not yet terminal that were created before `created_before`, newest
     /// first, so callers page back in time (the sweeper re-enqueues those whose queue entry is
     /// gone).

@@ -104,6 +104,7 @@ where
     let finished: Option<i64> = row.try_get("finished_at_us")?;
     let dead: Option<i64> = row.try_get("dead_at_us")?;
     let end_seq: Option<i64> = row.try_get("end_seq")?;
+    let auto_requeues: i32 = row.try_get("auto_requeues")?;
     Ok(Job {
         id: row.try_get("id")?,
         user_id: row.try_get("user_id")?,
@@ -128,6 +129,8 @@ where
         finished_at: finished.map(system_time_from_us),
         dead_at: dead.map(system_time_from_us),
         end_seq: end_seq.map(|s| s.max(0).unsigned_abs()),
+        dead_reason: row.try_get("dead_reason")?,
+        auto_requeues: auto_requeues.max(0).unsigned_abs(),
     })
 }
 
@@ -307,7 +310,7 @@ where
         status: JobStatus,
         error: Option<ErrorInfo>,
     ) -> Result<Option<Job>, StoreError> {
-        self.end(id, epoch, status, error, false).await
+        self.end(id, epoch, status, error, None).await
     }
 
     #[db_span(
@@ -330,8 +333,14 @@ where
     }
 
     #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "scan_jobs", fields(job.id = %id))]
-    async fn dead_letter(&self, id: &str, epoch: u64, error: ErrorInfo) -> Result<(), StoreError> {
-        self.end(id, epoch, JobStatus::Failed, Some(error), true)
+    async fn dead_letter(
+        &self,
+        id: &str,
+        epoch: u64,
+        error: ErrorInfo,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.end(id, epoch, JobStatus::Failed, Some(error), Some(reason))
             .await
             .map(drop)
     }
@@ -356,14 +365,16 @@ where
     }
 
     #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "scan_jobs", fields(job.id = %id))]
-    async fn requeue(&self, id: &str) -> Result<Option<Job>, StoreError> {
+    async fn requeue(&self, id: &str, scheduled: bool) -> Result<Option<Job>, StoreError> {
         sqlx::query(DB::sql(
             "UPDATE scan_jobs SET status = $1, stage = $2, error = NULL, finished_at_us = NULL, \
-             dead_at_us = NULL, end_seq = NULL, attempts = 0, updated_at_us = $3 \
-             WHERE id = $4 AND dead_at_us IS NOT NULL RETURNING *",
+             dead_at_us = NULL, dead_reason = NULL, end_seq = NULL, attempts = 0, \
+             auto_requeues = CASE WHEN $3 = 1 THEN auto_requeues + 1 ELSE 0 END, \
+             updated_at_us = $4 WHERE id = $5 AND dead_at_us IS NOT NULL RETURNING *",
         ))
         .bind(JobStatus::Queued as i32)
         .bind(Stage::Queued as i32)
+        .bind(i32::from(scheduled))
         .bind(now_us())
         .bind(id)
         .fetch_optional(&self.pool)
@@ -416,6 +427,7 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> String: Decode<'q, DB> + Type<DB>,
     for<'q> Option<String>: Decode<'q, DB> + Type<DB>,
     for<'q> i32: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
@@ -451,12 +463,12 @@ where
         epoch: u64,
         status: JobStatus,
         error: Option<ErrorInfo>,
-        dead: bool,
+        dead: Option<&str>,
     ) -> Result<Option<Job>, StoreError> {
         let now = now_us();
         let ended = sqlx::query(DB::sql(
             "UPDATE scan_jobs SET status = $1, stage = COALESCE($2, stage), error = $3, \
-             finished_at_us = $4, updated_at_us = $4, dead_at_us = $5 \
+             finished_at_us = $4, updated_at_us = $4, dead_at_us = $5, dead_reason = $10 \
              WHERE id = $6 AND lease_epoch = $7 AND status IN ($8, $9) RETURNING *",
         ))
         .bind(status as i32)
@@ -464,11 +476,12 @@ where
         .bind((status == JobStatus::Succeeded).then_some(Stage::Done as i32))
         .bind(error.map(|e| e.encode_to_vec()))
         .bind(now)
-        .bind(dead.then_some(now))
+        .bind(dead.is_some().then_some(now))
         .bind(id)
         .bind(epoch_param(epoch))
         .bind(JobStatus::Queued as i32)
         .bind(JobStatus::Running as i32)
+        .bind(dead)
         .fetch_optional(&self.pool)
         .await?;
         match ended {
