@@ -69,15 +69,7 @@ pub async fn requeue(
             None,
         ))
         .await?;
-    stores
-        .queue
-        .enqueue(QueueEntry {
-            job_id: job.id.clone(),
-            carrier: job.trace_carrier.clone(),
-            deliveries: 0,
-            enqueued_at: SystemTime::now(),
-        })
-        .await?;
+    stores.queue.enqueue(QueueEntry::for_job(&job)).await?;
     metrics.requeued(by.as_str());
     Ok(Some(job))
 }

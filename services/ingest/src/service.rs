@@ -207,15 +207,7 @@ impl Inner {
                 None,
             ))
             .await?;
-        self.stores
-            .queue
-            .enqueue(QueueEntry {
-                job_id: job.id.clone(),
-                carrier: job.trace_carrier.clone(),
-                deliveries: 0,
-                enqueued_at: std::time::SystemTime::now(),
-            })
-            .await?;
+        self.stores.queue.enqueue(QueueEntry::for_job(job)).await?;
         Ok(())
     }
 

@@ -61,15 +61,7 @@ pub async fn sweep_as(stores: &Stores, grace: Duration, holder: &str) -> Result<
             {
                 continue;
             }
-            stores
-                .queue
-                .enqueue(QueueEntry {
-                    job_id: job.id.clone(),
-                    carrier: job.trace_carrier.clone(),
-                    deliveries: 0,
-                    enqueued_at: SystemTime::now(),
-                })
-                .await?;
+            stores.queue.enqueue(QueueEntry::for_job(job)).await?;
             tracing::warn!(job.id = %job.id, "re-enqueued an unfinished job whose queue entry was gone");
             requeued += 1;
         }

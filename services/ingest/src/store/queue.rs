@@ -23,6 +23,19 @@ pub struct QueueEntry {
     pub enqueued_at: SystemTime,
 }
 
+impl QueueEntry {
+    /// A new entry for `job`, carrying the trace context of the request that submitted it:
+    /// what a submit, the sweeper and a requeue put on the queue.
+    pub fn for_job(job: &super::Job) -> Self {
+        Self {
+            job_id: job.id.clone(),
+            carrier: job.trace_carrier.clone(),
+            deliveries: 0,
+            enqueued_at: SystemTime::now(),
+        }
+    }
+}
+
 /// A claimed entry; valid until acknowledged or until the lease runs out.
 #[derive(Clone, Debug)]
 pub struct Lease {
