@@ -16,6 +16,7 @@ fn health() -> StoreHealth {
             trip_after: 3,
             silence: Duration::from_secs(5),
             probe_interval: Duration::from_secs(1),
+            probe_hold: Duration::from_secs(10),
         },
     )
 }
@@ -123,6 +124,30 @@ async fn a_probe_that_waits_out_its_timeout_does_not_make_the_next_caller_a_prob
         Ok(()),
         "a probe a whole interval after the last fault"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_out_keeps_every_other_caller_refused_until_it_reports_or_its_hold_passes() {
+    let h = health();
+    for _ in 0..3 {
+        h.fault(FaultKind::TimedOut);
+    }
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(h.check(), Ok(()), "the probe");
+    // Callers a second apart while the probe waits (found by services/suite/tests/partition.rs:
+    // each became a probe and waited out a timeout of its own).
+    for _ in 0..9 {
+        advance(Duration::from_secs(1)).await;
+        assert!(h.check().is_err(), "refused while the probe is out");
+    }
+    // Its caller gave up on it without a word: after the hold, the next caller probes.
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(h.check(), Ok(()), "a probe once the hold has passed");
+    assert!(h.check().is_err());
+    // That one reports a fault: the next probe an interval later, as before.
+    h.fault(FaultKind::TimedOut);
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(h.check(), Ok(()), "a probe an interval after the fault");
 }
 
 #[test]
