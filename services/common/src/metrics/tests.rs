@@ -89,7 +89,10 @@ async fn a_sample_that_does_not_answer_never_holds_a_scrape_up() {
     );
 
     stuck.store(true, std::sync::atomic::Ordering::SeqCst);
-    for _ in 0..3 {
+    for scrape in 0..3 {
+        // The first scrape starts the stuck read and waits SAMPLE_WAIT for it; the ones after
+        // find it still under way and do not wait again.
+        let began = std::time::Instant::now();
         // Bounded by SAMPLE_WAIT; the generous timeout only keeps a failure from hanging.
         let text = tokio::time::timeout(std::time::Duration::from_secs(10), metrics.render())
             .await
@@ -98,6 +101,13 @@ async fn a_sample_that_does_not_answer_never_holds_a_scrape_up() {
             text.contains(r#"ingest_backlog{service="ingest"} 7"#),
             "{text}"
         );
+        if scrape > 0 {
+            assert!(
+                began.elapsed() < super::SAMPLE_WAIT,
+                "scrape {scrape} waited {:?} on a read an earlier scrape started",
+                began.elapsed()
+            );
+        }
     }
     assert_eq!(
         reads.load(std::sync::atomic::Ordering::SeqCst),
