@@ -116,6 +116,39 @@ async fn a_sample_that_does_not_answer_never_holds_a_scrape_up() {
     );
 }
 
+/// A slow store (reads answered, each slower than the scrape's wait): after one read showed it,
+/// scrapes stop waiting for the next and serve the last value at once.
+#[tokio::test]
+async fn a_slow_sample_is_not_waited_for_once_it_showed_itself_slow() {
+    let mut metrics = Metrics::new("ingest");
+    let backlog: Gauge = Gauge::default();
+    metrics
+        .registry()
+        .register("ingest_backlog", "backlog", backlog.clone());
+    metrics.sample("ingest_backlog", move || {
+        let backlog = backlog.clone();
+        async move {
+            tokio::time::sleep(super::SAMPLE_WAIT * 2).await;
+            backlog.inc();
+            true
+        }
+    });
+    metrics.render().await;
+    // The first read ends (slow), then each scrape starts a new one without waiting for it.
+    tokio::time::sleep(super::SAMPLE_WAIT * 3).await;
+    for _ in 0..2 {
+        let began = std::time::Instant::now();
+        let text = metrics.render().await;
+        assert!(
+            began.elapsed() < super::SAMPLE_WAIT,
+            "a scrape waited {:?} for a store known to be slow",
+            began.elapsed()
+        );
+        assert!(text.contains("ingest_backlog"), "{text}");
+        tokio::time::sleep(super::SAMPLE_WAIT * 3).await;
+    }
+}
+
 #[test]
 fn only_methods_of_the_served_services_are_recorded() {
     let mut registry = Registry::default();
