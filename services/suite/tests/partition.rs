@@ -593,6 +593,12 @@ async fn run(index: u32, name: &str, store: Store, fault: Fault) {
             ended_at: s.ended_at(),
             answer,
             outages: Vec::new(),
+            // A blackhole: an end due meanwhile comes once the store answers again. Under
+            // latency and loss the store answers, and the end is due at once as ever.
+            store_outages: match fault {
+                Fault::Blackhole(_) => vec![(fault_start, healed)],
+                Fault::Lossy { .. } => Vec::new(),
+            },
             run_began: started,
         };
         if stored.status.is_none() {
