@@ -45,8 +45,8 @@ pub struct Settings {
     /// probe and the last fault; the retry delay the refused ones are given (rounded up to whole
     /// seconds).
     pub probe_interval: Duration,
-    /// Once a probe is let through, no other is until it reports (an answer closes the
-    /// circuit, a fault restarts the interval) or this long has passed: its caller may have
+    /// Once a probe is let through, no other is until an answer closes the circuit or this
+    /// long has passed (a fault cannot say whether it was the probe's): its caller may have
     /// given up on it without a word (a deadline dropped the call), and a probe per interval
     /// while the first still waits made every caller a quarter second apart wait out a timeout.
     pub probe_hold: Duration,
@@ -239,8 +239,10 @@ impl StoreHealth {
             if let Some(open) = state.open.as_mut() {
                 // A failed call (a probe that waited out its timeout, say) restarts the
                 // interval: the caller right after it is refused, not made the next probe.
+                // Not the end of a probe out: the fault may be any other call's (a worker's
+                // that waited since before the probe), and ending the hold on it let a second
+                // probe out beside the first (services/suite/tests/partition.rs).
                 open.next_probe = open.next_probe.max(now + settings.probe_interval);
-                open.probing_until = None;
                 false
             } else if state.in_a_row >= settings.trip_after
                 || now.saturating_duration_since(state.last_ok) >= settings.silence
