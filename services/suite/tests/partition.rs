@@ -28,8 +28,11 @@
 //! within max(heal, fault start + lease) + a quarter lease + 10 s (the response timeout);
 //! while the store's circuit is open a submit is refused with 503, `Retry-After` and the
 //! store's name at once (at most one submit, the circuit's probe, waits out a timeout); the
-//! ingest `/metrics` answers within 100 ms throughout the fault. Each scenario prints its
-//! figures on one line (`partition: …`).
+//! ingest `/metrics` answers within 100 ms throughout the fault; after the PostgreSQL fault
+//! ingest's pool comes back to its size. The checker counts a blackhole as a store outage (an
+//! end due meanwhile is due within 1 s of healing: a watch waits for the store). Each scenario
+//! prints its figures on one line (`partition: …`); docs/failure-model.md ("Network
+//! partitions, measured") keeps them.
 //!
 //! Needs root, `ip` and `nft` (infra/test.sh installs nftables); without them it fails saying
 //! what is missing, never skips. The namespace, veth pair and nft table are removed on drop.
