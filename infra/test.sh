@@ -43,6 +43,14 @@ if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
 fi
 "$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" --version | head -1
 
+echo "==> nftables (services/suite/tests/partition.rs drops the stores' packets with nft rules)"
+# Inside network namespaces the test makes and removes; it fails, never skips, without nft.
+if ! command -v nft >/dev/null 2>&1 && [ ! -x /usr/sbin/nft ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null; }
+fi
+"$(command -v nft || echo /usr/sbin/nft)" --version
+
 echo "==> LiteLLM proxy (the model-provider tests run the real one, on loopback)"
 # Pinned; keep equal to LITELLM_VERSION in services/suite/tests/llm_providers.rs. Installed into
 # a virtualenv of its own (its dependencies must not meet the other Python tools'), once.

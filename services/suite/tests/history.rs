@@ -481,6 +481,7 @@ async fn run(layout: Layout) {
                 ended_at: s.ended_at(),
                 answer,
                 outages: outages.clone(),
+                store_outages: Vec::new(),
                 run_began: started,
             },
         );

@@ -89,7 +89,10 @@ async fn a_sample_that_does_not_answer_never_holds_a_scrape_up() {
     );
 
     stuck.store(true, std::sync::atomic::Ordering::SeqCst);
-    for _ in 0..3 {
+    for scrape in 0..3 {
+        // The first scrape starts the stuck read and waits SAMPLE_WAIT for it; the ones after
+        // find it still under way and do not wait again.
+        let began = std::time::Instant::now();
         // Bounded by SAMPLE_WAIT; the generous timeout only keeps a failure from hanging.
         let text = tokio::time::timeout(std::time::Duration::from_secs(10), metrics.render())
             .await
@@ -98,12 +101,52 @@ async fn a_sample_that_does_not_answer_never_holds_a_scrape_up() {
             text.contains(r#"ingest_backlog{service="ingest"} 7"#),
             "{text}"
         );
+        if scrape > 0 {
+            assert!(
+                began.elapsed() < super::SAMPLE_WAIT,
+                "scrape {scrape} waited {:?} on a read an earlier scrape started",
+                began.elapsed()
+            );
+        }
     }
     assert_eq!(
         reads.load(std::sync::atomic::Ordering::SeqCst),
         2,
         "one read at a time: the stuck one is not started again"
     );
+}
+
+/// A slow store (reads answered, each slower than the scrape's wait): after one read showed it,
+/// scrapes stop waiting for the next and serve the last value at once.
+#[tokio::test]
+async fn a_slow_sample_is_not_waited_for_once_it_showed_itself_slow() {
+    let mut metrics = Metrics::new("ingest");
+    let backlog: Gauge = Gauge::default();
+    metrics
+        .registry()
+        .register("ingest_backlog", "backlog", backlog.clone());
+    metrics.sample("ingest_backlog", move || {
+        let backlog = backlog.clone();
+        async move {
+            tokio::time::sleep(super::SAMPLE_WAIT * 2).await;
+            backlog.inc();
+            true
+        }
+    });
+    metrics.render().await;
+    // The first read ends (slow), then each scrape starts a new one without waiting for it.
+    tokio::time::sleep(super::SAMPLE_WAIT * 3).await;
+    for _ in 0..2 {
+        let began = std::time::Instant::now();
+        let text = metrics.render().await;
+        assert!(
+            began.elapsed() < super::SAMPLE_WAIT,
+            "a scrape waited {:?} for a store known to be slow",
+            began.elapsed()
+        );
+        assert!(text.contains("ingest_backlog"), "{text}");
+        tokio::time::sleep(super::SAMPLE_WAIT * 3).await;
+    }
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //!   a row, or a fault after [`Settings::silence`] without a single answer. While it is open,
 //!   [`StoreHealth::check`] refuses at once (the entry points — a submit, a new watch — answer
 //!   `UNAVAILABLE` with a retry delay instead of waiting out the store's timeout), except for
-//!   one probe call once [`Settings::probe_interval`] has passed without a fault (half-open);
+//!   one probe call once [`Settings::probe_interval`] has passed without a fault (half-open),
+//!   never two at once ([`Settings::probe_hold`]);
 //!   any call that gets an answer closes it again. Callers that must wait for the store (workers, leases, the sweeper) never
 //!   ask it and go on as before;
 //! - logs the transitions, once each: a `warn` line when the store stops answering (the store,
@@ -44,6 +45,11 @@ pub struct Settings {
     /// probe and the last fault; the retry delay the refused ones are given (rounded up to whole
     /// seconds).
     pub probe_interval: Duration,
+    /// Once a probe is let through, no other is until an answer closes the circuit or this
+    /// long has passed (a fault cannot say whether it was the probe's): its caller may have
+    /// given up on it without a word (a deadline dropped the call), and a probe per interval
+    /// while the first still waits made every caller a quarter second apart wait out a timeout.
+    pub probe_hold: Duration,
 }
 
 impl Default for Settings {
@@ -54,6 +60,9 @@ impl Default for Settings {
             // Short: once the store is back, the first call after it (a resuming watcher's,
             // say) gets through within a quarter second; one probe at a time while it is not.
             probe_interval: Duration::from_millis(250),
+            // The stores' default timeouts (the Redis response timeout, the PostgreSQL acquire
+            // timeout): by then a probe has its answer or its fault.
+            probe_hold: Duration::from_secs(10),
         }
     }
 }
@@ -116,6 +125,8 @@ struct Open {
     last_answer: Instant,
     fault: FaultKind,
     next_probe: Instant,
+    /// A probe is out, until then (see [`Settings::probe_hold`]).
+    probing_until: Option<Instant>,
 }
 
 impl fmt::Debug for StoreHealth {
@@ -244,6 +255,9 @@ impl StoreHealth {
             if let Some(open) = state.open.as_mut() {
                 // A failed call (a probe that waited out its timeout, say) restarts the
                 // interval: the caller right after it is refused, not made the next probe.
+                // Not the end of a probe out: the fault may be any other call's (a worker's
+                // that waited since before the probe), and ending the hold on it let a second
+                // probe out beside the first (services/suite/tests/partition.rs).
                 open.next_probe = open.next_probe.max(now + settings.probe_interval);
                 false
             } else if state.in_a_row >= settings.trip_after
@@ -253,6 +267,7 @@ impl StoreHealth {
                     last_answer: state.last_ok,
                     fault: kind,
                     next_probe: now + settings.probe_interval,
+                    probing_until: None,
                 });
                 self.0.up.store(false, Ordering::Relaxed);
                 true
@@ -290,8 +305,8 @@ impl StoreHealth {
     }
 
     /// Whether a new request that needs the store may go ahead: at once while the circuit is
-    /// closed; while it is open, one call per probe interval without a fault (the probe), the
-    /// others refused with [`Down`].
+    /// closed; while it is open, one call per probe interval without a fault (the probe), one
+    /// at a time, the others refused with [`Down`].
     pub fn check(&self) -> Result<(), Down> {
         if self.is_up() {
             return Ok(());
@@ -301,8 +316,9 @@ impl StoreHealth {
         let probe_interval = self.0.settings.probe_interval;
         match state.open.as_mut() {
             None => Ok(()),
-            Some(open) if now >= open.next_probe => {
+            Some(open) if now >= open.next_probe && open.probing_until.is_none_or(|t| now >= t) => {
                 open.next_probe = now + probe_interval;
+                open.probing_until = Some(now + self.0.settings.probe_hold);
                 Ok(())
             }
             Some(open) => Err(Down {

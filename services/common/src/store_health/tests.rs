@@ -16,6 +16,7 @@ fn health() -> StoreHealth {
             trip_after: 3,
             silence: Duration::from_secs(5),
             probe_interval: Duration::from_secs(1),
+            probe_hold: Duration::from_secs(10),
         },
     )
 }
@@ -85,12 +86,13 @@ async fn while_open_one_probe_per_interval_goes_through_and_an_answer_closes_it(
         h.check().is_err(),
         "one probe per interval: the next caller is refused"
     );
-    // The probe fails: still open, the next probe a whole interval later.
+    // The probe fails at once (a refused connection): still open, the next probe once the
+    // hold has passed (a fault cannot say it was the probe's).
     h.fault(FaultKind::TimedOut);
     assert!(h.is_open());
-    advance(Duration::from_millis(500)).await;
+    advance(Duration::from_millis(9_999)).await;
     assert!(h.check().is_err());
-    advance(Duration::from_millis(500)).await;
+    advance(Duration::from_millis(1)).await;
     assert_eq!(h.check(), Ok(()), "the next probe");
     h.ok();
     assert!(h.is_up(), "an answer closes it");
@@ -123,6 +125,37 @@ async fn a_probe_that_waits_out_its_timeout_does_not_make_the_next_caller_a_prob
         Ok(()),
         "a probe a whole interval after the last fault"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_out_keeps_every_other_caller_refused_until_it_reports_or_its_hold_passes() {
+    let h = health();
+    for _ in 0..3 {
+        h.fault(FaultKind::TimedOut);
+    }
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(h.check(), Ok(()), "the probe");
+    // Callers a second apart while the probe waits (found by services/suite/tests/partition.rs:
+    // each became a probe and waited out a timeout of its own).
+    for _ in 0..9 {
+        advance(Duration::from_secs(1)).await;
+        assert!(h.check().is_err(), "refused while the probe is out");
+    }
+    // Its caller gave up on it without a word: after the hold, the next caller probes.
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(h.check(), Ok(()), "a probe once the hold has passed");
+    assert!(h.check().is_err());
+    // Another call's fault while it is out does not let a second probe out.
+    advance(Duration::from_secs(2)).await;
+    h.fault(FaultKind::TimedOut);
+    advance(Duration::from_secs(2)).await;
+    assert!(
+        h.check().is_err(),
+        "one probe at a time, whoever's the fault"
+    );
+    // An answer closes the circuit whatever the hold.
+    h.ok();
+    assert_eq!(h.check(), Ok(()));
 }
 
 #[test]

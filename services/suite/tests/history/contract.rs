@@ -544,7 +544,15 @@ pub fn check(client: &str, h: &History, stored: &Stored) -> Vec<Violation> {
                 .find(|(_, e)| std::ptr::eq(*e, *end))
                 .map(|(c, _)| c.began);
             let back = conn.and_then(|c| outage_over(stored, c));
-            let since = [stored.ended_at, conn, back].into_iter().flatten().max();
+            let mut since = [stored.ended_at, conn, back].into_iter().flatten().max();
+            // An end due while a store did not answer is due once it answers again.
+            if let Some(due) = since {
+                for (from, to) in &stored.store_outages {
+                    if due + end_within() >= *from && due <= *to {
+                        since = Some(due.max(*to));
+                    }
+                }
+            }
             if let Some(since) = since {
                 let waited = end.at.saturating_duration_since(since);
                 if waited > end_within() {

@@ -128,6 +128,10 @@ pub struct Stored {
     pub answer: Option<String>,
     /// Windows in which the gateway or ingest was down (a 5xx is then the truth).
     pub outages: Vec<(Instant, Instant)>,
+    /// Windows in which a store did not answer (a network partition): an end due meanwhile
+    /// comes once the store answers again (docs/failure-model.md: a watch waits for the
+    /// store and gets the job's end as soon as it answers).
+    pub store_outages: Vec<(Instant, Instant)>,
     /// When the run began: times in violations are since then.
     pub run_began: Instant,
 }
