@@ -64,6 +64,11 @@ impl IngestMetrics {
             ("ingest_result_reads", "GetResult calls by where the row came from: kept (a running job's row the hub keeps until the next event of the job) or store", this.result_reads.clone());
             ("ingest_dispatch_backlog", "Jobs on the dispatch queue: waiting plus claimed and not yet acknowledged", backlog.clone());
         }
+        // Both `by` series from the start, at 0: a dashboard's rate of them has a series to
+        // read before the first requeue.
+        for by in ["operator", "schedule"] {
+            drop(this.requeued.get_or_create(&[("by", by.to_owned())]));
+        }
         let kept = hub.clone();
         metrics.gauge_fn(
             "ingest_hub_watchers",
