@@ -454,24 +454,7 @@ async fn run(layout: Layout) {
     let seen = observer.all();
     let mut stored: HashMap<String, Stored> = HashMap::new();
     for (job, s) in &seen {
-        let answer = if s.status == Some(JobStatus::Succeeded) {
-            let res = http
-                .get(format!("{gateway}/api/v1/scan/{job}"))
-                .header("x-user-id", USER)
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await;
-            match res {
-                Ok(r) => r
-                    .json::<serde_json::Value>()
-                    .await
-                    .ok()
-                    .and_then(|v| v["answer"]["text"].as_str().map(str::to_owned)),
-                Err(_) => None,
-            }
-        } else {
-            None
-        };
+        let answer = record::stored_answer(&http, &gateway, USER, job, s.status).await;
         stored.insert(
             job.clone(),
             Stored {

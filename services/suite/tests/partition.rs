@@ -66,7 +66,6 @@ use std::{
 };
 
 use contract::{History, Kind, Stored, Violation};
-use ecoscan_proto::v1::JobStatus;
 use forwarder::Forwarder;
 use netns::Namespace;
 use support::{
@@ -576,24 +575,7 @@ async fn run(index: u32, name: &str, store: Store, fault: Fault) {
             submit_took.push(submitted.took);
         }
         let s = seen.get(job).cloned().unwrap_or_default();
-        let answer = if s.status == Some(JobStatus::Succeeded) {
-            let res = http
-                .get(format!("{gateway}/api/v1/scan/{job}"))
-                .header("x-user-id", USER)
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await;
-            match res {
-                Ok(r) => r
-                    .json::<serde_json::Value>()
-                    .await
-                    .ok()
-                    .and_then(|v| v["answer"]["text"].as_str().map(str::to_owned)),
-                Err(_) => None,
-            }
-        } else {
-            None
-        };
+        let answer = record::stored_answer(&http, &gateway, USER, job, s.status).await;
         let stored = Stored {
             log: s.log.clone(),
             last_seq: s.last_seq,

@@ -154,3 +154,27 @@ impl fmt::Display for Violation {
         )
     }
 }
+
+/// The answer text the gateway serves for a job the stores hold as succeeded (`None` for any
+/// other job, or when the gateway does not answer): what the checker holds the streamed
+/// answer to.
+pub async fn stored_answer(
+    http: &reqwest::Client,
+    gateway: &str,
+    user: &str,
+    job: &str,
+    status: Option<JobStatus>,
+) -> Option<String> {
+    if status != Some(JobStatus::Succeeded) {
+        return None;
+    }
+    let res = http
+        .get(format!("{gateway}/api/v1/scan/{job}"))
+        .header("x-user-id", user)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .ok()?;
+    let body: Value = res.json().await.ok()?;
+    body["answer"]["text"].as_str().map(str::to_owned)
+}
