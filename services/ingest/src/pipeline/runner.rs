@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
-use ecoscan_common::{CancellationToken, codes, store_health::StoreHealth};
+use ecoscan_common::{CancellationToken, codes};
 use ecoscan_proto::v1::{
     ErrorInfo, EventStatus, JobStatus, Progress, ScanEvent, Stage, scan_event::Payload,
 };
@@ -23,10 +23,6 @@ use crate::{
     event::{close_log, delta, event, failed, progress_range, restarted, stage_error, stage_name},
     store::{Job, Lease, jobs::Checkpoint},
 };
-
-/// How often a job whose run a store outage failed looks whether the store answers again (the
-/// circuit's own probe interval: it closes within about this of the store answering).
-const STORE_BACK_POLL: Duration = Duration::from_millis(250);
 
 /// A stage failed for good; the job fails with this.
 struct StageFailure {
@@ -67,41 +63,10 @@ impl Ctx {
         // its lease, or Redis lost the queue and the sweeper put the job back): stop, so that
         // two workers never keep running one job. Should the two overlap anyway, the stale
         // one's next write is refused (fencing) and it stops then.
-        let mut outcome = tokio::select! {
-            outcome = self.run(&job_id, lease.entry.deliveries == 0).instrument(span.clone()) => Some(outcome),
+        let outcome = tokio::select! {
+            outcome = self.run(&job_id, lease.entry.deliveries == 0).instrument(span) => Some(outcome),
             () = lost.cancelled() => None,
         };
-        // A store that stopped answering failed the run: wait for it, holding the lease, and
-        // run again from the checkpoints as soon as it answers, instead of leaving the job to
-        // its lease. Left to the lease, a job whose write waited out the PostgreSQL acquire
-        // timeout (its lease renewed meanwhile) came back a whole lease after that, past the
-        // bound docs/failure-model.md gives (services/suite/tests/partition.rs). Once per
-        // outage at most a lease long: a store still away then takes the usual way.
-        if matches!(&outcome, Some(Err(e)) if e.is_transient())
-            && !self.stores.healths().iter().all(StoreHealth::is_up)
-        {
-            let back = async {
-                let until = tokio::time::Instant::now() + self.config.lease;
-                while tokio::time::Instant::now() < until
-                    && !self.stores.healths().iter().all(StoreHealth::is_up)
-                {
-                    tokio::time::sleep(STORE_BACK_POLL).await;
-                }
-                self.stores.healths().iter().all(StoreHealth::is_up)
-            };
-            outcome = tokio::select! {
-                back = back => if back {
-                    tracing::info!(job.id = %job_id, "the store answers again; resuming the job");
-                    tokio::select! {
-                        outcome = self.run(&job_id, false).instrument(span) => Some(outcome),
-                        () = lost.cancelled() => None,
-                    }
-                } else {
-                    outcome
-                },
-                () = lost.cancelled() => None,
-            };
-        }
         match outcome {
             Some(Ok(())) => {
                 if let Err(e) = self.stores.queue.ack(lease).await {
