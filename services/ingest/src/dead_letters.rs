@@ -14,7 +14,7 @@ use ecoscan_common::CancellationToken;
 use ecoscan_proto::v1::{EventStatus, Stage};
 use tokio::task::JoinHandle;
 
-pub use crate::retry_policy::{KINDS, RetryPolicy};
+pub use crate::retry_policy::RetryPolicy;
 use crate::{
     error::StoreError,
     event::event,
@@ -87,8 +87,12 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> Option<JoinHandle<()>> {
     if policy.is_off() {
+        tracing::info!("dead-letter schedule off: dead letters wait for an operator");
         return None;
     }
+    // The schedule in effect, as the setting spells it: what an operator checks first when
+    // dead letters come back (or never do).
+    tracing::info!(schedule = %policy, every = ?interval, "dead-letter schedule running");
     Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
