@@ -12,7 +12,10 @@ use serde::Deserialize;
 
 use crate::{AppState, error::ApiError};
 
-use ecoscan_common::limits::{MAX_HINT_CHARS, MAX_IDEMPOTENCY_KEY_BYTES};
+use ecoscan_common::{
+    limits::{MAX_HINT_CHARS, MAX_IDEMPOTENCY_KEY_BYTES},
+    models::MAX_MODEL_NAME,
+};
 
 /// A job id must be a UUID; anything else is a client mistake, not an unknown job.
 pub fn job_id(raw: &str) -> Result<String, ApiError> {
@@ -83,6 +86,9 @@ pub struct ScanInput {
     pub image_url: String,
     pub hint: String,
     pub locale: String,
+    /// The model the caller chose; empty for the deployment's. Ingest holds it to the offered
+    /// ones.
+    pub model: String,
 }
 
 /// The JSON form of a scan.
@@ -95,10 +101,13 @@ struct ScanJson {
     hint: String,
     #[serde(default)]
     locale: String,
+    #[serde(default)]
+    model: String,
 }
 
 impl ScanInput {
-    /// Reads a multipart (`image` file, `hint`, `locale`) or JSON scan from the request.
+    /// Reads a multipart (`image` file, `hint`, `locale`, `model`) or JSON scan from the
+    /// request.
     pub async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         let content_type = req
             .headers()
@@ -158,6 +167,7 @@ impl ScanInput {
                 }
                 "hint" => input.hint = text_field("hint", field).await?,
                 "locale" => input.locale = text_field("locale", field).await?,
+                "model" => input.model = text_field("model", field).await?,
                 // Unknown form fields are ignored, as HTML forms often add their own.
                 _ => {}
             }
@@ -183,6 +193,7 @@ impl ScanInput {
         let mut input = Self {
             hint: json.hint,
             locale: json.locale,
+            model: json.model,
             ..Self::default()
         };
         match (json.image_url, json.image_base64) {
@@ -223,6 +234,13 @@ impl ScanInput {
             return Err(ApiError::invalid_field(
                 "locale",
                 "locale must be \"ko\" or \"en\"",
+            ));
+        }
+        // Which models are offered is ingest's to say; the length bound is everyone's.
+        if self.model.len() > MAX_MODEL_NAME {
+            return Err(ApiError::invalid_field(
+                "model",
+                format!("model is longer than {MAX_MODEL_NAME} bytes"),
             ));
         }
         Ok(())

@@ -44,6 +44,7 @@ async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest,
         image_bytes = input.image.len(),
         content_type = %input.content_type,
         by_url = !input.image_url.is_empty(),
+        model = %input.model,
         "scan accepted at the edge"
     );
     Ok(SubmitRequest {
@@ -54,6 +55,7 @@ async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest,
         hint: input.hint,
         idempotency_key,
         locale: input.locale,
+        model: input.model,
     })
 }
 
@@ -112,7 +114,7 @@ pub(crate) struct ScanPending {
                    before anything reaches ingest. Rate-limited per user.",
     params(IdempotencyKey),
     request_body(
-        description = "The scan: the photo and optional `hint` and `locale`.",
+        description = "The scan: the photo and optional `hint`, `locale` and `model`.",
         content(
             (ScanForm = "multipart/form-data"),
             (ScanJson = "application/json"),
@@ -186,7 +188,7 @@ pub(crate) struct IdempotencyKey {
                    user; the stream counts against the caller's open streams.",
     params(IdempotencyKey),
     request_body(
-        description = "The scan: the photo and optional `hint` and `locale`.",
+        description = "The scan: the photo and optional `hint`, `locale` and `model`.",
         content(
             (ScanForm = "multipart/form-data"),
             (ScanJson = "application/json"),

@@ -48,6 +48,7 @@ impl PartialSchema for ScanJson {
             )
             .property("hint", hint_schema())
             .property("locale", locale_schema())
+            .property("model", model_schema())
             .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
             .description(Some(
                 "A scan as JSON: exactly one of `image_url` and `image_base64` (a `null` is the \
@@ -106,6 +107,7 @@ impl PartialSchema for ScanForm {
             .required("image")
             .property("hint", hint_schema())
             .property("locale", locale_schema())
+            .property("model", model_schema())
             .description(Some(
                 "A scan as a form: the photo in `image`; other fields are ignored.",
             ))
@@ -122,6 +124,20 @@ fn hint_schema() -> Schema {
         .description(Some(
             "What the person thinks it is, e.g. \"plastic bottle\"; at most 500 characters.",
         ))
+        .build()
+        .into()
+}
+
+fn model_schema() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(ecoscan_common::models::MAX_MODEL_NAME))
+        .description(Some(
+            "The model that classifies the photo and writes the answer, one of those the \
+             deployment offers (`LLM_MODELS`); empty for its configured ones. Any other is a \
+             400 naming the offered models.",
+        ))
+        .examples(["gpt-4o-mini"])
         .build()
         .into()
 }

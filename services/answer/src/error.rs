@@ -17,6 +17,8 @@ pub enum Error {
     #[error("answer stream ended without a final message")]
     Truncated,
     #[error(transparent)]
+    ModelRefused(#[from] ecoscan_common::models::ModelRefused),
+    #[error(transparent)]
     Llm(#[from] LlmError),
 }
 
@@ -34,6 +36,9 @@ impl From<Error> for Status {
             ),
             Error::UnsupportedLocale(_) => {
                 ecoscan_common::reasons::invalid_field("locale", e.to_string())
+            }
+            Error::ModelRefused(_) => {
+                ecoscan_common::reasons::invalid_field("model", e.to_string())
             }
             Error::Truncated => {
                 tracing::error!(error = %e, "answer failed");

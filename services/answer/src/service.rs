@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ecoscan_llm::{AnswerChunk, AnswerInput, Llm, Locale};
+use ecoscan_llm::{AnswerChunk, AnswerInput, Llm, Locale, OfferedModel};
 use ecoscan_proto::v1::{
     Answer, GenerateRequest, GenerateResponse, Progress, answer_service_server::AnswerService,
     generate_response,
@@ -50,6 +50,13 @@ impl AnswerService for AnswerSvc {
         if classification.major_category.trim().is_empty() {
             return Err(Error::NoCategory.into());
         }
+        let model = self
+            .llm
+            .config()
+            .offered
+            .choose(&req.model)
+            .map_err(Error::from)?
+            .cloned();
         let (tx, rx) = mpsc::channel(16);
         let llm = self.llm.clone();
         tokio::spawn(
@@ -59,6 +66,7 @@ impl AnswerService for AnswerSvc {
                     locale,
                     classification,
                     rules,
+                    model,
                 };
                 if let Err(e) = run(&llm, work, &tx).await {
                     let _ = tx.send(Err(e.into())).await;
@@ -75,6 +83,7 @@ struct Work {
     locale: Locale,
     classification: ecoscan_proto::v1::Classification,
     rules: ecoscan_proto::v1::DisposalRules,
+    model: Option<OfferedModel>,
 }
 
 async fn send(tx: &EventSender, event: generate_response::Event) -> bool {
@@ -89,6 +98,7 @@ async fn run(llm: &Llm, work: Work, tx: &EventSender) -> Result<(), Error> {
         locale,
         classification,
         rules,
+        model,
     } = work;
     tracing::info!(step = "compose_prompt", "progress");
     send(
@@ -109,6 +119,7 @@ async fn run(llm: &Llm, work: Work, tx: &EventSender) -> Result<(), Error> {
         user_prompt: compose::user_prompt(&classification, &rules, &subject),
         subject: subject.clone(),
         steps: rule_steps.clone(),
+        model,
     };
 
     let mut stream = llm.answer(input).await?;

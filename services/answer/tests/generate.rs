@@ -86,6 +86,7 @@ fn request(locale: &str) -> GenerateRequest {
         classification: Some(classification()),
         rules: Some(rules(if locale.is_empty() { "ko" } else { locale })),
         locale: locale.into(),
+        ..GenerateRequest::default()
     }
 }
 
@@ -383,6 +384,48 @@ async fn a_provider_rate_limit_outlasting_the_retries_costs_one_plus_max_retries
         status.message().contains("rate limit") && status.message().contains("3 attempts"),
         "{}",
         status.message()
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_chosen_model_must_be_offered_and_writes_the_answer() {
+    let (server, mut client) = start(LlmConfig {
+        offered: ecoscan_common::models::OfferedModels::parse("mini,large").unwrap(),
+        ..mock()
+    })
+    .await;
+
+    let (events, error) = generate(
+        &mut client,
+        GenerateRequest {
+            model: "huge".into(),
+            ..request("en")
+        },
+    )
+    .await;
+    let status = error.expect("an unoffered model is refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("mini, large"), "{status:?}");
+    assert!(events.is_empty(), "nothing streamed");
+
+    let (events, error) = generate(
+        &mut client,
+        GenerateRequest {
+            model: "large".into(),
+            ..request("en")
+        },
+    )
+    .await;
+    assert!(error.is_none(), "{error:?}");
+    let (_, answer) = split(events);
+    assert_eq!(
+        (answer.provider.as_str(), answer.model.as_str()),
+        ("mock", "large")
+    );
+    assert!(
+        answer.text.starts_with("[mock answer] "),
+        "still says it is the mock"
     );
     server.stop().await.unwrap();
 }

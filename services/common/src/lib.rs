@@ -16,6 +16,7 @@ pub mod limits;
 pub mod local;
 pub mod log_limit;
 pub mod metrics;
+pub mod models;
 pub mod plain;
 pub mod reasons;
 pub mod server;

@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS scan_jobs (
     dead_at_us      INTEGER,                     -- set aside for an operator (dead letter)
     end_seq         INTEGER,                     -- seq of the final event, once the log took it
     dead_reason     TEXT,                        -- why it was dead-lettered: attempts, store
-    auto_requeues   INTEGER NOT NULL DEFAULT 0   -- requeued by the schedule since an operator's
+    auto_requeues   INTEGER NOT NULL DEFAULT 0,  -- requeued by the schedule since an operator's
+    model           TEXT NOT NULL DEFAULT ''     -- the model the scan chose; '' for none
 );
 
 CREATE UNIQUE INDEX IF NOT EXISTS scan_jobs_idempotency

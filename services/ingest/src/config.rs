@@ -137,6 +137,7 @@ impl Default for HubConfig {
 /// | `INGEST_SWEEP_GRACE` | age below which a job is never swept (it may be between insert and enqueue) [60s] |
 /// | `INGEST_DEAD_LETTER_RETRY` | which dead letters are requeued on their own: `off`, or `<kind>:<times>x<backoff>,…` with kinds `attempts` (started too often without finishing) and `store` (a record that cannot be read); the backoff doubles each try [`attempts:3x5m`] |
 /// | `INGEST_DEAD_LETTER_INTERVAL` | how often the schedule looks for dead letters due a retry [30s] |
+/// | `LLM_MODELS` | the models a scan may choose (`name[=vendor]`, comma-separated; the same list vision and answer read): `Submit` refuses any other [none: no choice] |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub vision_url: String,
@@ -187,6 +188,8 @@ pub struct Config {
     /// Which dead letters the schedule requeues, how often and after how long.
     pub dead_letter_retry: crate::retry_policy::RetryPolicy,
     pub dead_letter_interval: Duration,
+    /// The models a scan may name (`LLM_MODELS`); empty: none may be named.
+    pub offered_models: ecoscan_common::models::OfferedModels,
 }
 
 impl Default for Config {
@@ -224,6 +227,7 @@ impl Default for Config {
             sweep_interval: Duration::from_secs(30),
             sweep_grace: Duration::from_secs(60),
             dead_letter_retry: crate::retry_policy::RetryPolicy::default_schedule(),
+            offered_models: ecoscan_common::models::OfferedModels::default(),
             dead_letter_interval: Duration::from_secs(30),
         }
     }
@@ -330,6 +334,7 @@ impl Config {
         }
         self.dead_letter_interval =
             env_duration("INGEST_DEAD_LETTER_INTERVAL", self.dead_letter_interval)?;
+        self.offered_models = ecoscan_common::models::OfferedModels::from_env()?;
         Ok(self)
     }
 

@@ -207,6 +207,7 @@ mod tests {
             content_type: "image/png".into(),
             hint: String::new(),
             locale: "en".into(),
+            model: String::new(),
             idempotency_key: None,
             trace_carrier: HashMap::new(),
             classification: None,

@@ -124,6 +124,14 @@ impl Inner {
                 format!("idempotency_key is longer than {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
             ));
         }
+        // Refused here, before anything is stored, rather than by vision once the job runs.
+        self.config
+            .offered_models
+            .choose(&req.model)
+            .map_err(|e| Error::invalid("model", e.to_string()))?;
+        if !req.model.is_empty() {
+            tracing::Span::current().record("gen_ai.request.model", req.model.as_str());
+        }
         // A store known to be down refuses the scan now, not after its timeout.
         self.stores.check()?;
         let idempotency_key =
@@ -181,6 +189,7 @@ impl Inner {
                 content_type: content_type.to_owned(),
                 hint: req.hint,
                 locale: locale.to_owned(),
+                model: req.model,
                 idempotency_key,
                 trace_carrier: ecoscan_common::telemetry::current_carrier(),
             })
@@ -306,12 +315,13 @@ pub(crate) fn result_of(job: Job) -> ScanResult {
         finished_at: job.finished_at.map(ecoscan_proto::timestamp),
         hint: job.hint,
         locale: job.locale,
+        model: job.model,
     }
 }
 
 #[tonic::async_trait]
 impl ScanService for ScanApi {
-    #[tracing::instrument(skip_all, fields(job.id, user.id))]
+    #[tracing::instrument(skip_all, fields(job.id, user.id, gen_ai.request.model))]
     async fn submit(
         &self,
         request: Request<SubmitRequest>,
@@ -328,7 +338,7 @@ impl ScanService for ScanApi {
 
     type ScanStream = EventStream<ScanResponse>;
 
-    #[tracing::instrument(skip_all, fields(job.id, user.id))]
+    #[tracing::instrument(skip_all, fields(job.id, user.id, gen_ai.request.model))]
     async fn scan(
         &self,
         request: Request<ScanRequest>,

@@ -167,6 +167,67 @@ async fn a_transient_stage_failure_is_retried() {
 }
 
 #[tokio::test]
+async fn a_scans_model_is_checked_at_submit_kept_on_its_row_and_sent_to_both_stages() {
+    let env = start(None, |c| {
+        c.offered_models = ecoscan_common::models::OfferedModels::parse("small,big").unwrap();
+    })
+    .await;
+    let submit = |model: &str| {
+        let mut ingest = env.ingest.clone();
+        let model = model.to_owned();
+        async move {
+            ingest
+                .submit(request_as(
+                    SubmitRequest {
+                        image: PNG.to_vec(),
+                        idempotency_key: format!("key-{model}"),
+                        model,
+                        ..Default::default()
+                    },
+                    Duration::from_secs(10),
+                    "u1",
+                ))
+                .await
+        }
+    };
+
+    // Not offered: INVALID_ARGUMENT naming the field and the offered models; nothing stored.
+    let err = submit("huge").await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("small, big"), "{}", err.message());
+    let bad = tonic_types::StatusExt::get_details_bad_request(&err).expect("a BadRequest");
+    assert_eq!(bad.field_violations[0].field, "model");
+    assert!(
+        env.stores
+            .jobs
+            .find_by_idempotency_key("u1", "key-huge")
+            .await
+            .unwrap()
+            .is_none(),
+        "no job row"
+    );
+
+    // Offered: on the row, in the result, and in both model-calling stages' requests.
+    let job_id = submit("big").await.unwrap().into_inner().job_id;
+    let events = watch_all(&env, &job_id).await;
+    assert_eq!(events.last().unwrap().status, EventStatus::Completed as i32);
+    assert_eq!(result_of(&env, &job_id).await.model, "big");
+    assert_eq!(
+        *env.stages.models.lock().unwrap(),
+        ["vision:big", "answer:big"]
+    );
+
+    // None: empty all the way, so each stage uses its configured model.
+    let job_id = submit("").await.unwrap().into_inner().job_id;
+    watch_all(&env, &job_id).await;
+    assert_eq!(result_of(&env, &job_id).await.model, "");
+    assert_eq!(
+        env.stages.models.lock().unwrap()[2..],
+        ["vision:", "answer:"]
+    );
+}
+
+#[tokio::test]
 async fn submit_sheds_load_past_the_backlog_and_stores_nothing() {
     let env = start(None, |c| {
         c.max_backlog = 0;

@@ -329,6 +329,7 @@ fn new_job(user: &str, key: Option<&str>) -> NewJob {
         content_type: "image/png".into(),
         hint: "bottle".into(),
         locale: "ko".into(),
+        model: String::new(),
         idempotency_key: key.map(str::to_owned),
         trace_carrier: HashMap::new(),
     }
@@ -494,6 +495,19 @@ async fn job_store_conformance(jobs: Arc<dyn JobStore>) {
 
     fencing_conformance(jobs.as_ref()).await;
     dead_letter_conformance(jobs.as_ref()).await;
+
+    // The model a scan chose is kept with it (and an empty one stays empty).
+    let (chosen, _) = jobs
+        .insert(NewJob {
+            model: "gemini/gemini-2.0-flash".into(),
+            ..new_job("u1", None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(chosen.model, "gemini/gemini-2.0-flash");
+    let read = jobs.get(&chosen.id).await.unwrap().unwrap();
+    assert_eq!(read.model, "gemini/gemini-2.0-flash");
+    assert_eq!(job.model, "");
 }
 
 fn fenced(r: Result<(), StoreError>) -> bool {

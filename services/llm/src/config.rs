@@ -3,7 +3,10 @@
 use std::{fmt, str::FromStr, time::Duration};
 
 use anyhow::{Context, anyhow};
-use ecoscan_common::config::{STORES_VAR, env_duration, env_opt, env_or};
+use ecoscan_common::{
+    config::{STORES_VAR, env_duration, env_opt, env_or},
+    models::{OfferedModel, OfferedModels},
+};
 
 /// A setting whose value is one of a few names: the enum, and a `FromStr` that takes each
 /// variant's name case-insensitively and around white space and refuses any other value with
@@ -79,6 +82,9 @@ fn choose<T: Copy>(s: &str, what: &str, choices: &[(&str, T)]) -> anyhow::Result
 /// - `LLM_API_KEY` — bearer token; optional for local servers such as vLLM or Ollama
 /// - `LLM_CLASSIFY_MODEL` — model for image classification [gpt-4o-mini]
 /// - `LLM_ANSWER_MODEL` — model for the written answer [gpt-4o-mini]
+/// - `LLM_MODELS` — the models a scan may choose instead, `name[=vendor]` separated by commas
+///   (see [`ecoscan_common::models::MODELS_VAR`]) [none: no choice]; a chosen model is used by
+///   both stages of its scan
 /// - `LLM_TIMEOUT` — per-call timeout; for streams, the longest wait for the response head and
 ///   for each next chunk [60s]
 /// - `LLM_MAX_RETRIES` — retries after the first attempt on 429, 5xx and connect errors [3];
@@ -116,6 +122,7 @@ pub struct LlmConfig {
     pub api_key: Option<String>,
     pub classify_model: String,
     pub answer_model: String,
+    pub offered: OfferedModels,
     pub timeout: Duration,
     pub max_retries: usize,
     pub retry_base_delay: Duration,
@@ -138,6 +145,7 @@ impl Default for LlmConfig {
             api_key: None,
             classify_model: "gpt-4o-mini".to_owned(),
             answer_model: "gpt-4o-mini".to_owned(),
+            offered: OfferedModels::default(),
             timeout: Duration::from_secs(60),
             max_retries: 3,
             retry_base_delay: Duration::from_millis(500),
@@ -162,6 +170,7 @@ impl fmt::Debug for LlmConfig {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("classify_model", &self.classify_model)
             .field("answer_model", &self.answer_model)
+            .field("offered", &self.offered)
             .field("timeout", &self.timeout)
             .field("max_retries", &self.max_retries)
             .field("retry_base_delay", &self.retry_base_delay)
@@ -187,6 +196,7 @@ impl LlmConfig {
             api_key: env_opt("LLM_API_KEY"),
             classify_model: env_opt("LLM_CLASSIFY_MODEL").unwrap_or(d.classify_model),
             answer_model: env_opt("LLM_ANSWER_MODEL").unwrap_or(d.answer_model),
+            offered: OfferedModels::from_env()?,
             timeout: env_duration("LLM_TIMEOUT", d.timeout)?,
             max_retries: env_or("LLM_MAX_RETRIES", d.max_retries)?,
             retry_base_delay: env_duration("LLM_RETRY_BASE_DELAY", d.retry_base_delay)?,
@@ -218,12 +228,32 @@ impl LlmConfig {
         Ok(())
     }
 
-    /// The model name reported for `operation` ("mock" for the mock provider).
-    pub fn model_for(&self, operation: Operation) -> &str {
-        match (self.provider, operation) {
-            (Provider::Mock, _) => crate::mock::MODEL,
-            (Provider::OpenAi, Operation::Classify) => &self.classify_model,
-            (Provider::OpenAi, Operation::Answer) => &self.answer_model,
+    /// The model asked for `operation` and its vendor (`gen_ai.system`): the caller's choice
+    /// when it made one (already checked against [`LlmConfig::offered`]), the configured model
+    /// otherwise. The mock answers as whichever model is named, and always as vendor "mock"
+    /// ("mock" the model too when none is chosen).
+    pub fn model_for(
+        &self,
+        operation: Operation,
+        chosen: Option<&OfferedModel>,
+    ) -> (String, String) {
+        let configured = match operation {
+            Operation::Classify => &self.classify_model,
+            Operation::Answer => &self.answer_model,
+        };
+        match (self.provider, chosen) {
+            (Provider::Mock, Some(m)) => (m.name.clone(), Provider::Mock.as_str().to_owned()),
+            (Provider::Mock, None) => (
+                crate::mock::MODEL.to_owned(),
+                Provider::Mock.as_str().to_owned(),
+            ),
+            (Provider::OpenAi, Some(m)) => (
+                m.name.clone(),
+                m.system
+                    .clone()
+                    .unwrap_or_else(|| Provider::OpenAi.as_str().to_owned()),
+            ),
+            (Provider::OpenAi, None) => (configured.clone(), Provider::OpenAi.as_str().to_owned()),
         }
     }
 }

@@ -34,7 +34,8 @@ pub use metrics::LlmMetrics;
 pub use mock::{MODEL as MOCK_MODEL, marker as mock_marker};
 pub use report::{AnalyticsReporter, DEFAULT_BUFFER};
 pub use types::{
-    AnswerChunk, AnswerInput, AnswerUsage, ClassifyInput, ClassifyOutput, Locale, TaxonomyPath,
+    AnswerChunk, AnswerInput, AnswerUsage, ClassifyInput, ClassifyOutput, Locale, OfferedModel,
+    TaxonomyPath,
 };
 
 /// Text deltas in order, then one [`AnswerChunk::Done`]; or an error, after which nothing more
@@ -158,10 +159,13 @@ impl Llm {
     }
 
     pub async fn classify(&self, input: ClassifyInput) -> Result<ClassifyOutput, LlmError> {
-        let model = self.inner.config.model_for(Operation::Classify).to_owned();
-        let span = self.call_span(Operation::Classify, &model, &input.job_id);
+        let (model, system) = self
+            .inner
+            .config
+            .model_for(Operation::Classify, input.model.as_ref());
+        let span = self.call_span(Operation::Classify, &model, &system, &input.job_id);
         async {
-            let mut log = self.start_log(Operation::Classify, &model, &input.job_id);
+            let mut log = self.start_log(Operation::Classify, &model, &system, &input.job_id);
             let result = match &self.inner.backend {
                 Backend::Mock(m) => mock_classify(m, &input, &mut log).await,
                 Backend::OpenAi(o) => o.classify(&input, &model, &mut log).await,
@@ -177,19 +181,22 @@ impl Llm {
     /// come back as `Err`; later ones as the stream's last item. A call is never retried once a
     /// delta has been yielded. Dropping the stream cancels the call.
     pub async fn answer(&self, input: AnswerInput) -> Result<AnswerStream, LlmError> {
-        let model = self.inner.config.model_for(Operation::Answer).to_owned();
-        let span = self.call_span(Operation::Answer, &model, &input.job_id);
+        let (model, system) = self
+            .inner
+            .config
+            .model_for(Operation::Answer, input.model.as_ref());
+        let span = self.call_span(Operation::Answer, &model, &system, &input.job_id);
         let (tx, rx) = mpsc::channel(32);
         match &self.inner.backend {
             Backend::Mock(m) => {
-                let log =
-                    span.in_scope(|| self.start_log(Operation::Answer, &model, &input.job_id));
+                let log = span
+                    .in_scope(|| self.start_log(Operation::Answer, &model, &system, &input.job_id));
                 let task = mock_answer(self.clone(), m.draw_latency(), input, log, tx);
                 tokio::spawn(task.instrument(span));
             }
             Backend::OpenAi(o) => {
                 let started = async {
-                    let mut log = self.start_log(Operation::Answer, &model, &input.job_id);
+                    let mut log = self.start_log(Operation::Answer, &model, &system, &input.job_id);
                     let body = openai::answer_body(&input, &model, o.stream_options());
                     log.request_body = body.to_string();
                     let estimate = openai::answer_estimate(&input);
@@ -220,7 +227,7 @@ impl Llm {
         Ok(Box::pin(ReceiverStream::new(rx)))
     }
 
-    fn call_span(&self, operation: Operation, model: &str, job_id: &str) -> Span {
+    fn call_span(&self, operation: Operation, model: &str, system: &str, job_id: &str) -> Span {
         let (address, port) = match &self.inner.server {
             Some((host, port)) => (Some(host.as_str()), Some(*port)),
             None => (None, None),
@@ -230,7 +237,7 @@ impl Llm {
             otel.name = %format!("chat {model}"),
             otel.kind = "client",
             otel.status_code = Empty,
-            gen_ai.system = self.inner.config.provider.as_str(),
+            gen_ai.system = %system,
             gen_ai.operation.name = "chat",
             gen_ai.request.model = %model,
             gen_ai.response.model = Empty,
@@ -248,13 +255,14 @@ impl Llm {
     }
 
     /// Starts the record of a call; must run inside the call's span (for the trace id).
-    fn start_log(&self, operation: Operation, model: &str, job_id: &str) -> CallLog {
+    fn start_log(&self, operation: Operation, model: &str, system: &str, job_id: &str) -> CallLog {
         let call_id = uuid::Uuid::now_v7().to_string();
         Span::current().record("llm.call_id", call_id.as_str());
         CallLog {
             call_id,
             operation,
             model: model.to_owned(),
+            system: system.to_owned(),
             job_id: job_id.to_owned(),
             trace_id: ecoscan_common::telemetry::current_trace_id(),
             started: Instant::now(),
@@ -292,7 +300,7 @@ impl Llm {
         }
         if let Some(metrics) = self.inner.metrics.get() {
             metrics.record(&metrics::CallRecord {
-                provider: self.inner.config.provider.as_str(),
+                provider: &log.system,
                 model: &log.model,
                 operation: log.operation.as_str(),
                 status: failure.as_ref().map_or("ok", |f| f.kind),
@@ -308,7 +316,7 @@ impl Llm {
         reporter.report(LlmCall {
             call_id: log.call_id,
             service: self.inner.service.to_owned(),
-            provider: self.inner.config.provider.as_str().to_owned(),
+            provider: log.system,
             model: log.model,
             operation: log.operation.as_str().to_owned(),
             input_tokens: log.input_tokens,
@@ -336,6 +344,8 @@ struct CallLog {
     operation: Operation,
     /// Requested model, replaced by the one the provider reports.
     model: String,
+    /// The model's vendor (`gen_ai.system`): "mock", "openai" or as `LLM_MODELS` names it.
+    system: String,
     job_id: String,
     trace_id: String,
     started: Instant,
@@ -396,9 +406,11 @@ async fn mock_classify(
         + input.situation_tags.iter().map(String::len).sum::<usize>();
     log.input_tokens = mock::input_tokens(text_bytes, Some(input.image.len()));
     tokio::time::sleep(m.draw_latency()).await;
-    let output = m.classify(input).ok_or_else(|| {
+    let mut output = m.classify(input).ok_or_else(|| {
         LlmError::Malformed("the mock cannot classify without a taxonomy to choose from".into())
     })?;
+    // The mock plays the model it was asked for; its vendor stays "mock".
+    output.model.clone_from(&log.model);
     let response = json!({
         "mock": true,
         "major": output.major,
@@ -422,7 +434,7 @@ async fn mock_answer(
     mut log: CallLog,
     tx: ChunkSender,
 ) {
-    log.request_body = openai::answer_body(&input, mock::MODEL, true).to_string();
+    log.request_body = openai::answer_body(&input, &log.model, true).to_string();
     log.input_tokens =
         mock::input_tokens(input.system_prompt.len() + input.user_prompt.len(), None);
     let text = mock::answer_text(input.locale, &input.subject, &input.steps);
@@ -447,7 +459,7 @@ async fn mock_answer(
     log.response_body = text;
     let usage = AnswerUsage {
         provider: Provider::Mock.as_str().to_owned(),
-        model: mock::MODEL.to_owned(),
+        model: log.model.clone(),
         input_tokens: log.input_tokens,
         output_tokens: log.output_tokens,
         ttft: log.ttft,

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+pub use ecoscan_common::models::OfferedModel;
 
 /// One leaf of the taxonomy a classification may answer with.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -40,6 +41,8 @@ pub struct ClassifyInput {
     pub taxonomy: Vec<TaxonomyPath>,
     /// The situation-tag vocabulary the answer may choose from.
     pub situation_tags: Vec<String>,
+    /// The model the caller chose from the offered ones; `None` for the configured one.
+    pub model: Option<OfferedModel>,
 }
 
 /// What the model answered. The shape is checked; whether the path belongs to the taxonomy is
@@ -52,7 +55,7 @@ pub struct ClassifyOutput {
     pub item_name: String,
     pub confidence: f32,
     pub situation_tags: Vec<String>,
-    /// "openai" or "mock".
+    /// The model's vendor ("openai", or as `LLM_MODELS` names it) or "mock".
     pub provider: String,
     pub model: String,
 }
@@ -86,6 +89,8 @@ pub struct AnswerInput {
     /// What is being disposed of, e.g. "음료PET병".
     pub subject: String,
     pub steps: Vec<String>,
+    /// The model the caller chose from the offered ones; `None` for the configured one.
+    pub model: Option<OfferedModel>,
 }
 
 /// One item of an answer stream: text deltas in order, then exactly one `Done`.
@@ -98,7 +103,7 @@ pub enum AnswerChunk {
 /// How an answer was produced.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AnswerUsage {
-    /// "openai" or "mock".
+    /// The model's vendor ("openai", or as `LLM_MODELS` names it) or "mock".
     pub provider: String,
     pub model: String,
     pub input_tokens: u32,

@@ -128,6 +128,7 @@ fn input() -> ClassifyInput {
             name_en: "Paper".into(),
         }],
         situation_tags: vec![],
+        model: None,
     }
 }
 

@@ -14,6 +14,7 @@ fn input(taxonomy: Vec<TaxonomyPath>) -> ClassifyInput {
         hint: "paper".into(),
         taxonomy,
         situation_tags: Vec::new(),
+        model: None,
     }
 }
 

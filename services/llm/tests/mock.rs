@@ -48,6 +48,7 @@ fn input(hint: &str, image: &'static [u8]) -> ClassifyInput {
             path("음식물류폐기물", "", "과일껍질", "Food waste"),
         ],
         situation_tags: vec!["내용물_있음".into()],
+        model: None,
     }
 }
 
@@ -88,6 +89,7 @@ async fn collect(llm: &Llm, locale: Locale) -> (String, ecoscan_llm::AnswerUsage
             user_prompt: "user".into(),
             subject: "음료PET병".into(),
             steps: vec!["Empty it".into(), "Remove the label".into()],
+            model: None,
         })
         .await
         .unwrap();

@@ -167,6 +167,7 @@ fn classify_input() -> ClassifyInput {
         hint: "bottle".into(),
         taxonomy: taxonomy(),
         situation_tags: vec!["내용물_있음".into(), "뚜껑_열림".into()],
+        model: None,
     }
 }
 
@@ -178,6 +179,7 @@ fn answer_input() -> AnswerInput {
         user_prompt: "Clear PET bottle".into(),
         subject: "PET bottle".into(),
         steps: vec!["Rinse".into()],
+        model: None,
     }
 }
 

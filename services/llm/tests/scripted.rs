@@ -227,6 +227,7 @@ fn classify_input() -> ClassifyInput {
             },
         ],
         situation_tags: vec!["내용물_있음".into()],
+        model: None,
     }
 }
 
@@ -238,6 +239,7 @@ fn answer_input() -> AnswerInput {
         user_prompt: "Clear PET bottle".into(),
         subject: "PET bottle".into(),
         steps: vec!["Rinse".into()],
+        model: None,
     }
 }
 

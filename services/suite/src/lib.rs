@@ -294,6 +294,8 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     .with_fetch_from_env()?;
     let ingest_config = ecoscan_ingest::Config {
         max_in_flight: ingest_max_in_flight.unwrap_or(ingest_config.max_in_flight),
+        // The models vision and answer offer are the ones a scan may name.
+        offered_models: llm.offered.clone(),
         ..ingest_config
     };
 

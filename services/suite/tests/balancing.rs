@@ -50,6 +50,7 @@ async fn classify(channel: &TracedChannel, i: usize) -> Result<(), tonic::Status
         image: common::PNG.to_vec(),
         content_type: "image/png".into(),
         hint: "can".into(),
+        ..ClassifyRequest::default()
     };
     let mut stream = VisionServiceClient::new(channel.clone())
         .classify(request(req, Duration::from_secs(20)))

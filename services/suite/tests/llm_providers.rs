@@ -17,6 +17,7 @@ use std::{
 };
 
 use common::{Sse, TestSuite, image_form, read_sse, wait_result};
+use ecoscan_common::models::OfferedModels;
 use ecoscan_llm::{LlmConfig, Provider};
 use serde_json::Value;
 
@@ -278,6 +279,110 @@ async fn a_scan_reaches_ready_through_litellm_with_streamed_deltas_and_usage_in_
         assert!(
             tokio::time::Instant::now() < deadline,
             "usage never reached analytics: {usage:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_scan_that_chooses_an_offered_model_is_served_by_it_at_every_stage() {
+    // Three models behind LiteLLM: the two configured per stage and one a scan may choose
+    // (its mock answer is the classification, so as an answer its text is that JSON).
+    let models = format!(
+        "{}{}{}",
+        mock_model("vision-mock", VISION_ANSWER),
+        mock_model("answer-mock", ANSWER_TEXT),
+        mock_model("chosen-mock", VISION_ANSWER),
+    );
+    let litellm = LiteLlm::start(&models).await;
+    let suite = TestSuite::start_with(|c| {
+        c.llm = LlmConfig {
+            offered: OfferedModels::parse("chosen-mock=gemini, answer-mock").unwrap(),
+            ..litellm.llm("vision-mock", "answer-mock")
+        };
+    })
+    .await;
+
+    // A model that is not offered is refused at submit, naming the offered ones: no job.
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/scan"))
+        .header("x-user-id", "carol")
+        .multipart(image_form("pet bottle").text("model", "gpt-5"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let body: Value = res.json().await.unwrap();
+    let message = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("gpt-5") && message.contains("chosen-mock, answer-mock"),
+        "{body:#}"
+    );
+    assert_eq!(body["reason"], "INVALID_FIELD", "{body:#}");
+    assert_eq!(body["errors"][0]["field"], "model", "{body:#}");
+
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/scan/completion"))
+        .header("x-user-id", "carol")
+        .multipart(image_form("pet bottle").text("model", "chosen-mock"))
+        .send()
+        .await
+        .unwrap();
+    let events = read_sse(res).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "ready", "{events:#?}\n{}", litellm.log());
+    // The events carry the model each stage used.
+    let completed = |stage: &str| {
+        events
+            .iter()
+            .find(|e| e.data["stage"] == stage && e.data["status"] == "completed")
+            .unwrap_or_else(|| panic!("a {stage} completed event: {events:#?}"))
+    };
+    let c = &completed("vision").data["classification"];
+    assert_eq!(c["model"], "chosen-mock", "{c:#}");
+    assert_eq!(
+        c["provider"], "gemini",
+        "the vendor LLM_MODELS names: {c:#}"
+    );
+    assert_eq!(completed("answer").data["answer"]["model"], "chosen-mock");
+
+    // The result says which model the scan chose, and each stage's output which it used.
+    let job_id = last.data["job_id"].as_str().unwrap();
+    let result = wait_result(&suite, job_id, "carol").await;
+    assert_eq!(result["model"], "chosen-mock", "{result:#}");
+    assert_eq!(result["classification"]["model"], "chosen-mock");
+    assert_eq!(result["answer"]["model"], "chosen-mock");
+    assert_eq!(
+        result["answer"]["text"], VISION_ANSWER,
+        "the chosen model wrote it"
+    );
+
+    // Analytics records both calls under the chosen model.
+    let admin = suite.token("ops", true);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let usage: Value = suite.usage(&admin).await;
+        let rows = usage["rows"].as_array().cloned().unwrap_or_default();
+        let chosen: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["model"] == "chosen-mock")
+            .collect();
+        let services: Vec<&str> = chosen
+            .iter()
+            .filter_map(|r| r["service"].as_str())
+            .collect();
+        if services.contains(&"vision") && services.contains(&"answer") {
+            assert!(
+                rows.iter().all(|r| r["model"] != "vision-mock"),
+                "the configured model was not called: {usage:#}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the chosen model's calls never reached analytics: {usage:#}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -1125,6 +1125,7 @@ async fn work_done_later_links_to_what_caused_it_a_requeue_and_a_scheduled_deliv
             content_type: "image/png".into(),
             hint: String::new(),
             locale: "en".into(),
+            model: String::new(),
             idempotency_key: None,
             trace_carrier: HashMap::from([("traceparent".to_owned(), scan_parent)]),
         },

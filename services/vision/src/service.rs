@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ecoscan_llm::{ClassifyInput, Llm, TaxonomyPath};
+use ecoscan_llm::{ClassifyInput, Llm, OfferedModel, TaxonomyPath};
 use ecoscan_proto::v1::{
     Classification, ClassifyRequest, ClassifyResponse, Progress, classify_response,
     vision_service_server::VisionService,
@@ -44,11 +44,19 @@ impl VisionService for Vision {
         let req = req.into_inner();
         // Bad input is refused before a stream opens: nothing is called, nothing is reported.
         let image_type = image::check(&req.image, &req.content_type)?;
+        let model = self
+            .inner
+            .llm
+            .config()
+            .offered
+            .choose(&req.model)
+            .map_err(Error::from)?
+            .cloned();
         let (tx, rx) = mpsc::channel(16);
         let inner = self.inner.clone();
         tokio::spawn(
             async move {
-                if let Err(e) = run(&inner, req, image_type, &tx).await {
+                if let Err(e) = run(&inner, req, image_type, model, &tx).await {
                     let _ = tx.send(Err(e.into())).await;
                 }
             }
@@ -75,6 +83,7 @@ async fn run(
     inner: &Inner,
     req: ClassifyRequest,
     image_type: &'static str,
+    model: Option<OfferedModel>,
     tx: &EventSender,
 ) -> Result<(), Error> {
     let size = req.image.len();
@@ -99,6 +108,7 @@ async fn run(
             hint: req.hint,
             taxonomy: taxonomy.paths.clone(),
             situation_tags: taxonomy.situation_tags.clone(),
+            model,
         })
         .await?;
 

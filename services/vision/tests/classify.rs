@@ -130,6 +130,7 @@ fn request(image: &[u8], content_type: &str, hint: &str) -> ClassifyRequest {
         image: image.to_vec(),
         content_type: content_type.into(),
         hint: hint.into(),
+        ..ClassifyRequest::default()
     }
 }
 
@@ -395,5 +396,49 @@ async fn a_provider_rate_limit_outlasting_the_retries_is_unavailable_and_marked_
         "{}",
         status.message()
     );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_chosen_model_must_be_offered_and_is_the_one_asked() {
+    let (rules, _) = start_rules().await;
+    let llm = LlmConfig {
+        offered: ecoscan_common::models::OfferedModels::parse("mini, large=gemini").unwrap(),
+        ..mock_llm()
+    };
+    let (server, mut client) = start_vision(rules.uri(), llm).await;
+
+    // Not offered: refused before a stream opens, naming the offered ones and the field.
+    let (events, error) = classify(
+        &mut client,
+        ClassifyRequest {
+            model: "huge".into(),
+            ..request(JPEG, "image/jpeg", "newspaper")
+        },
+    )
+    .await;
+    let status = error.expect("an unoffered model is refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("mini, large"), "{status:?}");
+    assert!(events.is_empty());
+    let bad = tonic_types::StatusExt::get_details_bad_request(&status).expect("a BadRequest");
+    assert_eq!(bad.field_violations[0].field, "model");
+
+    // Offered: the mock plays it, and says it is the mock.
+    let (events, error) = classify(
+        &mut client,
+        ClassifyRequest {
+            model: "large".into(),
+            ..request(JPEG, "image/jpeg", "newspaper")
+        },
+    )
+    .await;
+    assert!(error.is_none(), "{error:?}");
+    let c = final_classification(&events);
+    assert_eq!((c.provider.as_str(), c.model.as_str()), ("mock", "large"));
+
+    // None chosen: the configured model.
+    let (events, _) = classify(&mut client, request(JPEG, "image/jpeg", "newspaper")).await;
+    assert_eq!(final_classification(&events).model, "mock");
     server.stop().await.unwrap();
 }

@@ -22,6 +22,8 @@ pub struct Job {
     pub content_type: String,
     pub hint: String,
     pub locale: String,
+    /// The model the scan chose; empty for the one configured per stage.
+    pub model: String,
     pub idempotency_key: Option<String>,
     pub trace_carrier: HashMap<String, String>,
     pub classification: Option<Classification>,
@@ -63,6 +65,8 @@ pub struct NewJob {
     pub content_type: String,
     pub hint: String,
     pub locale: String,
+    /// The model the scan chose (checked against the offered ones); empty for none.
+    pub model: String,
     pub idempotency_key: Option<String>,
     pub trace_carrier: HashMap<String, String>,
 }

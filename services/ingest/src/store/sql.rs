@@ -116,6 +116,7 @@ where
         content_type: row.try_get("content_type")?,
         hint: row.try_get("hint")?,
         locale: row.try_get("locale")?,
+        model: row.try_get("model")?,
         idempotency_key: row.try_get("idempotency_key")?,
         trace_carrier: serde_json::from_str(&carrier).unwrap_or_default(),
         classification: decode("classification", row.try_get("classification")?)?,
@@ -162,8 +163,8 @@ where
         let carrier = serde_json::to_string(&job.trace_carrier).unwrap_or_else(|_| "{}".into());
         let inserted = sqlx::query(DB::sql(
             "INSERT INTO scan_jobs (id, user_id, status, stage, image_key, content_type, hint, \
-             locale, idempotency_key, trace_carrier, created_at_us, updated_at_us) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11) \
+             locale, idempotency_key, trace_carrier, created_at_us, updated_at_us, model) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12) \
              ON CONFLICT DO NOTHING RETURNING *",
         ))
         .bind(job.id.as_str())
@@ -177,6 +178,7 @@ where
         .bind(job.idempotency_key.as_deref())
         .bind(carrier)
         .bind(now_us())
+        .bind(job.model.as_str())
         .fetch_optional(&self.pool)
         .await?;
         if let Some(row) = inserted {

@@ -55,6 +55,8 @@ pub struct Stages {
     /// (UNAVAILABLE, as a model stream cut mid-answer surfaces); later calls answer in full.
     pub answer_breaks_once: bool,
     pub answer_break_after: Duration,
+    /// The `model` of every vision and answer call, as `"<stage>:<model>"`, in order.
+    pub models: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Stages {
@@ -70,11 +72,16 @@ impl Stages {
             answer_stalls: false,
             answer_breaks_once: false,
             answer_break_after: Duration::from_millis(400),
+            models: Arc::default(),
         }
     }
 
     fn hit(&self, name: &str) {
         self.calls[name].fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn saw_model(&self, stage: &str, model: &str) {
+        self.models.lock().unwrap().push(format!("{stage}:{model}"));
     }
 
     pub fn count(&self, name: &str) -> usize {
@@ -107,6 +114,7 @@ impl vision_service_server::VisionService for Stages {
         req: Request<ClassifyRequest>,
     ) -> Result<Response<Self::ClassifyStream>, Status> {
         self.hit("vision");
+        self.saw_model("vision", &req.get_ref().model);
         assert_eq!(req.get_ref().image, PNG, "vision receives the stored image");
         if let Some(code) = self.vision_fails_with {
             return Err(Status::new(code, "the photo shows no object"));
@@ -148,6 +156,7 @@ impl answer_service_server::AnswerService for Stages {
         req: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.hit("answer");
+        self.saw_model("answer", &req.get_ref().model);
         let first_call = self.count("answer") == 1;
         assert!(req.get_ref().classification.is_some() && req.get_ref().rules.is_some());
         tokio::time::sleep(self.answer_delay).await;
@@ -350,6 +359,7 @@ pub fn new_job(image_key: &str) -> NewJob {
         content_type: "image/png".into(),
         hint: String::new(),
         locale: "en".into(),
+        model: String::new(),
         idempotency_key: None,
         trace_carrier: HashMap::new(),
     }

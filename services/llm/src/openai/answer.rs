@@ -10,7 +10,7 @@ use futures::StreamExt as _;
 use serde_json::Value;
 
 use super::{Admitted, Budget, OpenAi, stream::SseEvent};
-use crate::{AnswerChunk, AnswerUsage, CallLog, ChunkSender, Failure, Llm, LlmError, Provider};
+use crate::{AnswerChunk, AnswerUsage, CallLog, ChunkSender, Failure, Llm, LlmError};
 
 /// An answer whose request the provider accepted, with what a resend needs.
 pub(crate) struct Started {
@@ -67,7 +67,7 @@ pub(crate) async fn answer_task(
     match outcome {
         Read::Complete => {
             let usage = AnswerUsage {
-                provider: Provider::OpenAi.as_str().to_owned(),
+                provider: log.system.clone(),
                 model: log.model.clone(),
                 input_tokens: log.input_tokens,
                 output_tokens: log.output_tokens,

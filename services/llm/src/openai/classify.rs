@@ -89,7 +89,7 @@ impl OpenAi {
                         item_name: c.item_name,
                         confidence: c.confidence,
                         situation_tags: c.situation_tags,
-                        provider: crate::Provider::OpenAi.as_str().to_owned(),
+                        provider: log.system.clone(),
                         model: log.model.clone(),
                     });
                 }

@@ -235,6 +235,7 @@ mod tests {
             user_prompt: "u".into(),
             subject: String::new(),
             steps: vec![],
+            model: None,
         };
         assert_eq!(
             answer_body(&input, "m", true)["stream_options"]["include_usage"],

@@ -21,6 +21,8 @@ pub enum Error {
     #[error("model answered outside the taxonomy: {0}")]
     OutsideTaxonomy(String),
     #[error(transparent)]
+    ModelRefused(#[from] ecoscan_common::models::ModelRefused),
+    #[error(transparent)]
     Llm(#[from] LlmError),
 }
 
@@ -33,6 +35,9 @@ impl From<Error> for Status {
             }
             Error::UnsupportedContentType(_) => {
                 ecoscan_common::reasons::invalid_field("content_type", e.to_string())
+            }
+            Error::ModelRefused(_) => {
+                ecoscan_common::reasons::invalid_field("model", e.to_string())
             }
             Error::RuleUnavailable { .. } => Status::unavailable(e.to_string()),
             Error::EmptyTaxonomy(_) => Status::failed_precondition(e.to_string()),

@@ -21,6 +21,7 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             classification: Some(input(&job.classification, "classification", Stage::Answer)?),
             rules: Some(input(&job.rules, "rules", Stage::Answer)?),
             locale: job.locale.clone(),
+            model: job.model.clone(),
         };
         let mut client = calls.clients.answer.clone();
         let response = client.generate(calls.request(job, req)).await;

@@ -32,6 +32,7 @@ fn call<'a>(calls: &'a Calls<'a>, job: &'a Job) -> Call<'a> {
             image: image.to_vec(),
             content_type: job.content_type.clone(),
             hint: job.hint.clone(),
+            model: job.model.clone(),
         };
         let mut client = calls.clients.vision.clone();
         let response = client.classify(calls.request(job, req)).await;

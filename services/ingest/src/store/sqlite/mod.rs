@@ -19,7 +19,7 @@ const SCHEMA: &str = include_str!("../../../migrations/0001_init.sql");
 /// `user_version` of a database in the current layout. 0 is a new database or one made before
 /// versions were kept: table `jobs`, times in milliseconds in `*_at_ms` columns, and, in the
 /// oldest, no `lease_epoch` or `dead_at_ms` yet. 1: no `end_seq` yet.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 impl SqlJobStore<Sqlite> {
     /// Opens (creating when needed) the database at `url`, brings an older layout up to date
@@ -127,6 +127,12 @@ async fn upgrade(pool: &SqlitePool) -> Result<(), StoreError> {
         if !columns.is_empty() && !columns.iter().any(|c| c == name) {
             sqlx::query(ddl).execute(&mut *tx).await?;
         }
+    }
+    // Version 4: the model a scan chose.
+    if !columns.is_empty() && !columns.iter().any(|c| c == "model") {
+        sqlx::query("ALTER TABLE scan_jobs ADD COLUMN model TEXT NOT NULL DEFAULT ''")
+            .execute(&mut *tx)
+            .await?;
     }
     // The version is a constant, not input.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(

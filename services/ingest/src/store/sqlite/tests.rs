@@ -56,6 +56,7 @@ async fn a_database_of_the_first_layout_is_upgraded_with_its_rows() {
         content_type: "image/png".into(),
         hint: String::new(),
         locale: "ko-KR".into(),
+        model: String::new(),
         idempotency_key: Some("key-1".into()),
         trace_carrier: Default::default(),
     };
@@ -91,6 +92,7 @@ async fn a_database_of_version_1_gets_the_end_position_column_with_its_rows() {
             content_type: "image/png".into(),
             hint: String::new(),
             locale: "ko".into(),
+            model: String::new(),
             idempotency_key: None,
             trace_carrier: Default::default(),
         })
