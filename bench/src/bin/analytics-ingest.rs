@@ -109,6 +109,7 @@ impl Bodies {
             job_id: uuid::Uuid::new_v4().to_string(),
             trace_id: String::new(),
             started_at: Some(ecoscan_proto::now()),
+            ..LlmCall::default()
         }
     }
 }

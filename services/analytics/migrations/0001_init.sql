@@ -22,7 +22,12 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     trace_id        TEXT    NOT NULL,
     -- Microseconds since the Unix epoch.
     started_at_us   INTEGER NOT NULL,
-    recorded_at_us  INTEGER NOT NULL
+    recorded_at_us  INTEGER NOT NULL,
+    cached_input_tokens INTEGER NOT NULL DEFAULT 0,
+    images          INTEGER NOT NULL DEFAULT 0,
+    -- Micro-units of the price table's currency; NULL: no price was known (never zero).
+    cost_micros     INTEGER,
+    price_version   TEXT    NOT NULL DEFAULT ''
 );
 
 CREATE INDEX IF NOT EXISTS llm_calls_by_start ON llm_calls (started_at_us);

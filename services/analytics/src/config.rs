@@ -51,6 +51,10 @@ const SPOOL_DIR_NAME: &str = "analytics-spool";
 /// - `ANALYTICS_SPOOL_RETRY_MAX`: longest pause between replay attempts while the stores keep
 ///   failing (default `10s`; attempts start 100 ms apart and double); also the `retry-after`
 ///   suggested when the spool is full (whole seconds, 1 to 60).
+/// - `ANALYTICS_PRICES`: the price table each call is priced by, `[<YYYY-MM-DD>=]<path>` entries
+///   separated by commas: files in the format of LiteLLM's `model_prices_and_context_window.json`,
+///   each in effect from its day (UTC; always, without one). Unset: every call of a real provider
+///   is recorded with its cost unknown (the mock's cost 0). See `crate::prices`.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub database_url: String,
@@ -65,6 +69,8 @@ pub struct Config {
     pub spool_max_bytes: u64,
     pub store_timeout: Duration,
     pub spool_retry_max: Duration,
+    /// What calls cost (`ANALYTICS_PRICES`).
+    pub prices: std::sync::Arc<crate::prices::PriceTable>,
 }
 
 impl Default for Config {
@@ -80,6 +86,7 @@ impl Default for Config {
             spool_max_bytes: 1 << 30,
             store_timeout: Duration::from_secs(5),
             spool_retry_max: Duration::from_secs(10),
+            prices: std::sync::Arc::default(),
         }
     }
 }
@@ -105,6 +112,7 @@ impl Config {
             spool_max_bytes: env_or("ANALYTICS_SPOOL_MAX_BYTES", d.spool_max_bytes)?,
             store_timeout: env_duration("ANALYTICS_STORE_TIMEOUT", d.store_timeout)?,
             spool_retry_max: env_duration("ANALYTICS_SPOOL_RETRY_MAX", d.spool_retry_max)?,
+            prices: std::sync::Arc::new(crate::prices::PriceTable::from_env()?),
         };
         config.validate()?;
         Ok(config)

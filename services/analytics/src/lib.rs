@@ -6,6 +6,7 @@
 mod batch;
 mod error;
 mod metrics;
+pub mod prices;
 pub mod spool;
 pub mod store;
 pub mod writer;
@@ -140,8 +141,15 @@ pub async fn serve_with_stores(
         writer_metrics,
         stop_replayer.clone(),
     );
-    let svc = AnalyticsServiceServer::new(Analytics::new(store, bodies, writer))
-        .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
+    tracing::info!(
+        versions = ?config.prices.versions().collect::<Vec<_>>(),
+        models = config.prices.models(),
+        "price table loaded (calls of unpriced models are recorded with their cost unknown)"
+    );
+    let svc = AnalyticsServiceServer::new(
+        Analytics::new(store, bodies, writer).with_prices(config.prices.clone()),
+    )
+    .max_decoding_message_size(ecoscan_common::server::MAX_MESSAGE_BYTES);
     tracing::info!(spool = %spool_dir.display(), "analytics service ready");
     let result = ecoscan_common::server::serve_with_metrics(
         tonic::service::Routes::new(svc),

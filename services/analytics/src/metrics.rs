@@ -14,6 +14,8 @@ pub struct WriterMetrics {
     recorded: Counter,
     batch_rows: Histogram,
     commit: Histogram,
+    cost_micros: Counter,
+    unpriced: Counter,
 }
 
 impl Default for WriterMetrics {
@@ -23,13 +25,16 @@ impl Default for WriterMetrics {
             recorded: Counter::default(),
             batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             commit: ecoscan_common::metrics::seconds_histogram(),
+            cost_micros: Counter::default(),
+            unpriced: Counter::default(),
         }
     }
 }
 
 impl WriterMetrics {
-    /// Registers `analytics_calls_recorded_total`, `analytics_batch_rows` and
-    /// `analytics_commit_duration_seconds` in `metrics`.
+    /// Registers `analytics_calls_recorded_total`, `analytics_batch_rows`,
+    /// `analytics_commit_duration_seconds`, `analytics_cost_micros_total` and
+    /// `analytics_calls_unpriced_total` in `metrics`.
     pub fn register(metrics: &mut ecoscan_common::metrics::Metrics) -> Self {
         let this = Self::default();
         let r = metrics.registry();
@@ -38,6 +43,8 @@ impl WriterMetrics {
             ("analytics_calls_recorded", "LLM calls committed, directly or by a replay of the spool (repeats of a call id not counted)", this.recorded.clone());
             ("analytics_batch_rows", "Rows per committed batch (group commit)", this.batch_rows.clone());
             ("analytics_commit_duration_seconds", "Time to write a batch: its bodies object and its rows in one transaction", this.commit.clone());
+            ("analytics_cost_micros", "What the recorded model calls cost by the price table, in micro-units of its currency (priced calls only; see analytics_calls_unpriced_total)", this.cost_micros.clone());
+            ("analytics_calls_unpriced", "Recorded model calls whose cost is unknown: the price table had no price for their model when they were made", this.unpriced.clone());
         }
         this
     }
@@ -47,6 +54,25 @@ impl WriterMetrics {
         self.recorded.inc_by(inserted as u64);
         self.batch_rows.observe(rows as f64);
         self.commit.observe(took.as_secs_f64());
+    }
+
+    /// Adds the cost of the rows whose ids were inserted (each id once): what they cost, or
+    /// that their cost is unknown.
+    pub(crate) fn priced<'a>(
+        &self,
+        rows: impl IntoIterator<Item = &'a crate::store::CallRow>,
+        inserted: &std::collections::HashSet<String>,
+    ) {
+        let mut seen = std::collections::HashSet::with_capacity(inserted.len());
+        for row in rows {
+            if !inserted.contains(&row.call_id) || !seen.insert(row.call_id.as_str()) {
+                continue;
+            }
+            match row.cost_micros {
+                Some(c) => self.cost_micros.inc_by(u64::try_from(c).unwrap_or(0)),
+                None => self.unpriced.inc(),
+            };
+        }
     }
 
     /// Counts the calls a replay of the spool inserted.

@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
     error::Error,
+    prices::{PriceTable, Usage},
     store::{CallRow, CallStore, UsageSample},
     writer::{Accepted, Ack, NewCall, Refused, Writer},
 };
@@ -27,6 +28,7 @@ pub struct Analytics {
     store: Arc<dyn CallStore>,
     bodies: Arc<dyn ObjectStore>,
     writer: Writer,
+    prices: Arc<PriceTable>,
 }
 
 /// Acks a record stream may leave outstanding before it waits for the oldest: bounds a long
@@ -40,7 +42,33 @@ impl Analytics {
             store,
             bodies,
             writer,
+            prices: Arc::default(),
         }
+    }
+
+    /// Prices every call by `prices` (without, only the mock's calls have a cost).
+    #[must_use]
+    pub fn with_prices(self, prices: Arc<PriceTable>) -> Self {
+        Self { prices, ..self }
+    }
+
+    /// The call, checked and priced.
+    fn accept(&self, call: LlmCall) -> Result<NewCall, Error> {
+        let mut call = validate(call)?;
+        let row = &mut call.row;
+        if let Some(cost) = self.prices.cost(&Usage {
+            provider: &row.provider,
+            model: &row.model,
+            started_at_us: row.started_at_us,
+            input_tokens: row.input_tokens,
+            cached_input_tokens: row.cached_input_tokens,
+            output_tokens: row.output_tokens,
+            images: row.images,
+        }) {
+            row.cost_micros = Some(cost.micros);
+            row.price_version = cost.version;
+        }
+        Ok(call)
     }
 
     async fn submit(&self, call: NewCall) -> Result<oneshot::Receiver<Ack>, Error> {
@@ -54,7 +82,7 @@ impl Analytics {
     /// is durably spooled (then `duplicate` is false: whether it repeats a stored id is not known
     /// yet). Refused with [`Error::SpoolFull`] when the stores fail and the spool is full.
     pub async fn record(&self, call: Option<LlmCall>) -> Result<RecordResponse, Error> {
-        let call = validate(call.ok_or(Error::MissingCall)?)?;
+        let call = self.accept(call.ok_or(Error::MissingCall)?)?;
         let call_id = call.row.call_id.clone();
         let duplicate = settle(self.submit(call).await?).await?;
         Ok(RecordResponse { call_id, duplicate })
@@ -70,7 +98,11 @@ impl Analytics {
         let mut index = 0_u64;
         let outcome = loop {
             match stream.message().await {
-                Ok(Some(item)) => match item.call.ok_or(Error::MissingCall).and_then(validate) {
+                Ok(Some(item)) => match item
+                    .call
+                    .ok_or(Error::MissingCall)
+                    .and_then(|c| self.accept(c))
+                {
                     Ok(call) => {
                         tracing::info!(index, call_id = %call.row.call_id, "call received");
                         unacked.push_back(self.submit(call).await?);
@@ -248,6 +280,11 @@ fn validate(call: LlmCall) -> Result<NewCall, Error> {
             // A call without a start time is counted as starting when it was recorded.
             started_at_us: call.started_at.map_or(now, |t| ts_to_us(&t)),
             recorded_at_us: now,
+            cached_input_tokens: i64::from(call.cached_input_tokens.min(call.input_tokens)),
+            images: i64::from(call.images),
+            // Priced by analytics from its own table: a caller's figure is never taken.
+            cost_micros: None,
+            price_version: String::new(),
         },
         request_body: call.request_body,
         response_body: call.response_body,
@@ -289,6 +326,10 @@ fn row_to_call(row: CallRow, request_body: String, response_body: String) -> Llm
         job_id: row.job_id,
         trace_id: row.trace_id,
         started_at: Some(us_to_ts(row.started_at_us)),
+        cached_input_tokens: u32::try_from(row.cached_input_tokens).unwrap_or(u32::MAX),
+        images: u32::try_from(row.images).unwrap_or(u32::MAX),
+        cost_micros: row.cost_micros,
+        price_version: row.price_version,
     }
 }
 
@@ -298,6 +339,8 @@ struct Group {
     errors: u64,
     input_tokens: u64,
     output_tokens: u64,
+    cost_micros: i64,
+    unpriced: u64,
     latencies: Vec<f64>,
 }
 
@@ -310,6 +353,10 @@ fn aggregate(samples: Vec<UsageSample>) -> Vec<UsageRow> {
         g.errors += u64::from(s.status == CallStatus::Error as i32);
         g.input_tokens += u64::try_from(s.input_tokens).unwrap_or(0);
         g.output_tokens += u64::try_from(s.output_tokens).unwrap_or(0);
+        match s.cost_micros {
+            Some(c) => g.cost_micros = g.cost_micros.saturating_add(c),
+            None => g.unpriced += 1,
+        }
         g.latencies.push(s.latency_ms);
     }
     groups
@@ -325,6 +372,8 @@ fn aggregate(samples: Vec<UsageSample>) -> Vec<UsageRow> {
                 output_tokens: g.output_tokens,
                 latency_p50_ms: nearest_rank(&g.latencies, 50),
                 latency_p95_ms: nearest_rank(&g.latencies, 95),
+                cost_micros: g.cost_micros,
+                unpriced_calls: g.unpriced,
             }
         })
         .collect()

@@ -307,6 +307,7 @@ async fn write_direct(target: &Target, batch: &Batch) -> Option<HashSet<String>>
             target
                 .metrics
                 .committed(batch.rows.len(), inserted.len(), started.elapsed());
+            target.metrics.priced(&batch.rows, &inserted);
             Some(inserted)
         }
         Err(e) => {

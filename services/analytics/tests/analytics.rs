@@ -22,8 +22,12 @@ struct Harness {
 }
 
 async fn start() -> Harness {
+    start_with(|c| c).await
+}
+
+async fn start_with(tweak: impl FnOnce(Config) -> Config) -> Harness {
     let dir = TempDir::new().unwrap();
-    let config = Config {
+    let config = tweak(Config {
         database_url: format!("sqlite://{}/db/analytics.db?mode=rwc", dir.path().display()),
         bodies: ecoscan_objects::ObjectStoreConfig::Local(dir.path().join("bodies")),
         batch_max_rows: 100,
@@ -31,7 +35,7 @@ async fn start() -> Harness {
         queue_capacity: 64,
         spool_dir: Some(dir.path().join("spool")),
         ..Config::default()
-    };
+    });
     let server = spawn(|l, s| serve(config, l, s)).await;
     let client =
         AnalyticsServiceClient::new(ecoscan_common::client::channel(&server.uri()).unwrap());
@@ -73,6 +77,16 @@ fn call(id: &str) -> LlmCall {
         job_id: "job-1".into(),
         trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
         started_at: Some(at_ms(0)),
+        ..LlmCall::default()
+    }
+}
+
+/// `call` as analytics stores it: the mock's calls are priced at zero.
+fn as_recorded(call: LlmCall) -> LlmCall {
+    LlmCall {
+        cost_micros: Some(0),
+        price_version: "mock".into(),
+        ..call
     }
 }
 
@@ -151,7 +165,7 @@ async fn a_recorded_call_reads_back_with_every_field_and_its_bodies() {
 
     assert_eq!(res.call_id, sent.call_id);
     assert!(!res.duplicate);
-    assert_eq!(back, sent);
+    assert_eq!(back, as_recorded(sent));
     // Bodies live in the object directory, not only in the database.
     let objects = std::fs::read_dir(h.dir.path().join("bodies"))
         .unwrap()
@@ -196,7 +210,10 @@ async fn concurrent_records_each_read_back_their_own_bodies() {
         }
     }))
     .await;
-    assert_eq!(read_back, calls);
+    assert_eq!(
+        read_back,
+        calls.into_iter().map(as_recorded).collect::<Vec<_>>()
+    );
     h.server.stop().await.unwrap();
 }
 
@@ -235,6 +252,9 @@ fn expected_row(service: &str, model: &str, n: u64, errors: u64, p50: f64, p95: 
         output_tokens: 3 * n,
         latency_p50_ms: p50,
         latency_p95_ms: p95,
+        // The mock's calls cost nothing, and are priced.
+        cost_micros: 0,
+        unpriced_calls: 0,
     }
 }
 
@@ -336,7 +356,10 @@ async fn a_bad_stream_item_fails_the_stream_naming_its_index_and_keeps_the_calls
         err.message()
     );
     for g in &good {
-        assert_eq!(&get(&mut h, &g.call_id).await.unwrap(), g);
+        assert_eq!(
+            get(&mut h, &g.call_id).await.unwrap(),
+            as_recorded(g.clone())
+        );
     }
     assert_eq!(
         get(&mut h, &after.call_id).await.unwrap_err().code(),
@@ -500,4 +523,96 @@ async fn reading_calls_needs_the_admin_role() {
 async fn serves_health_and_reflection() {
     let h = start().await;
     assert_health_and_reflection(&h.server.uri(), "ecoscan.v1.AnalyticsService").await;
+}
+
+#[tokio::test]
+async fn calls_are_priced_by_the_table_in_effect_and_an_unpriced_model_stays_unknown() {
+    let prices = ecoscan_analytics::prices::PriceTable::from_json(
+        Some("2025-01-01"),
+        br#"{"gpt-4o-mini": {"input_cost_per_token": 1.5e-07, "output_cost_per_token": 6e-07}}"#,
+    )
+    .unwrap();
+    let mut h = start_with(|c| Config {
+        prices: std::sync::Arc::new(prices),
+        ..c
+    })
+    .await;
+    let priced = LlmCall {
+        provider: "openai".into(),
+        model: "gpt-4o-mini".into(),
+        input_tokens: 1000,
+        output_tokens: 500,
+        // A caller's own figure is not taken.
+        cost_micros: Some(1),
+        price_version: "mine".into(),
+        ..call(&id())
+    };
+    let unpriced = LlmCall {
+        provider: "openai".into(),
+        model: "gpt-unlisted".into(),
+        ..call(&id())
+    };
+    for c in [&priced, &unpriced] {
+        h.client.record(record(c.clone())).await.unwrap();
+    }
+
+    let back = get(&mut h, &priced.call_id).await.unwrap();
+    assert_eq!(back.cost_micros, Some(450), "150 + 300 micro-dollars");
+    assert!(
+        back.price_version.starts_with("2025-01-01/"),
+        "{}",
+        back.price_version
+    );
+    let back = get(&mut h, &unpriced.call_id).await.unwrap();
+    assert_eq!((back.cost_micros, back.price_version.as_str()), (None, ""));
+
+    // Usage sums the known costs and counts the unknown ones apart.
+    let usage = h
+        .client
+        .usage(ecoscan_common::client::as_admin(UsageRequest {
+            since: Some(at_ms(-1000)),
+            until: Some(at_ms(1000)),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let row = |model: &str| {
+        usage
+            .rows
+            .iter()
+            .find(|r| r.model == model)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        (
+            row("gpt-4o-mini").cost_micros,
+            row("gpt-4o-mini").unpriced_calls
+        ),
+        (450, 0)
+    );
+    assert_eq!(
+        (
+            row("gpt-unlisted").cost_micros,
+            row("gpt-unlisted").unpriced_calls
+        ),
+        (0, 1)
+    );
+
+    // And the metrics say both.
+    let metrics = ecoscan_common::testing::scrape(h.server.addr).await;
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert_eq!(
+        value("analytics_cost_micros_total{service=\"analytics\"} "),
+        450.0
+    );
+    assert_eq!(
+        value("analytics_calls_unpriced_total{service=\"analytics\"} "),
+        1.0
+    );
 }

@@ -16,7 +16,7 @@ use ecoscan_proto::v1::{
     GetCallRequest, LlmCall, RecordRequest, RecordStreamRequest, UsageRequest,
     analytics_service_client::AnalyticsServiceClient,
 };
-use support::PgSchema;
+use support::{PgSchema, as_recorded};
 
 /// Where the tests find S3 unless `TEST_S3_ENDPOINT` says otherwise.
 const DEFAULT_TEST_S3_ENDPOINT: &str = "http://127.0.0.1:9000";
@@ -123,7 +123,12 @@ async fn calls_are_committed_to_postgresql_with_their_bodies_in_s3() {
     assert!(repeat.duplicate);
     // The service has no local body directory: every body came back from S3.
     for (back, sent) in read_back.iter().zip(&calls) {
-        assert_eq!(back, sent, "call {} read back differently", sent.job_id);
+        assert_eq!(
+            back,
+            &as_recorded(sent),
+            "call {} read back differently",
+            sent.job_id
+        );
     }
     assert_eq!(usage.rows.len(), 1);
     assert_eq!(usage.rows[0].calls, 50);
@@ -247,7 +252,12 @@ async fn calls_recorded_while_s3_is_unreachable_land_exactly_once_after_it_retur
     // ...and reads back whole, its bodies from S3.
     let read_back = read_back(&client, before.iter().chain(&during)).await;
     for (back, sent) in read_back.iter().zip(before.iter().chain(&during)) {
-        assert_eq!(back, sent, "call {} read back differently", sent.job_id);
+        assert_eq!(
+            back,
+            &as_recorded(sent),
+            "call {} read back differently",
+            sent.job_id
+        );
     }
     assert!(
         took < Duration::from_secs(15),

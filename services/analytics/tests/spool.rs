@@ -312,7 +312,12 @@ impl Service {
         let back = futures::future::join_all(calls.iter().map(|c| self.get(&c.call_id))).await;
         for (sent, back) in calls.iter().zip(back) {
             let back = back.unwrap_or_else(|e| panic!("call {} is missing: {e}", sent.job_id));
-            assert_eq!(&back, sent, "call {} read back differently", sent.job_id);
+            assert_eq!(
+                back,
+                support::as_recorded(sent),
+                "call {} read back differently",
+                sent.job_id
+            );
         }
     }
 }

@@ -26,6 +26,10 @@ fn row(id: &str, started_at_us: i64) -> CallRow {
         trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
         started_at_us,
         recorded_at_us: started_at_us + 1,
+        cached_input_tokens: 20,
+        images: 1,
+        cost_micros: Some(45),
+        price_version: "2026-01-01/0123456789ab".into(),
     }
 }
 
@@ -55,9 +59,24 @@ async fn every_column_round_trips_and_unknown_ids_are_none<S: CallStore + Clone>
     r.input_tokens = i64::from(u32::MAX);
     r.body_key = String::new();
 
-    s.insert_batch(std::slice::from_ref(&r)).await.unwrap();
+    // An unknown cost is stored as unknown, not as zero, beside a zero one.
+    let unpriced = CallRow {
+        cost_micros: None,
+        price_version: String::new(),
+        ..row("unpriced", 1)
+    };
+    let free = CallRow {
+        cost_micros: Some(0),
+        ..row("free", 1)
+    };
+
+    s.insert_batch(&[r.clone(), unpriced.clone(), free.clone()])
+        .await
+        .unwrap();
 
     assert_eq!(s.get("x").await.unwrap(), Some(r));
+    assert_eq!(s.get("unpriced").await.unwrap(), Some(unpriced));
+    assert_eq!(s.get("free").await.unwrap(), Some(free));
     assert_eq!(s.get("missing").await.unwrap(), None);
 }
 

@@ -334,6 +334,14 @@ impl Llm {
             job_id: log.job_id,
             trace_id: log.trace_id,
             started_at: Some(ecoscan_proto::timestamp(log.started_at)),
+            // A classification sends the one photo; an answer, text only.
+            images: u32::from(log.operation == Operation::Classify),
+            // Providers that report cache reads do so in a usage field this client does not
+            // read yet: all input is priced as uncached.
+            cached_input_tokens: 0,
+            // Analytics prices the call from its own table.
+            cost_micros: None,
+            price_version: String::new(),
         });
     }
 }

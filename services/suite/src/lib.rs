@@ -86,6 +86,9 @@ pub struct SuiteConfig {
     /// Jobs ingest runs at once (`INGEST_MAX_IN_FLIGHT`); `None`: ingest's default, the
     /// backlog limit.
     pub ingest_max_in_flight: Option<usize>,
+    /// What analytics prices calls by (`ANALYTICS_PRICES`; empty: every real call's cost
+    /// unknown).
+    pub analytics_prices: std::sync::Arc<ecoscan_analytics::prices::PriceTable>,
     /// The gateway's settings (every `GATEWAY_*` variable: limits, lifetimes, header mode,
     /// CORS, the Jaeger link, …); the suite sets the services' addresses and its local tokens
     /// itself.
@@ -107,6 +110,9 @@ impl SuiteConfig {
                         .with_context(|| format!("invalid INGEST_MAX_IN_FLIGHT {v:?}"))
                 })
                 .transpose()?,
+            analytics_prices: std::sync::Arc::new(
+                ecoscan_analytics::prices::PriceTable::from_env()?
+            ),
             gateway: ecoscan_gateway::Config::read_env()?,
         })
     }
@@ -119,6 +125,7 @@ impl SuiteConfig {
             data_dir: data_dir.to_path_buf(),
             llm: LlmConfig::default(),
             ingest_max_in_flight: None,
+            analytics_prices: std::sync::Arc::default(),
             gateway: ecoscan_gateway::Config::default(),
         }
     }
@@ -203,6 +210,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
         data_dir,
         llm,
         ingest_max_in_flight,
+        analytics_prices,
         gateway: gateway_settings,
     } = config;
     // Every service serves and calls over TLS when GRPC_TLS_* is set: a bad file stops the
@@ -259,6 +267,7 @@ pub async fn start(config: SuiteConfig, shutdown: CancellationToken) -> anyhow::
     let analytics_config = ecoscan_analytics::Config {
         database_url: sqlite("analytics"),
         bodies: ecoscan_analytics::ObjectStoreConfig::Local(data_dir.join("analytics-bodies")),
+        prices: analytics_prices,
         ..Default::default()
     }
     .with_stores_from_env()?;

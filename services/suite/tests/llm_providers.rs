@@ -80,6 +80,13 @@ impl LiteLlm {
     /// install it, when LiteLLM is not installed: like the Redis and PostgreSQL tests, a test
     /// of a real peer that skipped would pass without testing anything.
     async fn start(models: &str) -> Self {
+        Self::start_with(models, false).await
+    }
+
+    /// [`Self::start`]; with `cost_log`, a callback of the proxy's own (a `CustomLogger`, in
+    /// the config's directory) writes each call's `response_cost` as LiteLLM computes it to
+    /// [`Self::costs`].
+    async fn start_with(models: &str, cost_log: bool) -> Self {
         let command = litellm_command().unwrap_or_else(|| {
             panic!(
                 "LiteLLM is not installed: infra/test.sh installs litellm[proxy]=={LITELLM_VERSION} \
@@ -88,13 +95,20 @@ impl LiteLlm {
             )
         });
         let dir = tempfile::tempdir().unwrap();
-        // Nothing leaves the machine: no callbacks, no telemetry, the model-cost map from the
-        // package instead of the network, LiteLLM's own retries off (ours are under test), and
-        // every proxy variable pointing at a closed loopback port as a guard.
+        // Nothing leaves the machine: no callbacks but the local cost log, no telemetry, the
+        // model-cost map from the package instead of the network, LiteLLM's own retries off
+        // (ours are under test), and every proxy variable pointing at a closed loopback port as
+        // a guard.
+        let callbacks = if cost_log {
+            std::fs::write(dir.path().join("cost_log.py"), COST_LOG_CALLBACK).unwrap();
+            "[cost_log.instance]"
+        } else {
+            "[]"
+        };
         let config = format!(
-            "model_list:\n{models}\nlitellm_settings:\n  telemetry: false\n  callbacks: []\n  \
-             success_callback: []\n  failure_callback: []\n  num_retries: 0\n\
-             router_settings:\n  num_retries: 0\n"
+            "model_list:\n{models}\nlitellm_settings:\n  telemetry: false\n  \
+             callbacks: {callbacks}\n  success_callback: []\n  failure_callback: []\n  \
+             num_retries: 0\nrouter_settings:\n  num_retries: 0\n"
         );
         let config_path = dir.path().join("config.yaml");
         std::fs::write(&config_path, config).unwrap();
@@ -116,7 +130,10 @@ impl LiteLlm {
             .env("HTTPS_PROXY", "http://127.0.0.1:9")
             .env("ALL_PROXY", "http://127.0.0.1:9")
             .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("ECOSCAN_COST_LOG", dir.path().join("costs.jsonl"))
             .env_remove("DATABASE_URL")
+            // The callback module is found beside the config.
+            .current_dir(dir.path())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -155,6 +172,37 @@ impl LiteLlm {
         }
     }
 
+    /// `(stream, response_cost)` of each successful call, as LiteLLM computed it (see
+    /// [`Self::start_with`]).
+    fn costs(&self) -> Vec<(bool, f64)> {
+        std::fs::read_to_string(self._dir.path().join("costs.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                (
+                    v["stream"].as_bool().unwrap(),
+                    v["response_cost"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// LiteLLM's own copy of its price table, in the installed package.
+    fn price_file() -> PathBuf {
+        let command = litellm_command().unwrap();
+        let venv = command.parent().and_then(Path::parent).unwrap();
+        std::fs::read_dir(venv.join("lib"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|d| {
+                d.path()
+                    .join("site-packages/litellm/model_prices_and_context_window_backup.json")
+            })
+            .find(|p| p.is_file())
+            .expect("LiteLLM's model_prices_and_context_window_backup.json")
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("litellm.log")).unwrap_or_default()
     }
@@ -174,6 +222,21 @@ impl LiteLlm {
         }
     }
 }
+
+/// A LiteLLM `CustomLogger` that appends each successful call's cost, as LiteLLM computes it
+/// (`response_cost`, from its own price table), to the file `ECOSCAN_COST_LOG` names.
+const COST_LOG_CALLBACK: &str = r#"
+import json, os
+from litellm.integrations.custom_logger import CustomLogger
+
+class CostLog(CustomLogger):
+    async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
+        with open(os.environ["ECOSCAN_COST_LOG"], "a") as f:
+            f.write(json.dumps({"stream": bool(kwargs.get("stream")),
+                                "response_cost": kwargs.get("response_cost")}) + "\n")
+
+instance = CostLog()
+"#;
 
 fn mock_model(name: &str, response: &str) -> String {
     // A JSON string is a YAML string; the api_base is never called (closed loopback port).
@@ -383,6 +446,88 @@ async fn a_scan_that_chooses_an_offered_model_is_served_by_it_at_every_stage() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the chosen model's calls never reached analytics: {usage:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn what_the_suite_records_a_call_cost_is_what_litellm_computes_from_the_same_table() {
+    // Both stages' models are gpt-4o-mini, which LiteLLM's table prices, under two names (so
+    // each stage has its own mock answer): the answer's as a router's `vendor/model` name.
+    let route = |name: &str, response: &str| {
+        format!(
+            "  - model_name: {name}\n    litellm_params:\n      model: openai/gpt-4o-mini\n      \
+             api_key: sk-none\n      api_base: http://127.0.0.1:9/v1\n      mock_response: {}\n",
+            serde_json::to_string(response).unwrap()
+        )
+    };
+    let models = format!(
+        "{}{}",
+        route("gpt-4o-mini", VISION_ANSWER),
+        route("openai/gpt-4o-mini", ANSWER_TEXT)
+    );
+    let litellm = LiteLlm::start_with(&models, true).await;
+    let prices = std::fs::read(LiteLlm::price_file()).unwrap();
+    let suite = TestSuite::start_with(|c| {
+        c.llm = litellm.llm("gpt-4o-mini", "openai/gpt-4o-mini");
+        c.analytics_prices = std::sync::Arc::new(
+            ecoscan_analytics::prices::PriceTable::from_json(None, &prices).unwrap(),
+        );
+    })
+    .await;
+
+    let events = scan(&suite, "dana").await;
+    assert_eq!(
+        events.last().unwrap().event,
+        "ready",
+        "{events:#?}\n{}",
+        litellm.log()
+    );
+
+    // LiteLLM's figures: one unstreamed call (the classification), one streamed (the answer).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let costs = loop {
+        let costs = litellm.costs();
+        if costs.len() >= 2 {
+            break costs;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "LiteLLM logged {costs:?}\n{}",
+            litellm.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let litellm_micros = |stream: bool| {
+        let (_, usd) = costs.iter().find(|(s, _)| *s == stream).unwrap();
+        assert!(*usd > 0.0, "LiteLLM priced the call: {costs:?}");
+        // Micro-dollars, rounded half up as the suite rounds.
+        (usd * 1e6).round() as i64
+    };
+
+    // The suite's, from analytics' usage per service.
+    let admin = suite.token("ops", true);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let usage: Value = suite.usage(&admin).await;
+        let rows = usage["rows"].as_array().cloned().unwrap_or_default();
+        let cost = |service: &str, model: &str| {
+            rows.iter()
+                .find(|r| r["service"] == service && r["model"] == model)
+                .map(|r| (as_u64(&r["cost_micros"]), as_u64(&r["unpriced_calls"])))
+        };
+        if let (Some(vision), Some(answer)) = (
+            cost("vision", "gpt-4o-mini"),
+            cost("answer", "openai/gpt-4o-mini"),
+        ) {
+            assert_eq!(vision, (litellm_micros(false) as u64, 0), "{usage:#}");
+            assert_eq!(answer, (litellm_micros(true) as u64, 0), "{usage:#}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the priced calls never reached analytics: {usage:#}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -10,7 +10,9 @@ use bytes::Bytes;
 use crate::{batch::Batch, store::CallRow};
 
 const MAGIC: &[u8; 8] = b"ECOSPOOL";
-const VERSION: u32 = 1;
+/// 2 adds each row's cached input tokens, images, cost and price version after its times; a
+/// file of version 1 (spooled by an earlier release) is still read, its rows unpriced.
+const VERSION: u32 = 2;
 
 pub(super) fn len_u64(n: usize) -> u64 {
     u64::try_from(n).expect("lengths fit in u64")
@@ -84,6 +86,12 @@ pub(super) fn encode_meta(key: &str, rows: &[CallRow]) -> Vec<u8> {
         put_str(&mut out, &r.trace_id);
         put_i64(&mut out, r.started_at_us);
         put_i64(&mut out, r.recorded_at_us);
+        put_i64(&mut out, r.cached_input_tokens);
+        put_i64(&mut out, r.images);
+        // Unknown is a flag, never a zero.
+        out.push(u8::from(r.cost_micros.is_some()));
+        put_i64(&mut out, r.cost_micros.unwrap_or(0));
+        put_str(&mut out, &r.price_version);
     }
     out
 }
@@ -99,7 +107,10 @@ pub(super) fn decode(file: Bytes) -> anyhow::Result<Batch> {
     let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
     let mut r = Reader { buf: body, pos: 0 };
     let version = r.u32()?;
-    ensure!(version == VERSION, "unknown spool format version {version}");
+    ensure!(
+        (1..=VERSION).contains(&version),
+        "unknown spool format version {version}"
+    );
     let meta_len = r.len()?;
     let meta = r.take(meta_len)?;
     let object_len = r.len()?;
@@ -136,7 +147,20 @@ pub(super) fn decode(file: Bytes) -> anyhow::Result<Batch> {
             trace_id: m.str()?,
             started_at_us: m.i64()?,
             recorded_at_us: m.i64()?,
+            cached_input_tokens: 0,
+            images: 0,
+            cost_micros: None,
+            price_version: String::new(),
         });
+        if version >= 2 {
+            let row = rows.last_mut().expect("just pushed");
+            row.cached_input_tokens = m.i64()?;
+            row.images = m.i64()?;
+            let known = m.u8()? != 0;
+            let cost = m.i64()?;
+            row.cost_micros = known.then_some(cost);
+            row.price_version = m.str()?;
+        }
     }
     ensure!(m.pos == meta.len(), "unexpected bytes after the rows");
     Ok(Batch {
@@ -165,6 +189,10 @@ impl<'a> Reader<'a> {
 
     fn array<const N: usize>(&mut self) -> anyhow::Result<[u8; N]> {
         Ok(self.take(N)?.try_into().expect("took N bytes"))
+    }
+
+    fn u8(&mut self) -> anyhow::Result<u8> {
+        Ok(self.take(1)?[0])
     }
 
     fn u32(&mut self) -> anyhow::Result<u32> {

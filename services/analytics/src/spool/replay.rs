@@ -171,6 +171,7 @@ async fn replay(
                     stored_by_these_batches(&*store, &group, &inserted, options.store_timeout)
                         .await;
                 metrics.replayed(recorded);
+                metrics.priced(group.iter().flat_map(|(_, b)| &b.rows), &inserted);
                 spool.metrics.replayed.inc_by(len_u64(group.len()));
                 for (seq, _) in &group {
                     spool.remove(*seq).await;

@@ -31,6 +31,10 @@ fn row(id: &str) -> CallRow {
         trace_id: String::new(),
         started_at_us: i64::MIN,
         recorded_at_us: i64::MAX,
+        cached_input_tokens: 3,
+        images: 1,
+        cost_micros: Some(0),
+        price_version: "mock".into(),
     }
 }
 
@@ -52,6 +56,75 @@ fn file(batch: &Batch) -> Vec<u8> {
         )
     );
     bytes
+}
+
+#[test]
+fn an_unknown_cost_stays_unknown_and_a_version_1_file_is_still_read() {
+    // Unknown is not zero, through the spool too.
+    let unpriced = CallRow {
+        cost_micros: None,
+        price_version: String::new(),
+        ..row("u")
+    };
+    let batch = Batch {
+        key: "k.bin".into(),
+        object: Bytes::new(),
+        rows: vec![unpriced.clone(), row("z")],
+    };
+    let back = decode(Bytes::from(file(&batch))).unwrap();
+    assert_eq!(back.rows, batch.rows);
+    assert_eq!(back.rows[0].cost_micros, None);
+    assert_eq!(back.rows[1].cost_micros, Some(0));
+
+    // A file an earlier release spooled (version 1: no cached tokens, images or cost).
+    let r = row("old");
+    let mut meta = Vec::new();
+    let s = |out: &mut Vec<u8>, v: &str| {
+        out.extend_from_slice(&u32::try_from(v.len()).unwrap().to_le_bytes());
+        out.extend_from_slice(v.as_bytes());
+    };
+    s(&mut meta, "k.bin");
+    meta.extend_from_slice(&1u32.to_le_bytes());
+    for v in [&r.call_id, &r.service, &r.provider, &r.model, &r.operation] {
+        s(&mut meta, v);
+    }
+    for v in [r.input_tokens, r.output_tokens] {
+        meta.extend_from_slice(&v.to_le_bytes());
+    }
+    meta.extend_from_slice(&r.latency_ms.to_le_bytes());
+    meta.extend_from_slice(&r.ttft_ms.to_le_bytes());
+    meta.extend_from_slice(&r.status.to_le_bytes());
+    s(&mut meta, &r.error);
+    s(&mut meta, &r.body_key);
+    for v in [r.body_offset, r.request_len, r.response_len] {
+        meta.extend_from_slice(&v.to_le_bytes());
+    }
+    s(&mut meta, &r.job_id);
+    s(&mut meta, &r.trace_id);
+    for v in [r.started_at_us, r.recorded_at_us] {
+        meta.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut body = Vec::new();
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&len_u64(meta.len()).to_le_bytes());
+    body.extend_from_slice(&meta);
+    body.extend_from_slice(&0u64.to_le_bytes());
+    let mut crc = Crc::new();
+    crc.update(&body);
+    let mut v1 = b"ECOSPOOL".to_vec();
+    v1.extend_from_slice(&body);
+    v1.extend_from_slice(&crc.finish().to_le_bytes());
+    let back = decode(Bytes::from(v1)).unwrap();
+    assert_eq!(
+        back.rows,
+        [CallRow {
+            cached_input_tokens: 0,
+            images: 0,
+            cost_micros: None,
+            price_version: String::new(),
+            ..r
+        }]
+    );
 }
 
 #[test]

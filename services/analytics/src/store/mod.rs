@@ -55,6 +55,14 @@ pub struct CallRow {
     pub trace_id: String,
     pub started_at_us: i64,
     pub recorded_at_us: i64,
+    /// Of `input_tokens`, those read from the provider's prompt cache.
+    pub cached_input_tokens: i64,
+    /// Images sent with the call.
+    pub images: i64,
+    /// What it cost in micro-units; `None` when no price was known (never read as zero).
+    pub cost_micros: Option<i64>,
+    /// The price version of `cost_micros`; empty when unknown.
+    pub price_version: String,
 }
 
 /// The columns a usage aggregate needs, one per call in the window.
@@ -66,6 +74,7 @@ pub struct UsageSample {
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub latency_ms: f64,
+    pub cost_micros: Option<i64>,
 }
 
 /// Rows of LLM calls.

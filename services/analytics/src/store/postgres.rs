@@ -36,7 +36,7 @@ impl SqlCallStore<Postgres> {
     }
 }
 
-/// The batch as one array per column: the whole batch binds 19 parameters, whatever its size, so
+/// The batch as one array per column: the whole batch binds 23 parameters, whatever its size, so
 /// one statement carries it and PostgreSQL plans it once.
 #[derive(Default)]
 struct Columns {
@@ -59,6 +59,10 @@ struct Columns {
     trace_id: Vec<String>,
     started_at_us: Vec<i64>,
     recorded_at_us: Vec<i64>,
+    cached_input_tokens: Vec<i64>,
+    images: Vec<i64>,
+    cost_micros: Vec<Option<i64>>,
+    price_version: Vec<String>,
 }
 
 impl Columns {
@@ -84,6 +88,10 @@ impl Columns {
             c.trace_id.push(r.trace_id.clone());
             c.started_at_us.push(r.started_at_us);
             c.recorded_at_us.push(r.recorded_at_us);
+            c.cached_input_tokens.push(r.cached_input_tokens);
+            c.images.push(r.images);
+            c.cost_micros.push(r.cost_micros);
+            c.price_version.push(r.price_version.clone());
         }
         c
     }
@@ -106,11 +114,12 @@ impl CallSql for Postgres {
             "INSERT INTO llm_calls (call_id, service, provider, model, operation, \
              input_tokens, output_tokens, latency_ms, ttft_ms, status, error, body_key, \
              body_offset, request_len, response_len, job_id, trace_id, started_at_us, \
-             recorded_at_us) \
+             recorded_at_us, cached_input_tokens, images, cost_micros, price_version) \
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
              $6::bigint[], $7::bigint[], $8::float8[], $9::float8[], $10::int4[], $11::text[], \
              $12::text[], $13::bigint[], $14::bigint[], $15::bigint[], $16::text[], $17::text[], \
-             $18::bigint[], $19::bigint[]) ORDER BY 1 \
+             $18::bigint[], $19::bigint[], $20::bigint[], $21::bigint[], $22::bigint[], \
+             $23::text[]) ORDER BY 1 \
              ON CONFLICT (call_id) DO NOTHING RETURNING call_id",
         )
         .bind(c.call_id)
@@ -132,6 +141,10 @@ impl CallSql for Postgres {
         .bind(c.trace_id)
         .bind(c.started_at_us)
         .bind(c.recorded_at_us)
+        .bind(c.cached_input_tokens)
+        .bind(c.images)
+        .bind(c.cost_micros)
+        .bind(c.price_version)
         .fetch_all(pool)
         .await?;
         for id in ids {

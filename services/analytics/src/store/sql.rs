@@ -30,6 +30,7 @@ where
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
 {
@@ -53,6 +54,10 @@ where
         trace_id: r.try_get("trace_id")?,
         started_at_us: r.try_get("started_at_us")?,
         recorded_at_us: r.try_get("recorded_at_us")?,
+        cached_input_tokens: r.try_get("cached_input_tokens")?,
+        images: r.try_get("images")?,
+        cost_micros: r.try_get("cost_micros")?,
+        price_version: r.try_get("price_version")?,
     })
 }
 
@@ -65,6 +70,7 @@ where
     for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
     for<'r> i32: Decode<'r, DB> + Type<DB>,
     for<'r> f64: Decode<'r, DB> + Type<DB>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
@@ -98,7 +104,7 @@ where
         until_us: i64,
     ) -> Result<Vec<UsageSample>, StoreError> {
         let rows = sqlx::query(DB::sql(
-            "SELECT service, model, status, input_tokens, output_tokens, latency_ms \
+            "SELECT service, model, status, input_tokens, output_tokens, latency_ms, cost_micros \
              FROM llm_calls WHERE started_at_us >= $1 AND started_at_us < $2",
         ))
         .bind(since_us)
@@ -115,6 +121,7 @@ where
                     input_tokens: r.try_get("input_tokens")?,
                     output_tokens: r.try_get("output_tokens")?,
                     latency_ms: r.try_get("latency_ms")?,
+                    cost_micros: r.try_get("cost_micros")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()?;

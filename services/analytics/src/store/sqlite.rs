@@ -7,7 +7,7 @@ use sqlx::{QueryBuilder, Row, Sqlite};
 use super::{CallRow, CallSql, SqlCallStore, StoreError};
 
 /// Columns bound per row; SQLite allows 32,766 bound parameters per statement.
-const COLUMNS: usize = 19;
+const COLUMNS: usize = 23;
 
 /// Most rows one multi-row INSERT can carry within SQLite's bound-parameter limit.
 pub const MAX_ROWS_PER_STATEMENT: usize = 32_766 / COLUMNS;
@@ -21,8 +21,39 @@ impl SqlCallStore<Sqlite> {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let pool =
             ecoscan_sql::open_sqlite(url, include_str!("../../migrations/0001_init.sql")).await?;
+        add_missing_columns(&pool).await?;
         Ok(Self::new(pool))
     }
+}
+
+/// Columns added since the first layout, for a database an earlier version made (the schema's
+/// `CREATE TABLE IF NOT EXISTS` leaves an existing table as it is). Its rows keep their values:
+/// no cached tokens, no images, cost unknown.
+const ADDED_COLUMNS: [(&str, &str); 4] = [
+    ("cached_input_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("images", "INTEGER NOT NULL DEFAULT 0"),
+    ("cost_micros", "INTEGER"),
+    ("price_version", "TEXT NOT NULL DEFAULT ''"),
+];
+
+async fn add_missing_columns(pool: &sqlx::SqlitePool) -> Result<(), StoreError> {
+    let columns: Vec<String> = sqlx::query("SELECT name FROM pragma_table_info('llm_calls')")
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<String, _>(0))
+        .collect::<Result<_, _>>()?;
+    for (name, ddl) in ADDED_COLUMNS {
+        if !columns.iter().any(|c| c == name) {
+            // Names and types are constants, not input.
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "ALTER TABLE llm_calls ADD COLUMN {name} {ddl}"
+            )))
+            .execute(pool)
+            .await?;
+        }
+    }
+    Ok(())
 }
 
 impl CallSql for Sqlite {
@@ -39,7 +70,7 @@ impl CallSql for Sqlite {
                 "INSERT INTO llm_calls (call_id, service, provider, model, operation, \
                  input_tokens, output_tokens, latency_ms, ttft_ms, status, error, body_key, \
                  body_offset, request_len, response_len, job_id, trace_id, started_at_us, \
-                 recorded_at_us) ",
+                 recorded_at_us, cached_input_tokens, images, cost_micros, price_version) ",
             );
             q.push_values(chunk, |mut b, r| {
                 b.push_bind(r.call_id.clone())
@@ -60,7 +91,11 @@ impl CallSql for Sqlite {
                     .push_bind(r.job_id.clone())
                     .push_bind(r.trace_id.clone())
                     .push_bind(r.started_at_us)
-                    .push_bind(r.recorded_at_us);
+                    .push_bind(r.recorded_at_us)
+                    .push_bind(r.cached_input_tokens)
+                    .push_bind(r.images)
+                    .push_bind(r.cost_micros)
+                    .push_bind(r.price_version.clone());
             });
             // RETURNING lists only the rows actually inserted, so duplicates are told apart
             // without a second query.
@@ -102,6 +137,10 @@ mod tests {
             trace_id: String::new(),
             started_at_us: 10,
             recorded_at_us: 11,
+            cached_input_tokens: 0,
+            images: 0,
+            cost_micros: Some(42),
+            price_version: "always/abc".into(),
         }
     }
 

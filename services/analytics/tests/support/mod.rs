@@ -27,6 +27,16 @@ pub fn llm_call(i: usize, request_body: String, response_body: String) -> LlmCal
         job_id: format!("job-{i}"),
         trace_id: String::new(),
         started_at: Some(now_in_whole_micros()),
+        ..LlmCall::default()
+    }
+}
+
+/// `call` as analytics stores it: the mock's calls are priced at zero.
+pub fn as_recorded(call: &LlmCall) -> LlmCall {
+    LlmCall {
+        cost_micros: Some(0),
+        price_version: "mock".into(),
+        ..call.clone()
     }
 }
 
