@@ -18,6 +18,8 @@
 //! | `GET /api/v1/notifications/stream` | `NotificationService.Subscribe` → SSE |
 //! | `POST /api/v1/notifications` | `NotificationService.Schedule` → 201 |
 //! | `GET /api/v1/analytics/usage?since=&until=` | `AnalyticsService.Usage` |
+//! | `POST /api/v1/uploads` | `ScanService.CreateUpload` → 201 (where to `PUT` the photo) |
+//! | `PUT /api/v1/uploads/{id}?token=` (embedded store) | `ScanService.PutUpload` → 204 |
 //! | `POST /api/v1/sse-tickets` | none (a ticket for one event stream and its reconnects) |
 //! | `GET /healthz` | none |
 //! | `GET /api/v1/openapi.json` | none (the OpenAPI 3.1 document of all of these) |
@@ -69,7 +71,7 @@ use axum::{
     error_handling::HandleErrorLayer,
     extract::{DefaultBodyLimit, MatchedPath, Request},
     http::Response,
-    routing::{MethodRouter, get, post},
+    routing::{MethodRouter, get, post, put},
 };
 use ecoscan_common::{
     CancellationToken,
@@ -260,6 +262,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/notifications"),
     ("GET", "/api/v1/notifications/stream"),
     ("GET", "/api/v1/analytics/usage"),
+    ("POST", "/api/v1/uploads"),
+    ("PUT", "/api/v1/uploads/{id}"),
     ("POST", "/api/v1/sse-tickets"),
     ("GET", "/healthz"),
     ("GET", "/api/v1/openapi.json"),
@@ -373,6 +377,8 @@ fn router_with(
             "/api/v1/analytics/usage",
             get(routes::account::usage),
         ),
+        ("POST", "/api/v1/uploads", post(routes::uploads::create)),
+        ("PUT", "/api/v1/uploads/{id}", put(routes::uploads::put)),
         (
             "POST",
             "/api/v1/sse-tickets",
@@ -472,7 +478,8 @@ fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer
     Ok(Some(
         tower_http::cors::CorsLayer::new()
             .allow_origin(origins)
-            .allow_methods([Method::GET, Method::POST])
+            // PUT: a browser sends a photo to the gateway's upload URL (embedded store).
+            .allow_methods([Method::GET, Method::POST, Method::PUT])
             .allow_headers([
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,

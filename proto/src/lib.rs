@@ -80,6 +80,7 @@ impl From<v1::ScanRequest> for v1::SubmitRequest {
             hint: r.hint,
             idempotency_key: r.idempotency_key,
             locale: r.locale,
+            upload_id: r.upload_id,
         }
     }
 }
@@ -93,6 +94,7 @@ impl From<v1::SubmitRequest> for v1::ScanRequest {
             hint: r.hint,
             idempotency_key: r.idempotency_key,
             locale: r.locale,
+            upload_id: r.upload_id,
         }
     }
 }

@@ -44,6 +44,7 @@ async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest,
         image_bytes = input.image.len(),
         content_type = %input.content_type,
         by_url = !input.image_url.is_empty(),
+        upload.id = %input.upload_id,
         "scan accepted at the edge"
     );
     Ok(SubmitRequest {
@@ -54,6 +55,7 @@ async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest,
         hint: input.hint,
         idempotency_key,
         locale: input.locale,
+        upload_id: input.upload_id,
     })
 }
 

@@ -137,6 +137,7 @@ impl Default for HubConfig {
 /// | `INGEST_SWEEP_GRACE` | age below which a job is never swept (it may be between insert and enqueue) [60s] |
 /// | `INGEST_DEAD_LETTER_RETRY` | which dead letters are requeued on their own: `off`, or `<kind>:<times>x<backoff>,…` with kinds `attempts` (started too often without finishing) and `store` (a record that cannot be read); the backoff doubles each try [`attempts:3x5m`] |
 /// | `INGEST_DEAD_LETTER_INTERVAL` | how often the schedule looks for dead letters due a retry [30s] |
+/// | `INGEST_UPLOAD_TTL` | how long a direct upload's URL works and the upload may be submitted; one never submitted is then deleted, its object too, at the next sweep (`INGEST_SWEEP_INTERVAL`) [10m] |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub vision_url: String,
@@ -187,6 +188,8 @@ pub struct Config {
     /// Which dead letters the schedule requeues, how often and after how long.
     pub dead_letter_retry: crate::retry_policy::RetryPolicy,
     pub dead_letter_interval: Duration,
+    /// Life of a direct upload: its URL's expiry, and after it the sweep deletes it.
+    pub upload_ttl: Duration,
 }
 
 impl Default for Config {
@@ -225,6 +228,7 @@ impl Default for Config {
             sweep_grace: Duration::from_secs(60),
             dead_letter_retry: crate::retry_policy::RetryPolicy::default_schedule(),
             dead_letter_interval: Duration::from_secs(30),
+            upload_ttl: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -330,6 +334,12 @@ impl Config {
         }
         self.dead_letter_interval =
             env_duration("INGEST_DEAD_LETTER_INTERVAL", self.dead_letter_interval)?;
+        self.upload_ttl = env_duration("INGEST_UPLOAD_TTL", self.upload_ttl)?;
+        // S3 refuses a presigned URL that lives over 7 days; a zero one would never work.
+        anyhow::ensure!(
+            !self.upload_ttl.is_zero() && self.upload_ttl <= Duration::from_secs(7 * 24 * 3600),
+            "INGEST_UPLOAD_TTL must be above 0 and at most 7 days (S3's longest presigned URL)"
+        );
         Ok(self)
     }
 
