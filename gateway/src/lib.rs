@@ -446,7 +446,9 @@ fn router_with(
     ))
     // Browsers on the configured origins may call the API (preflights answered here, before
     // authentication); with no origins configured no CORS header is ever sent.
-    .layer(tower::util::option_layer(cors(&config.cors_origins)?))
+    .layer(tower::util::option_layer(headers::cors(
+        &config.cors_origins,
+    )?))
     // Outermost but for the span: every answer, refusals and preflights included.
     .layer(axum::middleware::from_fn(headers::security_headers))
     .layer(
@@ -463,36 +465,6 @@ fn router_with(
             ),
     );
     Ok((app, admin))
-}
-
-/// CORS for the origins in `GATEWAY_CORS_ORIGINS`, or none.
-fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer>> {
-    use axum::http::{HeaderName, HeaderValue, Method, header};
-    if origins.is_empty() {
-        return Ok(None);
-    }
-    let origins = origins
-        .iter()
-        .map(|o| HeaderValue::from_str(o).with_context(|| format!("bad CORS origin {o:?}")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(Some(
-        tower_http::cors::CorsLayer::new()
-            .allow_origin(origins)
-            // PUT: a browser sends a photo to the gateway's upload URL (embedded store).
-            .allow_methods([Method::GET, Method::POST, Method::PUT])
-            .allow_headers([
-                header::AUTHORIZATION,
-                header::CONTENT_TYPE,
-                HeaderName::from_static("last-event-id"),
-                HeaderName::from_static("idempotency-key"),
-                HeaderName::from_static("traceparent"),
-            ])
-            .expose_headers([header::LOCATION, header::RETRY_AFTER])
-            // The SSE routes may carry the token in a cookie (`withCredentials`); origins are an
-            // explicit list, never `*`, so this is allowed.
-            .allow_credentials(true)
-            .max_age(std::time::Duration::from_secs(600)),
-    ))
 }
 
 /// Serves the gateway on `listener` until `shutdown` is cancelled, then ends open SSE streams
