@@ -124,6 +124,7 @@ pub(crate) struct ScanPending {
         (status = 202, description = "Accepted; follow `events_url`, or poll `result_url`.",
             body = ScanAccepted,
             headers(("Location" = String, description = "The job's result URL."))),
+        (status = 404, response = NotFound),
         CommonErrors,
         BodyErrors,
     ),
@@ -196,6 +197,7 @@ pub(crate) struct IdempotencyKey {
     ),
     responses(
         (status = 200, response = ScanEvents),
+        (status = 404, response = NotFound),
         CommonErrors,
         BodyErrors,
     ),

@@ -184,11 +184,9 @@ impl Inner {
             ));
         } else if !req.upload_id.is_empty() {
             let photo = self.uploads.photo(&user_id, &req.upload_id).await?;
-            // Checked against the declared type already.
-            let found = image::sniff(&photo.bytes).unwrap_or("application/octet-stream");
             // Claimed before anything is written: of two submits of one upload, one goes on.
             self.uploads.claim(&photo.upload, &job_id).await?;
-            (photo.bytes, found, Some(photo.upload))
+            (photo.bytes, photo.content_type, Some(photo.upload))
         } else {
             let bytes: Bytes = if req.image.is_empty() {
                 self.fetcher.fetch(&req.image_url).await?

@@ -69,6 +69,8 @@ pub(crate) struct Uploads {
 pub(crate) struct Photo {
     pub upload: Upload,
     pub bytes: Bytes,
+    /// What the bytes are (sniffed): the declared type.
+    pub content_type: &'static str,
 }
 
 impl Uploads {
@@ -235,17 +237,23 @@ impl Uploads {
             .get(&upload.object_key)
             .await?
             .ok_or_else(|| Error::UploadEmpty(upload.id.clone()))?;
-        if let Err(e) = crate::image::validate(&bytes, &upload.content_type, self.max_bytes) {
-            self.metrics.upload("refused");
-            return Err(match e {
-                Error::InvalidArgument { message, .. } => Error::invalid(
-                    "upload_id",
-                    format!("the uploaded photo was refused: {message}"),
-                ),
-                other => other,
-            });
+        match crate::image::validate(&bytes, &upload.content_type, self.max_bytes) {
+            Ok(content_type) => Ok(Photo {
+                upload,
+                bytes,
+                content_type,
+            }),
+            Err(e) => {
+                self.metrics.upload("refused");
+                Err(match e {
+                    Error::InvalidArgument { message, .. } => Error::invalid(
+                        "upload_id",
+                        format!("the uploaded photo was refused: {message}"),
+                    ),
+                    other => other,
+                })
+            }
         }
-        Ok(Photo { upload, bytes })
     }
 
     /// Marks the upload submitted as `job_id`, once.
