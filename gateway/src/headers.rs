@@ -8,7 +8,10 @@
 //! - `Cache-Control: no-store`, unless the route chose its own: answers are per user and carry
 //!   tokens and tickets, so no shared cache keeps them. A route that wants an answer cached
 //!   (a finished result with an `ETag`, say) sets `Cache-Control` itself and it is kept.
+//!
+//! And the CORS headers, for the configured origins only ([`cors`]).
 
+use anyhow::Context as _;
 use axum::{
     extract::Request,
     http::{HeaderName, HeaderValue, header},
@@ -36,4 +39,34 @@ pub(crate) async fn security_headers(req: Request, next: Next) -> Response {
         .entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
     res
+}
+
+/// CORS for the origins in `GATEWAY_CORS_ORIGINS`, or none.
+pub(crate) fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer>> {
+    use axum::http::Method;
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let origins = origins
+        .iter()
+        .map(|o| HeaderValue::from_str(o).with_context(|| format!("bad CORS origin {o:?}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(
+        tower_http::cors::CorsLayer::new()
+            .allow_origin(origins)
+            // PUT: a browser sends a photo to the gateway's upload URL (embedded store).
+            .allow_methods([Method::GET, Method::POST, Method::PUT])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                HeaderName::from_static("last-event-id"),
+                HeaderName::from_static("idempotency-key"),
+                HeaderName::from_static("traceparent"),
+            ])
+            .expose_headers([header::LOCATION, header::RETRY_AFTER])
+            // The SSE routes may carry the token in a cookie (`withCredentials`); origins are an
+            // explicit list, never `*`, so this is allowed.
+            .allow_credentials(true)
+            .max_age(std::time::Duration::from_secs(600)),
+    ))
 }

@@ -89,6 +89,23 @@ pub struct ScanInput {
     /// The model the caller chose; empty for the deployment's. Ingest holds it to the offered
     /// ones.
     pub model: String,
+    /// A direct upload (`POST /api/v1/uploads`) holding the photo, instead of the photo.
+    pub upload_id: String,
+}
+
+/// An upload id must be a UUID, as a job id.
+fn upload_id(raw: &str) -> Result<String, ApiError> {
+    uuid::Uuid::parse_str(raw.trim())
+        .map(|u| u.hyphenated().to_string())
+        .map_err(|_| {
+            ApiError::invalid_field(
+                "upload_id",
+                format!(
+                    "upload_id {raw:?} is not a uuid; use the upload_id POST /api/v1/uploads \
+                     returned"
+                ),
+            )
+        })
 }
 
 /// The JSON form of a scan.
@@ -97,6 +114,7 @@ pub struct ScanInput {
 struct ScanJson {
     image_url: Option<String>,
     image_base64: Option<String>,
+    upload_id: Option<String>,
     #[serde(default)]
     hint: String,
     #[serde(default)]
@@ -168,15 +186,28 @@ impl ScanInput {
                 "hint" => input.hint = text_field("hint", field).await?,
                 "locale" => input.locale = text_field("locale", field).await?,
                 "model" => input.model = text_field("model", field).await?,
+                "upload_id" => input.upload_id = upload_id(&text_field("upload_id", field).await?)?,
                 // Unknown form fields are ignored, as HTML forms often add their own.
                 _ => {}
             }
         }
-        if !saw_image {
-            return Err(ApiError::invalid_field(
-                "image",
-                "missing the `image` field; send the photo as a file in `image`",
-            ));
+        match (saw_image, input.upload_id.is_empty()) {
+            (false, true) => {
+                return Err(ApiError::invalid_field(
+                    "image",
+                    "missing the `image` field; send the photo as a file in `image`, or name a \
+                     direct upload in `upload_id`",
+                ));
+            }
+            (true, false) => {
+                return Err(ApiError::invalid_fields(
+                    &["image", "upload_id"],
+                    "send the photo in `image` or name a direct upload in `upload_id`, not both",
+                ));
+            }
+            // The upload's photo is checked by ingest, which holds it.
+            (false, false) => return Ok(input),
+            (true, true) => {}
         }
         let found = check_image(&input.image, max)?;
         if let Some(declared) = &declared {
@@ -196,9 +227,11 @@ impl ScanInput {
             model: json.model,
             ..Self::default()
         };
-        match (json.image_url, json.image_base64) {
-            (Some(url), None) => input.image_url = check_image_url(url)?,
-            (None, Some(b64)) => {
+        match (json.image_url, json.image_base64, json.upload_id) {
+            (Some(url), None, None) => input.image_url = check_image_url(url)?,
+            // The upload's photo is checked by ingest, which holds it.
+            (None, None, Some(id)) => input.upload_id = upload_id(&id)?,
+            (None, Some(b64), None) => {
                 let b64 = strip_data_url(b64.trim());
                 // Refuse before decoding: base64 is 4/3 of the bytes it carries.
                 if b64.len() / 4 * 3 > max + 3 {
@@ -215,8 +248,8 @@ impl ScanInput {
             }
             _ => {
                 return Err(ApiError::invalid_fields(
-                    &["image_url", "image_base64"],
-                    "send exactly one of `image_url` and `image_base64`",
+                    &["image_url", "image_base64", "upload_id"],
+                    "send exactly one of `image_url`, `image_base64` and `upload_id`",
                 ));
             }
         }
@@ -350,6 +383,27 @@ mod tests {
             ScanInput::from_json(bad_url, 100)
                 .unwrap_err()
                 .http_status(),
+            400
+        );
+    }
+
+    #[test]
+    fn json_scan_may_name_an_upload_instead_of_the_photo() {
+        let id = "7f8e2a9c-1d2b-4c3d-8e9f-0a1b2c3d4e5f";
+        let body = format!(r#"{{"upload_id":"{id}","hint":"bottle"}}"#);
+        let input = ScanInput::from_json(body.as_bytes(), 100).unwrap();
+        assert_eq!(input.upload_id, id);
+        assert!(input.image.is_empty() && input.image_url.is_empty());
+        let both = format!(r#"{{"upload_id":"{id}","image_url":"https://x.org/a.png"}}"#);
+        assert_eq!(
+            ScanInput::from_json(both.as_bytes(), 100)
+                .unwrap_err()
+                .http_status(),
+            400
+        );
+        let bad = br#"{"upload_id":"42"}"#;
+        assert_eq!(
+            ScanInput::from_json(bad, 100).unwrap_err().http_status(),
             400
         );
     }

@@ -18,6 +18,8 @@
 //! | `GET /api/v1/notifications/stream` | `NotificationService.Subscribe` → SSE |
 //! | `POST /api/v1/notifications` | `NotificationService.Schedule` → 201 |
 //! | `GET /api/v1/analytics/usage?since=&until=` | `AnalyticsService.Usage` |
+//! | `POST /api/v1/uploads` | `ScanService.CreateUpload` → 201 (where to `PUT` the photo) |
+//! | `PUT /api/v1/uploads/{id}?token=` (embedded store) | `ScanService.PutUpload` → 204 |
 //! | `POST /api/v1/sse-tickets` | none (a ticket for one event stream and its reconnects) |
 //! | `GET /healthz` | none |
 //! | `GET /api/v1/openapi.json` | none (the OpenAPI 3.1 document of all of these) |
@@ -69,7 +71,7 @@ use axum::{
     error_handling::HandleErrorLayer,
     extract::{DefaultBodyLimit, MatchedPath, Request},
     http::Response,
-    routing::{MethodRouter, get, post},
+    routing::{MethodRouter, get, post, put},
 };
 use ecoscan_common::{
     CancellationToken,
@@ -260,6 +262,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/notifications"),
     ("GET", "/api/v1/notifications/stream"),
     ("GET", "/api/v1/analytics/usage"),
+    ("POST", "/api/v1/uploads"),
+    ("PUT", "/api/v1/uploads/{id}"),
     ("POST", "/api/v1/sse-tickets"),
     ("GET", "/healthz"),
     ("GET", "/api/v1/openapi.json"),
@@ -373,6 +377,8 @@ fn router_with(
             "/api/v1/analytics/usage",
             get(routes::account::usage),
         ),
+        ("POST", "/api/v1/uploads", post(routes::uploads::create)),
+        ("PUT", "/api/v1/uploads/{id}", put(routes::uploads::put)),
         (
             "POST",
             "/api/v1/sse-tickets",
@@ -440,7 +446,9 @@ fn router_with(
     ))
     // Browsers on the configured origins may call the API (preflights answered here, before
     // authentication); with no origins configured no CORS header is ever sent.
-    .layer(tower::util::option_layer(cors(&config.cors_origins)?))
+    .layer(tower::util::option_layer(headers::cors(
+        &config.cors_origins,
+    )?))
     // Outermost but for the span: every answer, refusals and preflights included.
     .layer(axum::middleware::from_fn(headers::security_headers))
     .layer(
@@ -457,35 +465,6 @@ fn router_with(
             ),
     );
     Ok((app, admin))
-}
-
-/// CORS for the origins in `GATEWAY_CORS_ORIGINS`, or none.
-fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer>> {
-    use axum::http::{HeaderName, HeaderValue, Method, header};
-    if origins.is_empty() {
-        return Ok(None);
-    }
-    let origins = origins
-        .iter()
-        .map(|o| HeaderValue::from_str(o).with_context(|| format!("bad CORS origin {o:?}")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(Some(
-        tower_http::cors::CorsLayer::new()
-            .allow_origin(origins)
-            .allow_methods([Method::GET, Method::POST])
-            .allow_headers([
-                header::AUTHORIZATION,
-                header::CONTENT_TYPE,
-                HeaderName::from_static("last-event-id"),
-                HeaderName::from_static("idempotency-key"),
-                HeaderName::from_static("traceparent"),
-            ])
-            .expose_headers([header::LOCATION, header::RETRY_AFTER])
-            // The SSE routes may carry the token in a cookie (`withCredentials`); origins are an
-            // explicit list, never `*`, so this is allowed.
-            .allow_credentials(true)
-            .max_age(std::time::Duration::from_secs(600)),
-    ))
 }
 
 /// Serves the gateway on `listener` until `shutdown` is cancelled, then ends open SSE streams

@@ -257,7 +257,7 @@ async fn bad_scans_are_rejected_at_the_edge_and_never_reach_ingest() {
             )
             .await,
             StatusCode::BAD_REQUEST,
-            &["image_url", "image_base64"],
+            &["image_url", "image_base64", "upload_id"],
         ),
         (
             "unknown locale",
@@ -1320,5 +1320,181 @@ async fn a_bad_user_id_is_rejected_on_every_route() {
             .unwrap();
         let (status, body) = error_body(res).await;
         assert_eq!(status, 400, "{path}: {body}");
+    }
+}
+
+/// `POST /api/v1/uploads` as `user`, for a photo of `content_type` and `size` bytes.
+async fn create_upload(env: &Env, user: &str, content_type: &str, size: u64) -> Value {
+    let res = env
+        .http
+        .post(env.url("/api/v1/uploads"))
+        .header("x-user-id", user)
+        .json(&json!({"content_type": content_type, "size_bytes": size}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    res.json().await.unwrap()
+}
+
+/// A `PUT` of `body` to `url` with `content_type`, from a plain HTTP client that names no
+/// user, as an app hands the URL to whatever sends the bytes.
+async fn put_upload(env: &Env, url: &str, content_type: &str, body: Vec<u8>) -> reqwest::Response {
+    reqwest::Client::new()
+        .put(env.url(url))
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_upload_url_of_the_embedded_store_takes_the_declared_photo_for_its_owner() {
+    let env = start().await;
+    let up = create_upload(&env, "ann", "image/png", 100).await;
+    assert_eq!(up["upload_id"], NEW_UPLOAD);
+    assert_eq!(up["method"], "PUT");
+    assert_eq!(up["headers"]["Content-Type"], "image/png");
+    assert_eq!(up["headers"]["Content-Length"], "100");
+    assert!(
+        up["expires_at"].as_str().unwrap().starts_with("20"),
+        "RFC 3339: {up}"
+    );
+    let url = up["upload_url"].as_str().unwrap();
+    assert!(
+        url.starts_with(&format!("/api/v1/uploads/{NEW_UPLOAD}?token=")),
+        "the gateway's own URL: {url}"
+    );
+    assert_eq!(env.calls.user_of("create_upload").as_deref(), Some("ann"));
+
+    let res = put_upload(&env, url, "image/png", png(100)).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    // Passed to ingest as the upload's owner, whoever sent it.
+    assert_eq!(env.calls.user_of("put_upload").as_deref(), Some("ann"));
+    let put = env.calls.last_put_upload.lock().unwrap().take().unwrap();
+    assert_eq!(put.upload_id, NEW_UPLOAD);
+    assert_eq!(put.image, png(100));
+    assert_eq!(put.content_type, "image/png");
+}
+
+#[tokio::test]
+async fn an_upload_url_refuses_a_forged_expired_or_other_token_and_another_type_or_size() {
+    let env = start().await;
+    let up = create_upload(&env, "ann", "image/png", 100).await;
+    let url = up["upload_url"].as_str().unwrap().to_owned();
+    let upload_token = url.split_once("?token=").unwrap().1.to_owned();
+
+    // Forged: a token changed by one character; none at all; one of another upload.
+    let mut forged = upload_token.clone();
+    let last = forged.pop().unwrap();
+    forged.push(if last == 'A' { 'B' } else { 'A' });
+    let refused = [
+        format!("/api/v1/uploads/{NEW_UPLOAD}?token={forged}"),
+        format!("/api/v1/uploads/{NEW_UPLOAD}"),
+        format!("/api/v1/uploads/{DONE_JOB}?token={upload_token}"),
+    ];
+    for bad in &refused {
+        let res = put_upload(&env, bad, "image/png", png(100)).await;
+        let (status, body) = error_body(res).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{bad}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("POST /api/v1/uploads"),
+            "says how to get a new one: {body}"
+        );
+    }
+    // A bearer token is no upload credential.
+    let res = reqwest::Client::new()
+        .put(env.url(&format!("/api/v1/uploads/{NEW_UPLOAD}")))
+        .bearer_auth(token("ann", false))
+        .header("content-type", "image/png")
+        .body(png(100))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+
+    // Expired: the fake ingest answers an upload that expired already.
+    let old = create_upload(&env, "ann", "image/png", EXPIRED_UPLOAD_SIZE).await;
+    let res = put_upload(
+        &env,
+        old["upload_url"].as_str().unwrap(),
+        "image/png",
+        png(EXPIRED_UPLOAD_SIZE as usize),
+    )
+    .await;
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(
+        body["message"].as_str().unwrap().contains("expired"),
+        "{body}"
+    );
+
+    // Another type than signed, more bytes, fewer bytes.
+    let res = put_upload(&env, &url, "image/jpeg", png(100)).await;
+    let (status, body) = error_body(res).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(
+        body["message"].as_str().unwrap().contains("image/png"),
+        "{body}"
+    );
+    let res = put_upload(&env, &url, "image/png", png(101)).await;
+    assert_eq!(error_body(res).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    let res = put_upload(&env, &url, "image/png", png(99)).await;
+    assert_eq!(error_body(res).await.0, StatusCode::BAD_REQUEST);
+
+    assert!(
+        env.calls.last_put_upload.lock().unwrap().is_none(),
+        "nothing refused reached ingest"
+    );
+}
+
+#[tokio::test]
+async fn a_scan_may_name_an_upload_instead_of_the_photo() {
+    let env = start().await;
+    let res = post_json(
+        &env,
+        "/api/v1/scan",
+        json!({"upload_id": NEW_UPLOAD, "hint": "bottle"}),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let sent = env.calls.last_submit.lock().unwrap().take().unwrap();
+    assert_eq!(sent.upload_id, NEW_UPLOAD);
+    assert!(sent.image.is_empty() && sent.image_url.is_empty());
+
+    let res = post_multipart(
+        &env,
+        "/api/v1/scan",
+        &[("upload_id", None, NEW_UPLOAD.as_bytes())],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let sent = env.calls.last_submit.lock().unwrap().take().unwrap();
+    assert_eq!(sent.upload_id, NEW_UPLOAD);
+
+    for (what, res) in [
+        (
+            "both",
+            post_multipart(
+                &env,
+                "/api/v1/scan",
+                &[
+                    ("upload_id", None, NEW_UPLOAD.as_bytes()),
+                    ("image", Some("a.png"), &png(20)),
+                ],
+            )
+            .await,
+        ),
+        (
+            "not a uuid",
+            post_json(&env, "/api/v1/scan", json!({"upload_id": "42"})).await,
+        ),
+    ] {
+        let (status, body) = error_body(res).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {body}");
     }
 }

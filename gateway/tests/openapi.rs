@@ -22,6 +22,10 @@ const PUBLIC: [&str; 4] = [
     "/api/v1/scan/categories",
 ];
 
+/// The gateway's upload URL (embedded store): its token in `?token=` is its only credential, no
+/// bearer token (an app hands the URL to whatever sends the bytes, as a presigned S3 URL).
+const UPLOAD_URL: &str = "/api/v1/uploads/{id}";
+
 /// The SSE routes, which also take a ticket in `?ticket=` or the token in a cookie.
 const SSE: [&str; 2] = ["/api/v1/scan/{id}/events", "/api/v1/notifications/stream"];
 
@@ -148,6 +152,7 @@ async fn every_route_the_document_lists_is_served() {
         let req = match *method {
             "GET" => env.http.get(&url),
             "POST" => env.http.post(&url),
+            "PUT" => env.http.put(&url),
             other => panic!("no test request for {other}"),
         };
         let res = tokio::time::timeout(Duration::from_secs(5), req.send())
@@ -198,6 +203,13 @@ async fn the_bearer_scheme_is_documented_and_every_non_public_operation_takes_it
                 security.is_empty(),
                 "{method} {path} is public: {security:?}"
             );
+            continue;
+        }
+        if path == UPLOAD_URL {
+            let token = BTreeSet::from(["uploadToken".to_owned()]);
+            assert_eq!(security, vec![token], "{method} {path}: its token alone");
+            let unauthorized = &op["responses"]["401"]["$ref"];
+            assert_eq!(unauthorized, "#/components/responses/Unauthorized");
             continue;
         }
         let alone = BTreeSet::from(["bearerAuth".to_owned()]);

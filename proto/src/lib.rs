@@ -81,6 +81,7 @@ impl From<v1::ScanRequest> for v1::SubmitRequest {
             idempotency_key: r.idempotency_key,
             locale: r.locale,
             model: r.model,
+            upload_id: r.upload_id,
         }
     }
 }
@@ -95,6 +96,7 @@ impl From<v1::SubmitRequest> for v1::ScanRequest {
             idempotency_key: r.idempotency_key,
             locale: r.locale,
             model: r.model,
+            upload_id: r.upload_id,
         }
     }
 }

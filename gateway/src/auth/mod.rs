@@ -17,6 +17,7 @@
 pub mod header;
 mod jwks;
 pub(crate) mod tickets;
+pub(crate) mod uploads;
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
@@ -112,6 +113,7 @@ pub struct Authenticator {
     config: AuthConfig,
     jwks: Option<Arc<jwks::Jwks>>,
     tickets: tickets::Tickets,
+    uploads: uploads::UploadTokens,
 }
 
 impl Authenticator {
@@ -126,10 +128,12 @@ impl Authenticator {
             None => None,
         };
         let tickets = tickets::Tickets::new(config.ticket_secret.as_deref(), config.ticket_resume)?;
+        let uploads = uploads::UploadTokens::new(config.ticket_secret.as_deref())?;
         Ok(Self {
             config,
             jwks,
             tickets,
+            uploads,
         })
     }
 
@@ -219,6 +223,10 @@ impl Authenticator {
     /// The caller of a request: its bearer token; on the SSE routes a ticket or the token
     /// cookie; in header mode a header it may use; else nobody (401).
     pub async fn caller(&self, parts: &Parts) -> Result<Caller, AuthError> {
+        // The gateway's upload URL: its token is its one credential (see [`uploads`]).
+        if let Some(upload_id) = upload_route(parts) {
+            return self.upload_grant(parts, &upload_id).map(|g| g.caller);
+        }
         if let Some(token) = bearer(parts) {
             return self.verify(&token).await;
         }
@@ -234,6 +242,31 @@ impl Authenticator {
             }
         }
         header::identify(self.config.trust_header, parts)?.ok_or(AuthError::Missing)
+    }
+
+    /// What the `?token=` of a request to the upload URL of `upload_id` allows.
+    pub(crate) fn upload_grant(
+        &self,
+        parts: &Parts,
+        upload_id: &str,
+    ) -> Result<uploads::UploadGrant, AuthError> {
+        let token = query_param(parts, "token").ok_or_else(|| {
+            AuthError::Invalid(
+                "an upload URL carries its token in `?token=`; use the whole upload_url that \
+                 POST /api/v1/uploads returned"
+                    .into(),
+            )
+        })?;
+        self.uploads.check(&token, upload_id)
+    }
+
+    /// A token for the gateway's upload URL of `grant`, good until `expires_at`.
+    pub(crate) fn issue_upload_token(
+        &self,
+        grant: &uploads::UploadGrant,
+        expires_at: std::time::SystemTime,
+    ) -> Result<String, AuthError> {
+        self.uploads.issue(grant, expires_at)
     }
 
     /// An SSE ticket for `caller`, bound to `stream` when one is named.
@@ -289,6 +322,19 @@ fn is_sse_route(parts: &Parts) -> bool {
             "/api/v1/scan/{id}/events" | "/api/v1/notifications/stream"
         )
     })
+}
+
+/// The upload id of a request to the gateway's upload URL (`PUT /api/v1/uploads/{id}`).
+fn upload_route(parts: &Parts) -> Option<String> {
+    let matched = parts.extensions.get::<MatchedPath>()?;
+    if matched.as_str() != "/api/v1/uploads/{id}" || parts.method != axum::http::Method::PUT {
+        return None;
+    }
+    parts
+        .uri
+        .path()
+        .strip_prefix("/api/v1/uploads/")
+        .map(str::to_owned)
 }
 
 /// Whether a route answers without a caller: the page, the API's description, the probes,

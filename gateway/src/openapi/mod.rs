@@ -69,6 +69,8 @@ use crate::{
         routes::account::schedule,
         routes::account::notification_stream,
         routes::account::usage,
+        routes::uploads::create,
+        routes::uploads::put,
         auth::tickets::sse_ticket,
         routes::health::healthz,
         serve,

@@ -15,6 +15,8 @@ use crate::{auth::TOKEN_COOKIE, config::TrustHeader};
 const BEARER: &str = "bearerAuth";
 /// Security scheme: a ticket in `?ticket=` (SSE routes only).
 const QUERY_TICKET: &str = "sseTicket";
+/// Security scheme: the token of the gateway's upload URL (`PUT /api/v1/uploads/{id}` only).
+const UPLOAD_TOKEN: &str = "uploadToken";
 /// Security scheme: the token in the `ecoscan_token` cookie (SSE routes only).
 const COOKIE_TOKEN: &str = "tokenCookie";
 /// Security scheme: the trusted `X-User-Id` header (only where the gateway trusts it).
@@ -49,6 +51,15 @@ pub(super) fn add_schemes(components: &mut Components, header: TrustHeader) {
             "A ticket from `POST /api/v1/sse-tickets` (first use within 60 s, then good for \
              that stream's reconnects), for the SSE routes only (an `EventSource` cannot set \
              headers; a token never goes in a URL).",
+        ))),
+    );
+    components.add_security_scheme(
+        UPLOAD_TOKEN,
+        SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
+            "token",
+            "The token of an `upload_url` from `POST /api/v1/uploads` (embedded store), for \
+             `PUT /api/v1/uploads/{id}` only and its only credential: it names the upload, its \
+             owner and the declared type and size, and expires with the upload.",
         ))),
     );
     components.add_security_scheme(

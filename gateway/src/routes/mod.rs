@@ -4,6 +4,7 @@ pub(crate) mod account;
 pub(crate) mod catalogue;
 pub(crate) mod health;
 pub(crate) mod scan;
+pub(crate) mod uploads;
 
 use axum::{
     extract::State,

@@ -45,6 +45,7 @@ async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest,
         content_type = %input.content_type,
         by_url = !input.image_url.is_empty(),
         model = %input.model,
+        upload.id = %input.upload_id,
         "scan accepted at the edge"
     );
     Ok(SubmitRequest {
@@ -56,6 +57,7 @@ async fn submit_request(state: &AppState, req: Request) -> Result<SubmitRequest,
         idempotency_key,
         locale: input.locale,
         model: input.model,
+        upload_id: input.upload_id,
     })
 }
 
@@ -124,6 +126,7 @@ pub(crate) struct ScanPending {
         (status = 202, description = "Accepted; follow `events_url`, or poll `result_url`.",
             body = ScanAccepted,
             headers(("Location" = String, description = "The job's result URL."))),
+        (status = 404, response = NotFound),
         CommonErrors,
         BodyErrors,
     ),
@@ -196,6 +199,7 @@ pub(crate) struct IdempotencyKey {
     ),
     responses(
         (status = 200, response = ScanEvents),
+        (status = 404, response = NotFound),
         CommonErrors,
         BodyErrors,
     ),

@@ -67,7 +67,7 @@ error_responses! {
                                a token was refused (RFC 6750).")];
     Forbidden: "The caller may not do this: it needs the admin role, or the resource is another \
                 user's (`PERMISSION_DENIED`).";
-    NotFound: "No such resource, e.g. no job with this id for this caller (`NOT_FOUND`).";
+    NotFound: "No such resource, e.g. no job or direct upload with this id for this caller (`NOT_FOUND`).";
     RequestTimeout: "The request's body arrived too slowly: slower than the minimum rate over a \
                      5 s window, or not within the body deadline (`DEADLINE_EXCEEDED`).";
     PayloadTooLarge: "The body is larger than the gateway takes, or the image is larger than \

@@ -46,13 +46,14 @@ impl PartialSchema for ScanJson {
                          WebP.",
                     )),
             )
+            .property("upload_id", nullable_upload_id_schema())
             .property("hint", hint_schema())
             .property("locale", locale_schema())
             .property("model", model_schema())
             .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
             .description(Some(
-                "A scan as JSON: exactly one of `image_url` and `image_base64` (a `null` is the \
-                 same as absent).",
+                "A scan as JSON: exactly one of `image_url`, `image_base64` and `upload_id` (a \
+                 `null` is the same as absent).",
             ))
             .build();
         // A `null` is the same as absent, so "exactly one" counts the non-null values.
@@ -66,6 +67,11 @@ impl PartialSchema for ScanJson {
                 ObjectBuilder::new()
                     .property("image_base64", String::schema())
                     .required("image_base64"),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .property("upload_id", String::schema())
+                    .required("upload_id"),
             )
             .build();
         AllOfBuilder::new()
@@ -101,21 +107,46 @@ impl PartialSchema for ScanForm {
                     .content_media_type("application/octet-stream")
                     .description(Some(
                         "The photo, as a file: JPEG, PNG, GIF or WebP (its type is read from \
-                         its bytes). Exactly one.",
+                         its bytes). Exactly one, unless `upload_id` names the photo.",
                     )),
             )
-            .required("image")
+            .property("upload_id", upload_id_schema())
             .property("hint", hint_schema())
             .property("locale", locale_schema())
             .property("model", model_schema())
             .description(Some(
-                "A scan as a form: the photo in `image`; other fields are ignored.",
+                "A scan as a form: the photo in `image`, or a direct upload in `upload_id` (one \
+                 of the two); other fields are ignored.",
             ))
             .into()
     }
 }
 
 impl ToSchema for ScanForm {}
+
+/// What `upload_id` means, in both forms of a scan.
+const UPLOAD_ID: &str = "A direct upload holding the photo (`upload_id` of `POST /api/v1/uploads`, \
+                         its photo `PUT` to its `upload_url`): the caller's, not expired, not \
+                         submitted before. Ingest checks its photo (the declared size and type, \
+                         an image) before the scan is queued.";
+
+fn upload_id_schema() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::Custom("uuid".into())))
+        .description(Some(UPLOAD_ID))
+        .build()
+        .into()
+}
+
+fn nullable_upload_id_schema() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(nullable_string())
+        .format(Some(SchemaFormat::Custom("uuid".into())))
+        .description(Some(UPLOAD_ID))
+        .build()
+        .into()
+}
 
 fn hint_schema() -> Schema {
     ObjectBuilder::new()

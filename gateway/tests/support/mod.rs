@@ -18,12 +18,13 @@ use ecoscan_common::{
 };
 use ecoscan_gateway::Config;
 use ecoscan_proto::v1::{
-    CancelRequest, CancelResponse, Character, Classification, ErrorInfo, EvaluateRequest,
-    EvaluateResponse, EventStatus, GetCallRequest, GetCallResponse, GetResultRequest,
-    GetResultResponse, JobStatus, ListOwnedRequest, ListOwnedResponse, ListRequest, ListResponse,
-    Notification, NotifyRequest, NotifyResponse, OwnedCharacter, RecordRequest, RecordResponse,
-    RecordStreamRequest, RecordStreamResponse, RewardDecision, ScanEvent, ScanRequest,
-    ScanResponse, ScanResult, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest,
+    CancelRequest, CancelResponse, Character, Classification, CreateUploadRequest,
+    CreateUploadResponse, ErrorInfo, EvaluateRequest, EvaluateResponse, EventStatus,
+    GetCallRequest, GetCallResponse, GetResultRequest, GetResultResponse, JobStatus,
+    ListOwnedRequest, ListOwnedResponse, ListRequest, ListResponse, Notification, NotifyRequest,
+    NotifyResponse, OwnedCharacter, PutUploadRequest, PutUploadResponse, RecordRequest,
+    RecordResponse, RecordStreamRequest, RecordStreamResponse, RewardDecision, ScanEvent,
+    ScanRequest, ScanResponse, ScanResult, ScheduleRequest, ScheduleResponse, Stage, SubmitRequest,
     SubmitResponse, SubscribeRequest, SubscribeResponse, UsageRequest, UsageResponse, UsageRow,
     WatchRequest, WatchResponse,
     analytics_service_server::{AnalyticsService, AnalyticsServiceServer},
@@ -48,6 +49,11 @@ pub const SLOW_JOB: &str = "44444444-4444-4444-8444-444444444444";
 pub const NEW_JOB: &str = "55555555-5555-4555-8555-555555555555";
 /// A job the fake ingest does not know.
 pub const UNKNOWN_JOB: &str = "66666666-6666-4666-8666-666666666666";
+/// The id the fake ingest gives every new upload.
+pub const NEW_UPLOAD: &str = "88888888-8888-4888-8888-888888888888";
+/// A declared size for which the fake ingest answers an upload that has expired already.
+pub const EXPIRED_UPLOAD_SIZE: u64 = 13;
+
 /// A job whose watch ingest refuses because its Redis does not answer.
 pub const STORE_DOWN_JOB: &str = "77777777-7777-4777-8777-777777777777";
 
@@ -70,6 +76,7 @@ pub struct Calls {
     pub last_usage: Mutex<Option<UsageRequest>>,
     pub last_schedule: Mutex<Option<ScheduleRequest>>,
     pub last_list: Mutex<Option<ListRequest>>,
+    pub last_put_upload: Mutex<Option<PutUploadRequest>>,
 }
 
 impl Calls {
@@ -384,6 +391,40 @@ impl ScanService for FakeIngest {
             })
             .collect();
         Ok(Response::new(stream_of(items)))
+    }
+
+    async fn create_upload(
+        &self,
+        req: Request<CreateUploadRequest>,
+    ) -> Result<Response<CreateUploadResponse>, Status> {
+        self.calls.acting_user("create_upload", &req)?;
+        let msg = req.into_inner();
+        let now = std::time::SystemTime::now();
+        let expires_at = if msg.size_bytes == EXPIRED_UPLOAD_SIZE {
+            now - std::time::Duration::from_secs(5)
+        } else {
+            now + std::time::Duration::from_secs(600)
+        };
+        // As ingest with the embedded store: no presigned URL, the gateway makes its own.
+        Ok(Response::new(CreateUploadResponse {
+            upload_id: NEW_UPLOAD.into(),
+            upload_url: String::new(),
+            headers: HashMap::new(),
+            expires_at: Some(ecoscan_proto::timestamp(expires_at)),
+            content_type: msg.content_type,
+            size_bytes: msg.size_bytes,
+        }))
+    }
+
+    async fn put_upload(
+        &self,
+        req: Request<PutUploadRequest>,
+    ) -> Result<Response<PutUploadResponse>, Status> {
+        self.calls.acting_user("put_upload", &req)?;
+        *self.calls.last_put_upload.lock().unwrap() = Some(req.into_inner());
+        Ok(Response::new(PutUploadResponse {
+            expires_at: Some(ecoscan_proto::now()),
+        }))
     }
 
     async fn get_result(

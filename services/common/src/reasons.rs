@@ -30,11 +30,20 @@ pub enum Reason {
     /// UNAVAILABLE: a store the call needs (`store` in the metadata: `redis`, `postgres`) has
     /// stopped answering; refused at once, retry after the delay.
     StoreUnavailable,
+    /// FAILED_PRECONDITION: the direct upload named by a submit expired (`upload_id` in the
+    /// metadata): create a new one.
+    UploadExpired,
+    /// FAILED_PRECONDITION: the direct upload was submitted already (an upload is submitted
+    /// once).
+    UploadSubmitted,
+    /// FAILED_PRECONDITION: nothing was uploaded yet under the direct upload: PUT the photo to
+    /// its URL first.
+    UploadEmpty,
 }
 
 impl Reason {
     /// Every reason, for the docs and their test.
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 10] = [
         Reason::IdentityMissing,
         Reason::IdentityInvalid,
         Reason::IdentityRefused,
@@ -42,6 +51,9 @@ impl Reason {
         Reason::BacklogFull,
         Reason::FetchBusy,
         Reason::StoreUnavailable,
+        Reason::UploadExpired,
+        Reason::UploadSubmitted,
+        Reason::UploadEmpty,
     ];
 
     /// The reason as sent: UPPER_SNAKE.
@@ -54,6 +66,9 @@ impl Reason {
             Reason::BacklogFull => "BACKLOG_FULL",
             Reason::FetchBusy => "FETCH_BUSY",
             Reason::StoreUnavailable => "STORE_UNAVAILABLE",
+            Reason::UploadExpired => "UPLOAD_EXPIRED",
+            Reason::UploadSubmitted => "UPLOAD_SUBMITTED",
+            Reason::UploadEmpty => "UPLOAD_EMPTY",
         }
     }
 }
@@ -205,6 +220,15 @@ fn korean(reason: &str, code: Code, details: &ErrorDetails) -> String {
         }
         "STORE_UNAVAILABLE" => {
             "서비스의 저장소가 응답하지 않습니다. 잠시 후 다시 시도하세요.".to_owned()
+        }
+        "UPLOAD_EXPIRED" => {
+            "업로드 기한이 지났습니다. 업로드를 새로 만들어 사진을 다시 올리세요.".to_owned()
+        }
+        "UPLOAD_SUBMITTED" => {
+            "이 업로드는 이미 스캔으로 제출되었습니다. 새 사진은 새 업로드로 올리세요.".to_owned()
+        }
+        "UPLOAD_EMPTY" => {
+            "업로드에 아직 사진이 없습니다. 업로드 URL로 사진을 먼저 올리세요.".to_owned()
         }
         INVALID_FIELD => {
             format!("요청의 `{field}` 값이 올바르지 않습니다. 값을 고쳐 다시 보내세요.")

@@ -38,3 +38,20 @@ CREATE INDEX IF NOT EXISTS scan_jobs_unfinished
     ON scan_jobs (created_at_us) WHERE status IN (1, 2);
 
 CREATE INDEX IF NOT EXISTS scan_jobs_dead ON scan_jobs (dead_at_us) WHERE dead_at_us IS NOT NULL;
+
+-- Direct uploads (PostgreSQL migration 0006): a photo a client sends to the object store
+-- itself, reserved by CreateUpload and named by a later Submit; `job_id` once it was submitted
+-- (once). Rows past their expiry are swept, with the objects of those never submitted. A new
+-- table, so an older database gets it from this statement without an upgrade step.
+CREATE TABLE IF NOT EXISTS scan_uploads (
+    id            TEXT PRIMARY KEY,
+    user_id       TEXT NOT NULL,
+    object_key    TEXT NOT NULL,
+    content_type  TEXT NOT NULL,
+    size_bytes    INTEGER NOT NULL,
+    created_at_us INTEGER NOT NULL,
+    expires_at_us INTEGER NOT NULL,
+    job_id        TEXT
+);
+
+CREATE INDEX IF NOT EXISTS scan_uploads_expiry ON scan_uploads (expires_at_us);

@@ -138,6 +138,7 @@ impl Default for HubConfig {
 /// | `INGEST_DEAD_LETTER_RETRY` | which dead letters are requeued on their own: `off`, or `<kind>:<times>x<backoff>,…` with kinds `attempts` (started too often without finishing) and `store` (a record that cannot be read); the backoff doubles each try [`attempts:3x5m`] |
 /// | `INGEST_DEAD_LETTER_INTERVAL` | how often the schedule looks for dead letters due a retry [30s] |
 /// | `LLM_MODELS` | the models a scan may choose (`name[=vendor]`, comma-separated; the same list vision and answer read): `Submit` refuses any other [none: no choice] |
+/// | `INGEST_UPLOAD_TTL` | how long a direct upload's URL works and the upload may be submitted; one never submitted is then deleted, its object too, at the next sweep (`INGEST_SWEEP_INTERVAL`) [10m] |
 #[derive(Clone, Debug)]
 pub struct Config {
     pub vision_url: String,
@@ -190,6 +191,8 @@ pub struct Config {
     pub dead_letter_interval: Duration,
     /// The models a scan may name (`LLM_MODELS`); empty: none may be named.
     pub offered_models: ecoscan_common::models::OfferedModels,
+    /// Life of a direct upload: its URL's expiry, and after it the sweep deletes it.
+    pub upload_ttl: Duration,
 }
 
 impl Default for Config {
@@ -229,6 +232,7 @@ impl Default for Config {
             dead_letter_retry: crate::retry_policy::RetryPolicy::default_schedule(),
             offered_models: ecoscan_common::models::OfferedModels::default(),
             dead_letter_interval: Duration::from_secs(30),
+            upload_ttl: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -335,6 +339,12 @@ impl Config {
         self.dead_letter_interval =
             env_duration("INGEST_DEAD_LETTER_INTERVAL", self.dead_letter_interval)?;
         self.offered_models = ecoscan_common::models::OfferedModels::from_env()?;
+        self.upload_ttl = env_duration("INGEST_UPLOAD_TTL", self.upload_ttl)?;
+        // S3 refuses a presigned URL that lives over 7 days; a zero one would never work.
+        anyhow::ensure!(
+            !self.upload_ttl.is_zero() && self.upload_ttl <= Duration::from_secs(7 * 24 * 3600),
+            "INGEST_UPLOAD_TTL must be above 0 and at most 7 days (S3's longest presigned URL)"
+        );
         Ok(self)
     }
 

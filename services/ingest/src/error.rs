@@ -51,6 +51,25 @@ pub enum Error {
     NotAdmin,
     #[error("job {0} is not dead-lettered; only a dead-lettered job can be requeued")]
     NotDeadLettered(String),
+    /// No such direct upload, or another user's (whose existence is not the caller's to know),
+    /// or one the sweep deleted after it expired.
+    #[error(
+        "upload {0} not found: it is not yours, or it expired and was deleted; create a new one \
+         (CreateUpload, POST /api/v1/uploads)"
+    )]
+    UploadNotFound(String),
+    #[error(
+        "upload {0} expired; create a new one (CreateUpload, POST /api/v1/uploads) and upload \
+         the photo again"
+    )]
+    UploadExpired(String),
+    #[error(
+        "upload {0} was submitted already; an upload makes one scan (repeat the submit with its \
+         idempotency key to get the same job)"
+    )]
+    UploadSubmitted(String),
+    #[error("nothing was uploaded under upload {0} yet; PUT the photo to its upload_url first")]
+    UploadEmpty(String),
 }
 
 /// Failures of a storage backend; the detail goes to the log, never to the caller.
@@ -180,6 +199,23 @@ impl From<Error> for Status {
             Error::ShuttingDown => Status::unavailable("service is shutting down; try again"),
             Error::NotAdmin => Status::permission_denied(e.to_string()),
             Error::NotDeadLettered(_) => Status::failed_precondition(e.to_string()),
+            Error::UploadNotFound(_) => Status::not_found(e.to_string()),
+            Error::UploadExpired(ref id)
+            | Error::UploadSubmitted(ref id)
+            | Error::UploadEmpty(ref id) => {
+                let reason = match &e {
+                    Error::UploadExpired(_) => Reason::UploadExpired,
+                    Error::UploadSubmitted(_) => Reason::UploadSubmitted,
+                    _ => Reason::UploadEmpty,
+                };
+                ecoscan_common::reasons::status(
+                    tonic::Code::FailedPrecondition,
+                    e.to_string(),
+                    reason,
+                    &[("upload_id", id.clone())],
+                    None,
+                )
+            }
         }
     }
 }
@@ -257,5 +293,18 @@ mod tests {
             details.retry_info().unwrap().retry_delay,
             Some(Duration::from_secs(1))
         );
+        let s = Status::from(Error::UploadNotFound("u".into()));
+        assert_eq!(s.code(), Code::NotFound);
+        for (e, reason) in [
+            (Error::UploadExpired("u".into()), "UPLOAD_EXPIRED"),
+            (Error::UploadSubmitted("u".into()), "UPLOAD_SUBMITTED"),
+            (Error::UploadEmpty("u".into()), "UPLOAD_EMPTY"),
+        ] {
+            let s = Status::from(e);
+            assert_eq!(s.code(), Code::FailedPrecondition);
+            let details = s.get_error_details();
+            assert_eq!(details.error_info().unwrap().reason, reason);
+            assert_eq!(details.error_info().unwrap().metadata["upload_id"], "u");
+        }
     }
 }

@@ -19,6 +19,7 @@ pub mod retry_policy;
 pub mod service;
 pub mod store;
 pub mod sweeper;
+pub mod uploads;
 
 use std::time::Duration;
 
@@ -133,6 +134,12 @@ pub async fn serve_with(
         config.dead_letter_interval,
         shutdown.clone(),
     );
+    let upload_sweep = uploads::spawn_sweep(
+        stores.clone(),
+        ingest_metrics.clone(),
+        config.sweep_interval,
+        shutdown.clone(),
+    );
     let admin = admin::AdminApi::new(stores.clone(), ingest_metrics.clone());
     let api = service::ScanApi::new(config, stores, hub, ingest_metrics, shutdown.clone());
     let server = ScanServiceServer::new(api)
@@ -160,6 +167,7 @@ pub async fn serve_with(
         );
     }
     sweeper.abort();
+    upload_sweep.abort();
     if let Some(retries) = retries {
         retries.abort();
     }

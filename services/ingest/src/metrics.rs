@@ -10,6 +10,9 @@ use prometheus_client::metrics::{
 
 use crate::{hub::Hub, store::Queue};
 
+/// The `outcome` labels of `ingest_uploads_total`.
+pub const UPLOAD_OUTCOMES: [&str; 5] = ["created", "stored", "submitted", "refused", "expired"];
+
 /// The series ingest records into. Cheap to clone; clones share the series.
 #[derive(Clone, Debug)]
 pub struct IngestMetrics {
@@ -23,6 +26,7 @@ pub struct IngestMetrics {
     returned: Counter,
     fenced: Counter,
     result_reads: Family<Labels1, Counter>,
+    uploads: Family<Labels1, Counter>,
 }
 
 impl Default for IngestMetrics {
@@ -39,6 +43,7 @@ impl Default for IngestMetrics {
             returned: Counter::default(),
             fenced: Counter::default(),
             result_reads: Family::default(),
+            uploads: Family::default(),
         }
     }
 }
@@ -62,12 +67,20 @@ impl IngestMetrics {
             ("ingest_dead_letters_returned", "Jobs dead-lettered again after the schedule requeued them: retrying does not mend them", this.returned.clone());
             ("ingest_workers_fenced", "Workers stopped because their job was claimed again (a write with a stale lease epoch was refused)", this.fenced.clone());
             ("ingest_result_reads", "GetResult calls by where the row came from: kept (a running job's row the hub keeps until the next event of the job) or store", this.result_reads.clone());
+            ("ingest_uploads", "Direct uploads by outcome: created (CreateUpload), stored (PutUpload: the photo came through ingest, the embedded store), submitted (a scan was made of it), refused (a submit found its object not what was declared or not an image), expired (never submitted; the sweep deleted it)", this.uploads.clone());
             ("ingest_dispatch_backlog", "Jobs on the dispatch queue: waiting plus claimed and not yet acknowledged", backlog.clone());
         }
         // Both `by` series from the start, at 0: a dashboard's rate of them has a series to
         // read before the first requeue.
         for by in ["operator", "schedule"] {
             drop(this.requeued.get_or_create(&[("by", by.to_owned())]));
+        }
+        // Every outcome from the start, at 0, for the same reason.
+        for outcome in UPLOAD_OUTCOMES {
+            drop(
+                this.uploads
+                    .get_or_create(&[("outcome", outcome.to_owned())]),
+            );
         }
         let kept = hub.clone();
         metrics.gauge_fn(
@@ -133,6 +146,14 @@ impl IngestMetrics {
     pub(crate) fn result_read(&self, source: &'static str) {
         self.result_reads
             .get_or_create(&[("source", source.to_owned())])
+            .inc();
+    }
+
+    /// A direct upload reached `outcome`, one of [`UPLOAD_OUTCOMES`].
+    pub(crate) fn upload(&self, outcome: &'static str) {
+        debug_assert!(UPLOAD_OUTCOMES.contains(&outcome), "{outcome}");
+        self.uploads
+            .get_or_create(&[("outcome", outcome.to_owned())])
             .inc();
     }
 

@@ -10,9 +10,9 @@ use ecoscan_common::{
     server::call_timeout,
 };
 use ecoscan_proto::v1::{
-    EventStatus, GetResultRequest, GetResultResponse, JobStatus, ScanRequest, ScanResponse,
-    ScanResult, Stage, SubmitRequest, SubmitResponse, WatchRequest, WatchResponse,
-    scan_service_server::ScanService,
+    CreateUploadRequest, CreateUploadResponse, EventStatus, GetResultRequest, GetResultResponse,
+    JobStatus, PutUploadRequest, PutUploadResponse, ScanRequest, ScanResponse, ScanResult, Stage,
+    SubmitRequest, SubmitResponse, WatchRequest, WatchResponse, scan_service_server::ScanService,
 };
 use sha2::{Digest, Sha256};
 use tokio_stream::{Stream, StreamExt};
@@ -28,6 +28,7 @@ use crate::{
     metrics::IngestMetrics,
     pending::Lookup,
     store::{EventId, Job, NewJob, QueueEntry, Stores},
+    uploads::Uploads,
 };
 
 pub struct ScanApi {
@@ -39,6 +40,7 @@ struct Inner {
     stores: Stores,
     hub: Hub,
     fetcher: ImageFetcher,
+    uploads: Uploads,
     metrics: IngestMetrics,
     shutdown: CancellationToken,
 }
@@ -54,12 +56,19 @@ impl ScanApi {
         shutdown: CancellationToken,
     ) -> Self {
         let fetcher = ImageFetcher::new(&config);
+        let uploads = Uploads::new(
+            stores.clone(),
+            metrics.clone(),
+            config.upload_ttl,
+            config.max_image_bytes,
+        );
         Self {
             inner: Arc::new(Inner {
                 config,
                 stores,
                 hub,
                 fetcher,
+                uploads,
                 metrics,
                 shutdown,
             }),
@@ -156,50 +165,95 @@ impl Inner {
         }
 
         let max = self.config.max_image_bytes;
-        let bytes: Bytes = match (req.image.is_empty(), req.image_url.is_empty()) {
-            (false, false) => {
-                return Err(Error::invalid(
-                    "image_url",
-                    "send either `image` or `image_url`, not both",
-                ));
-            }
-            (true, true) => {
-                return Err(Error::invalid(
-                    "image",
-                    "image is empty; send the photo's bytes in `image` or a URL in `image_url`",
-                ));
-            }
-            (false, true) => req.image.into(),
-            (true, false) => self.fetcher.fetch(&req.image_url).await?,
+        let sources = [
+            &req.image[..],
+            req.image_url.as_bytes(),
+            req.upload_id.as_bytes(),
+        ]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .count();
+        if sources > 1 {
+            return Err(Error::invalid(
+                if req.upload_id.is_empty() {
+                    "image_url"
+                } else {
+                    "upload_id"
+                },
+                "send one of `image`, `image_url` and `upload_id`, not two",
+            ));
+        }
+        let job_id = uuid::Uuid::now_v7().to_string();
+        let (bytes, content_type, upload): (Bytes, &'static str, _) = if sources == 0 {
+            return Err(Error::invalid(
+                "image",
+                "image is empty; send the photo's bytes in `image`, a URL in `image_url`, or a \
+                 direct upload in `upload_id`",
+            ));
+        } else if !req.upload_id.is_empty() {
+            let photo = self.uploads.photo(&user_id, &req.upload_id).await?;
+            // Claimed before anything is written: of two submits of one upload, one goes on.
+            self.uploads.claim(&photo.upload, &job_id).await?;
+            (photo.bytes, photo.content_type, Some(photo.upload))
+        } else {
+            let bytes: Bytes = if req.image.is_empty() {
+                self.fetcher.fetch(&req.image_url).await?
+            } else {
+                req.image.into()
+            };
+            let content_type = image::validate(&bytes, &req.content_type, max)?;
+            (bytes, content_type, None)
         };
-        let content_type = image::validate(&bytes, &req.content_type, max)?;
 
-        // Content-addressed: the same photo sent twice is stored once.
-        let digest = hex(&Sha256::digest(&bytes));
-        let image_key = format!("images/{}/{digest}", &digest[..2]);
-        self.stores.objects.put(&image_key, bytes).await?;
-
-        let (job, inserted) = self
-            .stores
-            .jobs
-            .insert(NewJob {
-                id: uuid::Uuid::now_v7().to_string(),
-                user_id,
-                image_key,
-                content_type: content_type.to_owned(),
-                hint: req.hint,
-                locale: locale.to_owned(),
-                model: req.model,
-                idempotency_key,
-                trace_carrier: ecoscan_common::telemetry::current_carrier(),
-            })
-            .await?;
+        let stored = self
+            .store_job(
+                bytes,
+                NewJob {
+                    id: job_id.clone(),
+                    user_id,
+                    // Set by `store_job`, which stores the image under it.
+                    image_key: String::new(),
+                    content_type: content_type.to_owned(),
+                    hint: req.hint,
+                    locale: locale.to_owned(),
+                    model: req.model,
+                    idempotency_key,
+                    trace_carrier: ecoscan_common::telemetry::current_carrier(),
+                },
+            )
+            .await;
+        let (job, inserted) = match (stored, &upload) {
+            (Ok((job, true)), Some(upload)) => {
+                self.uploads.submitted(upload).await;
+                (job, true)
+            }
+            // Not made (a store failed, or a concurrent submit with the same idempotency key
+            // made the job): the upload is not used up.
+            (Ok((job, false)), Some(upload)) => {
+                self.uploads.release(upload, &job_id).await;
+                (job, false)
+            }
+            (Err(e), Some(upload)) => {
+                self.uploads.release(upload, &job_id).await;
+                return Err(e);
+            }
+            (stored, None) => stored?,
+        };
         if !inserted {
             return self.repeat(job).await;
         }
         self.dispatch(&job).await?;
         tracing::info!(job.id = %job.id, "scan accepted");
         Ok((job, true))
+    }
+
+    /// Stores the photo (content-addressed: the same photo sent twice is stored once) and the
+    /// job's row; `false` when the idempotency key's job existed already (that job returned).
+    async fn store_job(&self, bytes: Bytes, mut job: NewJob) -> Result<(Job, bool), Error> {
+        let digest = hex(&Sha256::digest(&bytes));
+        job.image_key = format!("images/{}/{digest}", &digest[..2]);
+        self.stores.objects.put(&job.image_key, bytes).await?;
+        Ok(self.stores.jobs.insert(job).await?)
     }
 
     /// A new job's `queued` event, then its queue entry (in this order: a claim fences the
@@ -404,6 +458,37 @@ impl ScanService for ScanApi {
                 },
             })
         }))))
+    }
+
+    #[tracing::instrument(skip_all, fields(upload.id, user.id))]
+    async fn create_upload(
+        &self,
+        request: Request<CreateUploadRequest>,
+    ) -> Result<Response<CreateUploadResponse>, Status> {
+        let user = user_of(&request)?;
+        if self.inner.shutdown.is_cancelled() {
+            return Err(Error::ShuttingDown.into());
+        }
+        let res = self
+            .inner
+            .uploads
+            .create(user, request.into_inner())
+            .await?;
+        tracing::Span::current().record("upload.id", res.upload_id.as_str());
+        Ok(Response::new(res))
+    }
+
+    #[tracing::instrument(skip_all, fields(upload.id = %request.get_ref().upload_id, user.id))]
+    async fn put_upload(
+        &self,
+        request: Request<PutUploadRequest>,
+    ) -> Result<Response<PutUploadResponse>, Status> {
+        let user = user_of(&request)?;
+        if self.inner.shutdown.is_cancelled() {
+            return Err(Error::ShuttingDown.into());
+        }
+        let res = self.inner.uploads.put(&user, request.into_inner()).await?;
+        Ok(Response::new(res))
     }
 
     #[tracing::instrument(skip_all, fields(job.id = %request.get_ref().job_id, user.id))]

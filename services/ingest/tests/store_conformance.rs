@@ -17,7 +17,7 @@ use ecoscan_ingest::{
     store::{
         EventId, EventLog, Feed, FeedItem, JobStore, Lease, LocalObjectStore, MemoryEventLog,
         MemoryQueue, NewJob, PgJobStore, Queue, QueueEntry, RUN_SPAN, RedisEventLog, RedisQueue,
-        SqliteJobStore, jobs::Checkpoint,
+        SqliteJobStore, Upload, jobs::Checkpoint,
     },
     sweeper::{sweep_as, sweep_once},
 };
@@ -772,6 +772,96 @@ async fn sqlite_job_store_conforms() {
     job_store_conformance(Arc::new(SqliteJobStore::open_in(dir.path()).await.unwrap())).await;
 }
 
+fn upload(user: &str, expires_at: SystemTime) -> Upload {
+    let id = uuid::Uuid::new_v4().to_string();
+    Upload {
+        object_key: format!("uploads/{id}"),
+        id,
+        user_id: user.into(),
+        content_type: "image/png".into(),
+        size_bytes: 12_345,
+        // Whole microseconds, as the store keeps times.
+        created_at: SystemTime::UNIX_EPOCH + Duration::from_micros(1_764_640_800_123_456),
+        expires_at,
+        job_id: None,
+    }
+}
+
+/// Direct uploads: recorded and read back as they were, submitted (claimed) once, given back
+/// by the job that claimed them only, listed once expired, deleted once.
+async fn upload_conformance(jobs: &dyn JobStore) {
+    let at = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let early = upload("u1", at(1_800_000_000));
+    let late = upload("u2", at(1_800_000_600));
+    jobs.create_upload(&early).await.unwrap();
+    jobs.create_upload(&late).await.unwrap();
+    assert_eq!(
+        jobs.get_upload(&early.id).await.unwrap().as_ref(),
+        Some(&early)
+    );
+    assert!(jobs.get_upload("missing").await.unwrap().is_none());
+    assert!(
+        jobs.create_upload(&early).await.is_err(),
+        "an id is recorded once"
+    );
+
+    assert!(jobs.claim_upload(&early.id, "job-a").await.unwrap());
+    assert!(
+        !jobs.claim_upload(&early.id, "job-b").await.unwrap(),
+        "submitted once"
+    );
+    jobs.release_upload(&early.id, "job-b").await.unwrap();
+    assert_eq!(
+        jobs.get_upload(&early.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .job_id
+            .as_deref(),
+        Some("job-a"),
+        "only the job that claimed it gives it back"
+    );
+    jobs.release_upload(&early.id, "job-a").await.unwrap();
+    assert_eq!(
+        jobs.get_upload(&early.id).await.unwrap().unwrap().job_id,
+        None
+    );
+    assert!(jobs.claim_upload(&early.id, "job-c").await.unwrap());
+    assert!(!jobs.claim_upload("missing", "job-c").await.unwrap());
+
+    let expired = |before, limit| jobs.expired_uploads(at(before), limit);
+    assert!(expired(1_800_000_000, 10).await.unwrap().is_empty());
+    let ids = |v: Vec<Upload>| v.into_iter().map(|u| u.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(expired(1_800_000_001, 10).await.unwrap()),
+        std::slice::from_ref(&early.id)
+    );
+    assert_eq!(
+        ids(expired(1_900_000_000, 10).await.unwrap()),
+        [early.id.clone(), late.id.clone()],
+        "oldest first, submitted or not"
+    );
+    assert_eq!(
+        ids(expired(1_900_000_000, 1).await.unwrap()),
+        std::slice::from_ref(&early.id)
+    );
+
+    assert!(jobs.delete_upload(&early.id).await.unwrap());
+    assert!(
+        !jobs.delete_upload(&early.id).await.unwrap(),
+        "deleted once"
+    );
+    assert!(jobs.get_upload(&early.id).await.unwrap().is_none());
+    assert!(jobs.delete_upload(&late.id).await.unwrap());
+    assert!(expired(1_900_000_000, 10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn sqlite_upload_store_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    upload_conformance(&SqliteJobStore::open_in(dir.path()).await.unwrap()).await;
+}
+
 // The object store (local directory and S3) has its suite where it is defined:
 // `services/objects/tests/conformance.rs`.
 
@@ -1411,6 +1501,13 @@ async fn redis_queue_recovers_when_its_stream_and_group_vanish() {
 async fn postgres_job_store_conforms() {
     let scope = PgScope::new().await;
     job_store_conformance(Arc::new(scope.store.clone())).await;
+    scope.cleanup().await;
+}
+
+#[tokio::test]
+async fn postgres_upload_store_conforms() {
+    let scope = PgScope::new().await;
+    upload_conformance(&scope.store).await;
     scope.cleanup().await;
 }
 

@@ -7,7 +7,7 @@ mod local;
 mod recent;
 pub mod s3;
 
-use std::{path::PathBuf, sync::Arc};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -29,6 +29,17 @@ pub enum ObjectError {
     S3(String),
 }
 
+/// A URL a client sends one object to itself (HTTP `PUT`), so the bytes never pass through
+/// the service that asked for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PresignedPut {
+    /// Where to `PUT` the object; it carries its signature and expiry in its query.
+    pub url: String,
+    /// Headers the `PUT` must carry exactly as given: they are part of the signature
+    /// (`Content-Type`, `Content-Length`), so a request with other values is refused.
+    pub headers: Vec<(String, String)>,
+}
+
 /// A blob store with flat `/`-separated keys.
 #[async_trait]
 pub trait ObjectStore: Send + Sync + 'static {
@@ -39,6 +50,25 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn get(&self, key: &str) -> Result<Option<Bytes>, ObjectError>;
     /// Removes the object; removing a missing one is not an error.
     async fn delete(&self, key: &str) -> Result<(), ObjectError>;
+    /// The object's size in bytes without reading it, or `None` when there is none under
+    /// `key`: a caller can refuse an object too large before it reads the object into memory.
+    /// The default reads it (a store that can ask for the size alone does so).
+    async fn size(&self, key: &str) -> Result<Option<u64>, ObjectError> {
+        Ok(self.get(key).await?.map(|b| b.len() as u64))
+    }
+    /// A URL that lets whoever holds it store one object under `key` for `expires_in`, with
+    /// `content_type` and exactly `content_length` bytes signed into it; `None` when the store
+    /// cannot hand out such URLs (a local directory: its bytes come through the service).
+    async fn presign_put(
+        &self,
+        key: &str,
+        content_type: &str,
+        content_length: u64,
+        expires_in: Duration,
+    ) -> Result<Option<PresignedPut>, ObjectError> {
+        let _ = (key, content_type, content_length, expires_in);
+        Ok(None)
+    }
 }
 
 /// Refuses keys that are empty, absolute, or could leave the store's root (`.`/`..`/empty

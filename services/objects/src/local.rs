@@ -66,6 +66,14 @@ impl ObjectStore for LocalObjectStore {
         }
     }
 
+    async fn size(&self, key: &str) -> Result<Option<u64>, ObjectError> {
+        match tokio::fs::metadata(self.path(key)?).await {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn delete(&self, key: &str) -> Result<(), ObjectError> {
         match tokio::fs::remove_file(self.path(key)?).await {
             Ok(()) => Ok(()),

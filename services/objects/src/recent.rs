@@ -99,4 +99,22 @@ impl ObjectStore for RecentWrites {
         self.cache.lock().expect("cache lock poisoned").remove(key);
         self.inner.delete(key).await
     }
+
+    // Both go to the store itself: what a presigned URL writes never passes through this cache,
+    // so the cache cannot say how large it is.
+    async fn size(&self, key: &str) -> Result<Option<u64>, ObjectError> {
+        self.inner.size(key).await
+    }
+
+    async fn presign_put(
+        &self,
+        key: &str,
+        content_type: &str,
+        content_length: u64,
+        expires_in: std::time::Duration,
+    ) -> Result<Option<crate::PresignedPut>, ObjectError> {
+        self.inner
+            .presign_put(key, content_type, content_length, expires_in)
+            .await
+    }
 }

@@ -762,3 +762,99 @@ async fn the_taxonomy_is_public_cacheable_and_in_both_languages() {
     assert_eq!(again.headers()["etag"], etag);
     assert!(again.bytes().await.unwrap().is_empty());
 }
+
+/// `POST /api/v1/uploads` as `user` for the test PNG.
+async fn create_upload(suite: &TestSuite, user: &str) -> Value {
+    let res = suite
+        .http
+        .post(suite.url("/api/v1/uploads"))
+        .header("x-user-id", user)
+        .json(&json!({"content_type": "image/png", "size_bytes": PNG.len()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    res.json().await.unwrap()
+}
+
+/// A `PUT` of `body` to the upload's URL with the headers it names, from a plain HTTP client
+/// that sends no credential of its own.
+async fn put_photo(suite: &TestSuite, up: &Value, body: &[u8]) -> reqwest::StatusCode {
+    let mut req = reqwest::Client::new()
+        .put(suite.url(up["upload_url"].as_str().unwrap()))
+        .body(body.to_vec());
+    for (k, v) in up["headers"].as_object().unwrap() {
+        // reqwest sets the length from the body.
+        if !k.eq_ignore_ascii_case("content-length") {
+            req = req.header(k.as_str(), v.as_str().unwrap());
+        }
+    }
+    req.send().await.unwrap().status()
+}
+
+async fn submit_upload(suite: &TestSuite, user: &str, upload_id: &str) -> reqwest::Response {
+    suite
+        .http
+        .post(suite.url("/api/v1/scan"))
+        .header("x-user-id", user)
+        .json(&json!({"upload_id": upload_id, "hint": "투명 페트병 pet bottle"}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_direct_upload_is_put_then_submitted_once_and_the_scan_succeeds() {
+    let suite = TestSuite::start().await;
+    let up = create_upload(&suite, "alice").await;
+    let id = up["upload_id"].as_str().unwrap();
+    assert!(
+        up["upload_url"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("/api/v1/uploads/{id}?token=")),
+        "the embedded store's photos come through the gateway: {up}"
+    );
+    assert_eq!(put_photo(&suite, &up, PNG).await, 204);
+
+    // Another user's upload is not theirs to know of.
+    let res = submit_upload(&suite, "bob", id).await;
+    assert_eq!(res.status(), 404, "{}", res.text().await.unwrap());
+
+    let res = submit_upload(&suite, "alice", id).await;
+    assert_eq!(res.status(), 202);
+    let job_id = res.json::<Value>().await.unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let result = wait_result(&suite, &job_id, "alice").await;
+    assert_eq!(result["status"], "succeeded", "{result:#}");
+    assert_eq!(result["hint"], "투명 페트병 pet bottle");
+
+    let res = submit_upload(&suite, "alice", id).await;
+    assert_eq!(res.status(), 400);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["reason"], "UPLOAD_SUBMITTED", "{body}");
+}
+
+#[tokio::test]
+async fn an_upload_of_no_image_is_refused_at_submit_before_any_stage_runs() {
+    let suite = TestSuite::start().await;
+    let garbage = vec![b'x'; PNG.len()];
+    let up = create_upload(&suite, "alice").await;
+    // The gateway's URL holds the PUT to the declared type and size, not to what the bytes are
+    // (as S3 does): the check of the bytes is the submit's.
+    assert_eq!(put_photo(&suite, &up, &garbage).await, 204);
+    let res = submit_upload(&suite, "alice", up["upload_id"].as_str().unwrap()).await;
+    assert_eq!(res.status(), 400);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["reason"], "INVALID_FIELD", "{body}");
+    assert_eq!(body["errors"][0]["field"], "upload_id", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("not a JPEG, PNG, WebP or GIF"),
+        "{body}"
+    );
+}

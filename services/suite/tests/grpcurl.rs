@@ -162,6 +162,8 @@ async fn grpcurl_lists_describes_and_calls_every_service_over_reflection() {
             ("Scan", true),
             ("Watch", true),
             ("GetResult", false),
+            ("CreateUpload", false),
+            ("PutUpload", false),
         ],
         "image_url",
     )

@@ -244,6 +244,10 @@ async fn every_service_and_the_gateway_expose_the_documented_series_after_a_scan
     }
     ingest.assert_eq("ingest_dispatch_backlog", &[], 0.0);
     ingest.assert_eq("ingest_hub_watchers", &[], 0.0);
+    // No direct upload here: every outcome is there from the start, at 0.
+    for outcome in ["created", "stored", "submitted", "refused", "expired"] {
+        ingest.assert_eq("ingest_uploads_total", &[("outcome", outcome)], 0.0);
+    }
     // Health checks and scrapes are not RPCs of ours.
     assert!(!ingest.text.contains("grpc.health"), "{}", ingest.text);
 

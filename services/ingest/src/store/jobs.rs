@@ -71,6 +71,27 @@ pub struct NewJob {
     pub trace_carrier: HashMap<String, String>,
 }
 
+/// A direct upload as stored: a photo the client sends to the object store itself, reserved by
+/// `CreateUpload` and named by a later submit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upload {
+    /// A UUID.
+    pub id: String,
+    /// Whose it is: only they may submit it.
+    pub user_id: String,
+    /// Where its photo goes in the object store.
+    pub object_key: String,
+    /// The declared type, which the bytes must be.
+    pub content_type: String,
+    /// The declared size, which the object must have exactly.
+    pub size_bytes: u64,
+    pub created_at: SystemTime,
+    /// After it, the upload cannot be submitted and the sweep deletes it.
+    pub expires_at: SystemTime,
+    /// The job it was submitted as (once).
+    pub job_id: Option<String>,
+}
+
 /// A stage's output, checkpointed on the job row.
 #[derive(Clone, Debug)]
 pub enum Checkpoint {
@@ -163,6 +184,25 @@ pub trait JobStore: Send + Sync + 'static {
         created_before: SystemTime,
         limit: u32,
     ) -> Result<Vec<Job>, StoreError>;
+    /// Records a new direct upload (its id is new).
+    async fn create_upload(&self, upload: &Upload) -> Result<(), StoreError>;
+    /// The upload, or `None` when there is none with this id (or it was swept).
+    async fn get_upload(&self, id: &str) -> Result<Option<Upload>, StoreError>;
+    /// Marks the upload submitted as `job_id`, once: `false` when it was already (by this or
+    /// a concurrent submit) or is gone.
+    async fn claim_upload(&self, id: &str, job_id: &str) -> Result<bool, StoreError>;
+    /// Undoes [`JobStore::claim_upload`] by `job_id` (its submit failed after the claim), so
+    /// the upload can be submitted again; changes nothing when another job holds it.
+    async fn release_upload(&self, id: &str, job_id: &str) -> Result<(), StoreError>;
+    /// Up to `limit` uploads that expired before `before`, the oldest first, submitted or not
+    /// (the sweep deletes them).
+    async fn expired_uploads(
+        &self,
+        before: SystemTime,
+        limit: u32,
+    ) -> Result<Vec<Upload>, StoreError>;
+    /// Removes the upload's row: `false` when there was none (another sweep removed it).
+    async fn delete_upload(&self, id: &str) -> Result<bool, StoreError>;
     /// Whether the store answers, for a store reached over the network (PostgreSQL): what
     /// intake checks before it waits on the store ([`crate::store::Stores::check`]).
     fn health(&self) -> Option<StoreHealth> {

@@ -13,7 +13,7 @@ pub mod sql;
 pub mod sqlite;
 
 pub use events::{EventId, EventLog, Feed, FeedItem, MemoryEventLog, RUN_SPAN};
-pub use jobs::{Job, JobStore, NewJob};
+pub use jobs::{Job, JobStore, NewJob, Upload};
 pub use objects::{LocalObjectStore, ObjectStore, ObjectStoreConfig, S3Config};
 pub use postgres::PgJobStore;
 pub use queue::{Lease, MemoryQueue, Queue, QueueEntry};

@@ -14,7 +14,7 @@ use ecoscan_sql::Dialect;
 use prost::Message;
 use sqlx::{Decode, Encode, Executor, IntoArguments, Row, Type};
 
-use super::jobs::{Checkpoint, Job, JobStore, NewJob};
+use super::jobs::{Checkpoint, Job, JobStore, NewJob, Upload};
 use crate::error::StoreError;
 
 /// [`JobStore`] on the SQL database `DB`.
@@ -132,6 +132,26 @@ where
         end_seq: end_seq.map(|s| s.max(0).unsigned_abs()),
         dead_reason: row.try_get("dead_reason")?,
         auto_requeues: auto_requeues.max(0).unsigned_abs(),
+    })
+}
+
+fn upload_from_row<R: Row>(row: &R) -> Result<Upload, StoreError>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let size: i64 = row.try_get("size_bytes")?;
+    Ok(Upload {
+        id: row.try_get("id")?,
+        user_id: row.try_get("user_id")?,
+        object_key: row.try_get("object_key")?,
+        content_type: row.try_get("content_type")?,
+        size_bytes: size.max(0).unsigned_abs(),
+        created_at: system_time_from_us(row.try_get("created_at_us")?),
+        expires_at: system_time_from_us(row.try_get("expires_at_us")?),
+        job_id: row.try_get("job_id")?,
     })
 }
 
@@ -384,6 +404,87 @@ where
         .as_ref()
         .map(job_from_row)
         .transpose()
+    }
+
+    #[db_span(system = DB::SYSTEM, op = "INSERT", collection = "scan_uploads", fields(upload.id = %upload.id))]
+    async fn create_upload(&self, upload: &Upload) -> Result<(), StoreError> {
+        sqlx::query(DB::sql(
+            "INSERT INTO scan_uploads (id, user_id, object_key, content_type, size_bytes, \
+             created_at_us, expires_at_us) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        ))
+        .bind(upload.id.as_str())
+        .bind(upload.user_id.as_str())
+        .bind(upload.object_key.as_str())
+        .bind(upload.content_type.as_str())
+        .bind(i64::try_from(upload.size_bytes).unwrap_or(i64::MAX))
+        .bind(system_time_us(upload.created_at))
+        .bind(system_time_us(upload.expires_at))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_uploads", fields(upload.id = %id))]
+    async fn get_upload(&self, id: &str) -> Result<Option<Upload>, StoreError> {
+        sqlx::query(DB::sql("SELECT * FROM scan_uploads WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(upload_from_row)
+            .transpose()
+    }
+
+    #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "scan_uploads", fields(upload.id = %id, job.id = %job_id))]
+    async fn claim_upload(&self, id: &str, job_id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(DB::sql(
+            "UPDATE scan_uploads SET job_id = $1 WHERE id = $2 AND job_id IS NULL",
+        ))
+        .bind(job_id)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    #[db_span(system = DB::SYSTEM, op = "UPDATE", collection = "scan_uploads", fields(upload.id = %id, job.id = %job_id))]
+    async fn release_upload(&self, id: &str, job_id: &str) -> Result<(), StoreError> {
+        sqlx::query(DB::sql(
+            "UPDATE scan_uploads SET job_id = NULL WHERE id = $1 AND job_id = $2",
+        ))
+        .bind(id)
+        .bind(job_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_uploads")]
+    async fn expired_uploads(
+        &self,
+        before: SystemTime,
+        limit: u32,
+    ) -> Result<Vec<Upload>, StoreError> {
+        sqlx::query(DB::sql(
+            "SELECT * FROM scan_uploads WHERE expires_at_us < $1 \
+             ORDER BY expires_at_us LIMIT $2",
+        ))
+        .bind(system_time_us(before))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(upload_from_row)
+        .collect()
+    }
+
+    #[db_span(system = DB::SYSTEM, op = "DELETE", collection = "scan_uploads", fields(upload.id = %id))]
+    async fn delete_upload(&self, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(DB::sql("DELETE FROM scan_uploads WHERE id = $1"))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
     }
 
     #[db_span(system = DB::SYSTEM, op = "SELECT", collection = "scan_jobs")]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::S3Config;
-use crate::{ObjectError, ObjectStore, validate_key};
+use crate::{ObjectError, ObjectStore, PresignedPut, validate_key};
 use async_trait::async_trait;
 use aws_config::{BehaviorVersion, Region, timeout::TimeoutConfig};
 use aws_sdk_s3::{
@@ -12,7 +12,9 @@ use aws_sdk_s3::{
     error::{DisplayErrorContext, SdkError},
     operation::{
         create_bucket::CreateBucketError, get_object::GetObjectError, head_bucket::HeadBucketError,
+        head_object::HeadObjectError,
     },
+    presigning::PresigningConfig,
     primitives::ByteStream,
     types::{BucketLocationConstraint, CreateBucketConfiguration},
 };
@@ -228,5 +230,73 @@ impl ObjectStore for S3ObjectStore {
         let key = self.full_key(key)?;
         tracing::Span::current().record("aws.s3.key", key.as_str());
         self.delete_full_key(&key).await
+    }
+
+    #[tracing::instrument(
+        name = "s3",
+        skip_all,
+        fields(otel.name = "S3.HeadObject", otel.kind = "client", rpc.system = "aws-api", rpc.service = "S3", rpc.method = "HeadObject", aws.s3.bucket = %self.bucket, aws.s3.key = tracing::field::Empty),
+        err
+    )]
+    async fn size(&self, key: &str) -> Result<Option<u64>, ObjectError> {
+        let key = self.full_key(key)?;
+        tracing::Span::current().record("aws.s3.key", key.as_str());
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Some(
+                out.content_length().map_or(0, |n| n.max(0).unsigned_abs()),
+            )),
+            Err(SdkError::ServiceError(e)) if matches!(e.err(), HeadObjectError::NotFound(_)) => {
+                Ok(None)
+            }
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
+    /// Signs a `PutObject` locally (no request to S3): `Content-Type` and `Content-Length` are
+    /// signed headers, so S3 refuses a `PUT` with another type or size, and the URL stops
+    /// working after `expires_in`.
+    #[tracing::instrument(
+        name = "s3 presign",
+        skip_all,
+        fields(aws.s3.bucket = %self.bucket, aws.s3.key = tracing::field::Empty, aws.s3.object.size = content_length),
+        err
+    )]
+    async fn presign_put(
+        &self,
+        key: &str,
+        content_type: &str,
+        content_length: u64,
+        expires_in: Duration,
+    ) -> Result<Option<PresignedPut>, ObjectError> {
+        let key = self.full_key(key)?;
+        tracing::Span::current().record("aws.s3.key", key.as_str());
+        let config = PresigningConfig::expires_in(expires_in)
+            .map_err(|e| ObjectError::S3(format!("presigning: {e}")))?;
+        let length = i64::try_from(content_length)
+            .map_err(|_| ObjectError::S3(format!("object size {content_length} is too large")))?;
+        let signed = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type(content_type)
+            .content_length(length)
+            .presigned(config)
+            .await
+            .map_err(s3_err)?;
+        Ok(Some(PresignedPut {
+            url: signed.uri().to_owned(),
+            headers: signed
+                .headers()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        }))
     }
 }

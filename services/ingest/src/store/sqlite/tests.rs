@@ -111,6 +111,8 @@ async fn a_database_of_version_1_gets_the_end_position_column_with_its_rows() {
     let got = store.get(&job.id).await.unwrap().unwrap();
     assert_eq!(got.end_seq, None);
     assert_eq!(got.user_id, job.user_id);
+    // A table added since (direct uploads) comes with the schema, without an upgrade step.
+    assert!(store.get_upload("none").await.unwrap().is_none());
     let version: i64 = sqlx::query("PRAGMA user_version")
         .fetch_one(&store.pool)
         .await
@@ -133,5 +135,5 @@ async fn a_new_database_gets_the_current_layout() {
             .fetch_all(&store.pool)
             .await
             .unwrap();
-    assert_eq!(tables, ["scan_jobs"]);
+    assert_eq!(tables, ["scan_jobs", "scan_uploads"]);
 }
