@@ -335,6 +335,41 @@ fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
     }
 }
 
+/// A JSON request body as a handler takes it (`Result<Bytes, BytesRejection>`): 413 past the
+/// body limit, 415 unless it is declared `application/json` (`what` says what to send so), 400
+/// for JSON that is not a `T`.
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
+    headers: &axum::http::HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    what: &str,
+) -> Result<T, ApiError> {
+    let body = body_bytes(body)?;
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("application/json"));
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "send {what} as application/json"
+        )));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))
+}
+
+/// A request body as a handler takes it: 413 past the body limit, 400 when it could not be read.
+pub(crate) fn body_bytes(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge("request body is too large".into())
+        } else {
+            ApiError::InvalidArgument(format!("could not read the request body: {e}"))
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use axum::{
         Query, State,
         rejection::{BytesRejection, QueryRejection},
     },
-    http::{HeaderMap, StatusCode, header},
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
 use ecoscan_proto::{
@@ -291,26 +291,9 @@ pub(crate) async fn schedule(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge("request body is too large".into())
-        } else {
-            ApiError::InvalidArgument(format!("could not read the request body: {e}"))
-        }
-    })?;
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.to_ascii_lowercase().starts_with("application/json"));
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType(
-            "send the notification as application/json".into(),
-        ));
-    }
+    let b: ScheduleBody = crate::input::json_body(&headers, body, "the notification")?;
     state.rate.schedule(&caller.user)?;
     let dedupe_key = idempotency_key(&headers)?;
-    let b: ScheduleBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
     let title = b.title.trim().to_owned();
     if title.is_empty() || title.chars().count() > 200 {
         return Err(ApiError::invalid_field(

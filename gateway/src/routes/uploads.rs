@@ -99,24 +99,8 @@ pub(crate) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge("request body is too large".into())
-        } else {
-            ApiError::InvalidArgument(format!("could not read the request body: {e}"))
-        }
-    })?;
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.to_ascii_lowercase().starts_with("application/json"));
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType(
-            "send the upload's content_type and size_bytes as application/json".into(),
-        ));
-    }
-    let req: UploadRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
+    let req: UploadRequest =
+        crate::input::json_body(&headers, body, "the upload's content_type and size_bytes")?;
     // An upload is the first half of a scan: it counts against the same limit.
     state.rate.scan(&caller.user)?;
     let res = state
@@ -233,13 +217,7 @@ pub(crate) async fn put(
             grant.content_type, grant.content_type
         )));
     }
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge("request body is too large".into())
-        } else {
-            ApiError::InvalidArgument(format!("could not read the request body: {e}"))
-        }
-    })?;
+    let body = crate::input::body_bytes(body)?;
     let sent = body.len() as u64;
     if sent > grant.size_bytes {
         return Err(ApiError::PayloadTooLarge(format!(

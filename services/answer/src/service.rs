@@ -50,13 +50,7 @@ impl AnswerService for AnswerSvc {
         if classification.major_category.trim().is_empty() {
             return Err(Error::NoCategory.into());
         }
-        let model = self
-            .llm
-            .config()
-            .offered
-            .choose(&req.model)
-            .map_err(Error::from)?
-            .cloned();
+        let model = self.llm.choose_model(&req.model).map_err(Error::from)?;
         let (tx, rx) = mpsc::channel(16);
         let llm = self.llm.clone();
         tokio::spawn(

@@ -144,6 +144,15 @@ impl Llm {
         &self.inner.config
     }
 
+    /// A caller's choice of model (`model` of a request): `None` for none (the configured
+    /// model), the offered model it names, or why it may not be chosen.
+    pub fn choose_model(
+        &self,
+        requested: &str,
+    ) -> Result<Option<OfferedModel>, ecoscan_common::models::ModelRefused> {
+        Ok(self.inner.config.offered.choose(requested)?.cloned())
+    }
+
     pub fn reporter(&self) -> Option<&AnalyticsReporter> {
         self.inner.reporter.as_ref()
     }

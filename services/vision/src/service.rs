@@ -47,11 +47,8 @@ impl VisionService for Vision {
         let model = self
             .inner
             .llm
-            .config()
-            .offered
-            .choose(&req.model)
-            .map_err(Error::from)?
-            .cloned();
+            .choose_model(&req.model)
+            .map_err(Error::from)?;
         let (tx, rx) = mpsc::channel(16);
         let inner = self.inner.clone();
         tokio::spawn(
