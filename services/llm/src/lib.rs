@@ -280,6 +280,7 @@ impl Llm {
             response_body: String::new(),
             input_tokens: 0,
             output_tokens: 0,
+            cached_input_tokens: 0,
             ttft: None,
         }
     }
@@ -345,9 +346,7 @@ impl Llm {
             started_at: Some(ecoscan_proto::timestamp(log.started_at)),
             // A classification sends the one photo; an answer, text only.
             images: u32::from(log.operation == Operation::Classify),
-            // Providers that report cache reads do so in a usage field this client does not
-            // read yet: all input is priced as uncached.
-            cached_input_tokens: 0,
+            cached_input_tokens: log.cached_input_tokens,
             // Analytics prices the call from its own table.
             cost_micros: None,
             price_version: String::new(),
@@ -371,6 +370,8 @@ struct CallLog {
     response_body: String,
     input_tokens: u32,
     output_tokens: u32,
+    /// Of `input_tokens`, those the provider read from its prompt cache.
+    cached_input_tokens: u32,
     ttft: Option<Duration>,
 }
 

@@ -143,12 +143,14 @@ async fn read(
                     model,
                     usage_in,
                     usage_out,
+                    usage_cached,
                 } => {
                     if !model.is_empty() {
                         log.model = model;
                     }
                     log.input_tokens = usage_in;
                     log.output_tokens = usage_out;
+                    log.cached_input_tokens = usage_cached;
                 }
                 SseEvent::Finish(reason) => {
                     if reason != "stop" {

@@ -74,6 +74,7 @@ impl OpenAi {
             usage.completion_tokens += answered.usage.completion_tokens;
             log.input_tokens = usage.prompt_tokens;
             log.output_tokens = usage.completion_tokens;
+            log.cached_input_tokens += answered.usage.cached_tokens();
             if !answered.model.is_empty() {
                 log.model = answered.model.clone();
             }

@@ -22,6 +22,8 @@ pub(crate) enum SseEvent {
         model: String,
         usage_in: u32,
         usage_out: u32,
+        /// Of `usage_in`, those read from the prompt cache.
+        usage_cached: u32,
     },
     /// A choice ended, and why (`stop`, `length`, `content_filter`, …).
     Finish(String),
@@ -107,6 +109,7 @@ fn parse_data(data: &str) -> Result<Vec<SseEvent>, LlmError> {
             model: chunk.model,
             usage_in: usage.prompt_tokens,
             usage_out: usage.completion_tokens,
+            usage_cached: usage.cached_tokens(),
         });
     }
     if events.is_empty() {
@@ -171,7 +174,7 @@ mod tests {
     #[tokio::test]
     async fn sse_parser_yields_deltas_finish_usage_and_done_across_split_chunks() {
         const FIRST: &[u8] = b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"Hel";
-        const REST: &[u8] = b"lo\"},\"finish_reason\":null}]}\r\n\r\n: keepalive\ndata: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+        const REST: &[u8] = b"lo\"},\"finish_reason\":null}]}\r\n\r\n: keepalive\ndata: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":2}}}\n\ndata: [DONE]\n\n";
         // Half an event is no event yet.
         assert!(parsed(&[FIRST]).await.is_empty());
         let events: Vec<SseEvent> = parsed(&[FIRST, REST])
@@ -187,7 +190,8 @@ mod tests {
                 SseEvent::Usage {
                     model: "m".into(),
                     usage_in: 3,
-                    usage_out: 1
+                    usage_out: 1,
+                    usage_cached: 2
                 },
                 SseEvent::Done
             ]

@@ -36,6 +36,26 @@ pub(crate) struct Usage {
     pub prompt_tokens: u32,
     #[serde(default)]
     pub completion_tokens: u32,
+    /// OpenAI's (and LiteLLM's) breakdown of the prompt; absent or `null` from servers that
+    /// keep no prompt cache.
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy, Debug, PartialEq)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u32>,
+}
+
+impl Usage {
+    /// Of `prompt_tokens`, those read from the provider's prompt cache (priced apart).
+    pub(crate) fn cached_tokens(&self) -> u32 {
+        self.prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0)
+            .min(self.prompt_tokens)
+    }
 }
 
 /// What a completion carried: the message text, the model that wrote it, the usage.
@@ -241,6 +261,31 @@ mod tests {
             let err = classification(text, &taxonomy()).unwrap_err();
             assert!(err.contains(needle), "{text:?}: {err}");
         }
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_read_where_the_server_reports_them() {
+        let usage = |json: &str| {
+            completion(&format!(
+                r#"{{"choices":[{{"message":{{"content":"x"}}}}],"usage":{json}}}"#
+            ))
+            .unwrap()
+            .usage
+        };
+        let openai = usage(
+            r#"{"prompt_tokens":1200,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1024,"audio_tokens":0}}"#,
+        );
+        assert_eq!((openai.prompt_tokens, openai.cached_tokens()), (1200, 1024));
+        for plain in [
+            r#"{"prompt_tokens":10,"completion_tokens":20}"#,
+            r#"{"prompt_tokens":10,"completion_tokens":20,"prompt_tokens_details":null}"#,
+            r#"{"prompt_tokens":10,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":null}}"#,
+        ] {
+            assert_eq!(usage(plain).cached_tokens(), 0, "{plain}");
+        }
+        // Never more cached than prompt tokens, whatever a server says.
+        let odd = usage(r#"{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":9}}"#);
+        assert_eq!(odd.cached_tokens(), 3);
     }
 
     #[test]
