@@ -157,16 +157,6 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// The essence of a `Content-Type` (`image/png; x=y` is `image/png`), lower case.
-fn essence(value: &str) -> String {
-    value
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase()
-}
-
 /// `PUT /api/v1/uploads/{id}?token=`: the embedded store's upload URL.
 #[utoipa::path(
     put,
@@ -209,9 +199,8 @@ pub(crate) async fn put(
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(essence)
         .unwrap_or_default();
-    if sent_type != grant.content_type {
+    if ecoscan_common::image::declared_type(sent_type) != Some(grant.content_type.as_str()) {
         return Err(ApiError::UnsupportedMediaType(format!(
             "this upload URL was signed for {}, not {sent_type:?}: send `Content-Type: {}`",
             grant.content_type, grant.content_type

@@ -23,18 +23,9 @@ pub fn sniff(bytes: &[u8]) -> Option<&'static str> {
 /// from [`sniff`]), parameters and case aside, `image/jpg` and `image/pjpeg` meaning JPEG.
 /// A contradiction is refused, saying what the bytes are.
 pub fn check_declared(declared: &str, bytes_are: &str) -> Result<(), String> {
-    let essence = declared
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    let essence = match essence.as_str() {
-        "" | "application/octet-stream" => return Ok(()),
-        "image/jpg" | "image/pjpeg" => "image/jpeg".to_owned(),
-        _ => essence,
-    };
-    if essence == bytes_are {
+    if matches!(essence(declared).as_str(), "" | "application/octet-stream")
+        || declared_type(declared) == Some(bytes_are)
+    {
         Ok(())
     } else {
         Err(format!(
@@ -44,9 +35,47 @@ pub fn check_declared(declared: &str, bytes_are: &str) -> Result<(), String> {
     }
 }
 
+/// The image type a declared MIME type names, parameters and case aside (`image/jpg` and
+/// `image/pjpeg` meaning JPEG): one of those [`sniff`] tells, or `None` for any other type.
+pub fn declared_type(declared: &str) -> Option<&'static str> {
+    match essence(declared).as_str() {
+        "image/jpeg" | "image/jpg" | "image/pjpeg" => Some("image/jpeg"),
+        "image/png" => Some("image/png"),
+        "image/webp" => Some("image/webp"),
+        "image/gif" => Some("image/gif"),
+        _ => None,
+    }
+}
+
+/// A MIME type without its parameters, lower case.
+fn essence(declared: &str) -> String {
+    declared
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn declared_types_are_the_four_image_types() {
+        assert_eq!(declared_type("image/jpg"), Some("image/jpeg"));
+        assert_eq!(declared_type("IMAGE/PNG; x=y"), Some("image/png"));
+        assert_eq!(declared_type("image/webp"), Some("image/webp"));
+        assert_eq!(declared_type("image/gif"), Some("image/gif"));
+        for refused in [
+            "",
+            "application/octet-stream",
+            "text/plain",
+            "image/svg+xml",
+        ] {
+            assert_eq!(declared_type(refused), None, "{refused}");
+        }
+    }
 
     #[test]
     fn a_declared_type_must_name_what_the_bytes_are() {

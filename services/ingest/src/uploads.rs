@@ -16,29 +16,13 @@ use ecoscan_proto::v1::{
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use ecoscan_common::image::declared_type;
+
 use crate::{
     error::{Error, StoreError},
     metrics::IngestMetrics,
     store::{Stores, Upload},
 };
-
-/// The types an upload may declare (those [`crate::image::sniff`] recognises), by what they
-/// may be declared as.
-fn normalize_type(declared: &str) -> Option<&'static str> {
-    let essence = declared
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    match essence.as_str() {
-        "image/jpeg" | "image/jpg" | "image/pjpeg" => Some("image/jpeg"),
-        "image/png" => Some("image/png"),
-        "image/webp" => Some("image/webp"),
-        "image/gif" => Some("image/gif"),
-        _ => None,
-    }
-}
 
 /// Where an upload's photo is kept until its submit copies it to the images.
 fn object_key(id: &str) -> String {
@@ -94,7 +78,7 @@ impl Uploads {
         user_id: String,
         req: CreateUploadRequest,
     ) -> Result<CreateUploadResponse, Error> {
-        let content_type = normalize_type(&req.content_type).ok_or_else(|| {
+        let content_type = declared_type(&req.content_type).ok_or_else(|| {
             Error::invalid(
                 "content_type",
                 format!(
@@ -176,7 +160,7 @@ impl Uploads {
         req: PutUploadRequest,
     ) -> Result<PutUploadResponse, Error> {
         let upload = self.open(user_id, &req.upload_id).await?;
-        if normalize_type(&req.content_type) != Some(upload.content_type.as_str()) {
+        if declared_type(&req.content_type) != Some(upload.content_type.as_str()) {
             return Err(Error::invalid(
                 "content_type",
                 format!(
@@ -343,22 +327,6 @@ pub fn spawn_sweep(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn declared_types_are_the_four_image_types() {
-        assert_eq!(normalize_type("image/jpg"), Some("image/jpeg"));
-        assert_eq!(normalize_type("IMAGE/PNG; x=y"), Some("image/png"));
-        assert_eq!(normalize_type("image/webp"), Some("image/webp"));
-        assert_eq!(normalize_type("image/gif"), Some("image/gif"));
-        for refused in [
-            "",
-            "application/octet-stream",
-            "text/plain",
-            "image/svg+xml",
-        ] {
-            assert_eq!(normalize_type(refused), None, "{refused}");
-        }
-    }
 
     #[test]
     fn upload_ids_are_uuids() {
